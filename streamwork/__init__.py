@@ -1,0 +1,48 @@
+"""streamwork: distributed job workers on Redis Streams.
+
+Nothing lost (acknowledge after success, reclaim after a visibility timeout), nothing done
+twice (done-markers, leases and fencing tokens), retries with backoff, dead letters.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from .errors import (
+    ConfigError,
+    DeadLetter,
+    DecodeError,
+    LockError,
+    LockLost,
+    LockNotAcquired,
+    PayloadTooLarge,
+    RedisUnavailable,
+    Retry,
+    StreamworkError,
+)
+from .message import Message
+from .producer import AsyncProducer, Producer
+from .worker import StreamWorker
+
+try:
+    __version__ = version("streamwork")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0.0.0"
+
+__all__ = [
+    "AsyncProducer",
+    "ConfigError",
+    "DeadLetter",
+    "DecodeError",
+    "LockError",
+    "LockLost",
+    "LockNotAcquired",
+    "Message",
+    "PayloadTooLarge",
+    "Producer",
+    "RedisUnavailable",
+    "Retry",
+    "StreamWorker",
+    "StreamworkError",
+    "__version__",
+]

@@ -1,0 +1,5 @@
+"""``python -m streamwork`` runs the CLI."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,147 @@
+"""The wire format: one stream entry per job, its body a versioned MessagePack map.
+
+Entry fields (byte strings):
+
+* ``d`` - the body: a MessagePack map ``{"v": 1, "k": key, "t": enqueued_ms, "h": headers,
+  "p": payload}`` (``v`` format version, ``k`` job key as str, ``t`` enqueue time in Unix
+  milliseconds as int, ``h`` str->str map incl. W3C ``traceparent``, ``p`` any MessagePack).
+* ``a`` - optional ASCII integer: deliveries this job already used in earlier entries
+  (written by retries, so attempts keep counting across re-enqueues).
+
+Decoding is strict: anything else is a DecodeError whose ``reason`` is a stable code
+(``decode_error:...``, ``schema:...``, ``unknown_version``, ``payload_too_large``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgpack
+
+from .errors import ConfigError, DecodeError, PayloadTooLarge
+
+FORMAT_VERSION: Final = 1  #: the body version this code writes and reads
+BODY_FIELD: Final = b"d"  #: entry field holding the MessagePack body
+ATTEMPTS_FIELD: Final = b"a"  #: entry field with deliveries already used by earlier entries
+DEFAULT_MAX_PAYLOAD_BYTES: Final = 1024 * 1024  #: bodies above this are refused (1 MiB)
+
+Payload = Any  #: anything MessagePack can encode: None, bool, int, float, str, bytes, list, dict
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A decoded body: the job as the producer sent it."""
+
+    key: str
+    enqueued_ms: int
+    headers: dict[str, str]
+    payload: Payload
+
+
+def _reject_ext(code: int, data: bytes) -> object:
+    raise DecodeError("schema:unsupported_ext", f"MessagePack ext type {code} is not supported")
+
+
+def encode_body(
+    key: str,
+    payload: Payload,
+    headers: Mapping[str, str] | None = None,
+    *,
+    enqueued_ms: int | None = None,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> bytes:
+    """Encode one job body; raise before anything is sent if it is not valid."""
+    if not isinstance(key, str) or not key:
+        raise ConfigError("key", f"must be a non-empty str, got {key!r}")
+    hdrs = dict(headers or {})
+    for name, value in hdrs.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise ConfigError("headers", f"must map str to str, got {name!r}: {value!r}")
+    body = {
+        "v": FORMAT_VERSION,
+        "k": key,
+        "t": int(time.time() * 1000) if enqueued_ms is None else enqueued_ms,
+        "h": hdrs,
+        "p": payload,
+    }
+    try:
+        data: bytes = msgpack.packb(body, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ConfigError(
+            "payload", f"cannot be encoded as MessagePack ({exc}); send dicts, lists, str, "
+            "bytes, numbers, bools or None"
+        ) from exc
+    if len(data) > max_payload_bytes:
+        raise PayloadTooLarge(len(data), max_payload_bytes)
+    return data
+
+
+def decode_body(data: bytes | None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> Envelope:
+    """Decode and validate a body; raise DecodeError with a stable reason code."""
+    if data is None:
+        raise DecodeError("schema:no_data_field", "the entry has no 'd' field")
+    if len(data) > max_payload_bytes:
+        raise DecodeError(
+            "payload_too_large", f"body is {len(data)} bytes, over max_payload_bytes"
+        )
+    if not data:
+        raise DecodeError("decode_error:incomplete", "the 'd' field is empty")
+    try:
+        body = msgpack.unpackb(
+            data, raw=False, strict_map_key=False, ext_hook=_reject_ext, use_list=True
+        )
+    except DecodeError:
+        raise
+    except msgpack.ExtraData:
+        raise DecodeError("decode_error:extra_data", "trailing bytes after the body") from None
+    except msgpack.StackError:
+        raise DecodeError("decode_error:limits", "nesting too deep") from None
+    except msgpack.FormatError as exc:
+        raise DecodeError("decode_error:FormatError", str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise DecodeError("decode_error:utf8", str(exc)) from None
+    except ValueError as exc:
+        code = "incomplete" if "incomplete" in str(exc) else "limits"
+        raise DecodeError(f"decode_error:{code}", str(exc)) from None
+    except Exception as exc:  # msgpack raises a few other types on hostile input
+        raise DecodeError(f"decode_error:{type(exc).__name__}", str(exc)) from None
+    return _validate(body)
+
+
+def _validate(body: object) -> Envelope:
+    if not isinstance(body, dict):
+        raise DecodeError("schema:envelope_not_map", f"body is a {type(body).__name__}")
+    if any(not isinstance(k, str) for k in body):
+        raise DecodeError("schema:map_key", "body keys must be strings")
+    for field in ("v", "k", "t", "p"):
+        if field not in body:
+            raise DecodeError(f"schema:missing:{field}", f"body has no {field!r}")
+    version = body["v"]
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise DecodeError("schema:type:v", "'v' must be an int")
+    if version != FORMAT_VERSION:
+        raise DecodeError("unknown_version", f"body version {version}; this worker reads 1")
+    key, enqueued, headers = body["k"], body["t"], body.get("h", {})
+    if not isinstance(key, str) or not key:
+        raise DecodeError("schema:type:k", "'k' must be a non-empty str")
+    if not isinstance(enqueued, int) or isinstance(enqueued, bool) or enqueued < 0:
+        raise DecodeError("schema:type:t", "'t' must be a non-negative int (Unix ms)")
+    if not isinstance(headers, dict) or any(
+        not isinstance(n, str) or not isinstance(v, str) for n, v in headers.items()
+    ):
+        raise DecodeError("schema:type:h", "'h' must map str to str")
+    return Envelope(key=key, enqueued_ms=enqueued, headers=headers, payload=body["p"])
+
+
+def parse_attempts(raw: bytes | None) -> int:
+    """Deliveries used by earlier entries of the job (field ``a``); 0 when absent or bad."""
+    if not raw:
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        return 0
+    return max(value, 0)

@@ -1,0 +1,131 @@
+"""WorkerConfig: the checked, frozen options of a worker, from class attributes + overrides.
+
+Every option is checked when a worker is built; a bad value raises ConfigError naming the
+option and what it accepts, before anything touches Redis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from .codec import DEFAULT_MAX_PAYLOAD_BYTES
+from .errors import ConfigError
+from .keys import check_name
+
+#: heartbeat every visibility_timeout/3, so two missed beats still leave margin
+HEARTBEAT_FRACTION: Final = 1 / 3
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """Options of a StreamWorker; durations are float seconds."""
+
+    stream: str
+    group: str
+    concurrency: int = 16
+    visibility_timeout: float = 30.0
+    max_deliveries: int = 5
+    dedup: bool = True
+    dedup_window: float = 3600.0
+    retry_delay: float = 1.0
+    retry_max_delay: float = 300.0
+    batch_size: int = 100
+    read_block: float = 1.0
+    drain_timeout: float = 30.0
+    heartbeat: bool = True
+    reclaim_interval: float | None = None
+    retention: float | None = 86400.0
+    consumer_idle_timeout: float = 3600.0
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    local_cache_size: int = 100_000
+    local_cache_ttl: float = 60.0
+
+    def __post_init__(self) -> None:
+        check_name("stream", self.stream, allow_tag=True)
+        check_name("group", self.group)
+        _int(self, "concurrency", 1, 10_000)
+        _int(self, "max_deliveries", 1, 1_000_000)
+        _int(self, "batch_size", 1, 10_000)
+        _int(self, "max_payload_bytes", 64, 512 * 1024 * 1024)
+        _int(self, "local_cache_size", 0, 100_000_000)
+        _num(self, "visibility_timeout", 0.05)
+        _num(self, "dedup_window", 0.001)
+        _num(self, "retry_delay", 0.0)
+        _num(self, "retry_max_delay", self.retry_delay)
+        _num(self, "read_block", 0.001, 5.0)
+        _num(self, "drain_timeout", 0.0)
+        _num(self, "consumer_idle_timeout", 1.0)
+        _num(self, "local_cache_ttl", 0.0)
+        if self.reclaim_interval is not None:
+            _num(self, "reclaim_interval", 0.01)
+        if self.retention is not None:
+            _num(self, "retention", 0.0)
+        for flag in ("dedup", "heartbeat"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(flag, f"must be True or False, got {getattr(self, flag)!r}")
+        if self.dedup:
+            horizon = self.max_deliveries * (self.visibility_timeout + self.retry_max_delay)
+            if self.dedup_window < horizon:
+                raise ConfigError(
+                    "dedup_window",
+                    f"{self.dedup_window:g}s is shorter than the redelivery horizon "
+                    f"max_deliveries x (visibility_timeout + retry_max_delay) = {horizon:g}s; a "
+                    "job redelivered after its done-marker expired would run again. Raise "
+                    "dedup_window or lower the others.",
+                )
+
+    @property
+    def visibility_ms(self) -> int:
+        return max(1, round(self.visibility_timeout * 1000))
+
+    @property
+    def heartbeat_interval(self) -> float:
+        return self.visibility_timeout * HEARTBEAT_FRACTION
+
+    @property
+    def reclaim_every(self) -> float:
+        """Seconds between XAUTOCLAIM sweeps (default: half the visibility timeout, <= 5 s)."""
+        if self.reclaim_interval is not None:
+            return self.reclaim_interval
+        return min(self.visibility_timeout / 2, 5.0)
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def build(cls, source: object, overrides: Mapping[str, Any]) -> WorkerConfig:
+        """Options from ``source``'s attributes, replaced by ``overrides``; unknown names raise."""
+        names = cls.option_names()
+        unknown = sorted(set(overrides) - set(names))
+        if unknown:
+            raise ConfigError(
+                unknown[0], f"is not a worker option; known options: {', '.join(names)}"
+            )
+        values = {n: getattr(source, n) for n in names if hasattr(source, n)}
+        values.update(overrides)
+        for required in ("stream", "group"):
+            if not values.get(required):
+                raise ConfigError(
+                    required, "is not set: give the worker class a "
+                    f"`{required} = \"...\"` attribute or pass {required}=... to from_url"
+                )
+        return cls(**values)
+
+
+def _int(cfg: WorkerConfig, name: str, low: int, high: int) -> None:
+    value = getattr(cfg, name)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ConfigError(name, f"must be an int from {low} to {high}, got {value!r}")
+
+
+def _num(cfg: WorkerConfig, name: str, low: float, high: float = math.inf) -> None:
+    value = getattr(cfg, name)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not (low <= value <= high) or math.isnan(value):
+        bound = f"from {low:g} to {high:g}" if high != math.inf else f">= {low:g}"
+        raise ConfigError(name, f"must be a number of seconds {bound}, got {value!r}")

@@ -1,0 +1,499 @@
+"""The delivery loop of one worker process: read, admit, run, finish, in batches.
+
+Tasks, all on one event loop:
+
+* reader    - XREADGROUP ``>`` in batches, never more than ``capacity`` deliveries held;
+* runners   - ``concurrency`` long-lived tasks that run handlers (no task per message);
+* flusher   - sends finished deliveries to Redis in batches (complete.lua / fail.lua),
+              flushing as soon as the previous flush returned, so latency stays low;
+* heartbeat - keeps live deliveries' idle time and leases fresh (recovery.py);
+* reclaimer - XAUTOCLAIM of deliveries idle past the visibility timeout (recovery.py);
+* promoter  - moves due retries and delayed jobs back onto the stream (recovery.py);
+* upkeep    - safe trimming and reaping of idle consumers (recovery.py).
+
+Every state change of a delivery goes through a Lua script that first checks this
+consumer still owns it, so a stale worker can never acknowledge a job it lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import secrets
+import socket
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import redis.exceptions
+from cachetools import TTLCache
+
+from . import connection, recovery, scripts
+from .codec import ATTEMPTS_FIELD, BODY_FIELD, decode_body, parse_attempts
+from .config import WorkerConfig
+from .errors import DeadLetter, DecodeError, Retry
+from .keys import StreamKeys
+from .logs import fields
+from .message import Message
+from .retry import TRANSIENT, reconnect_delay, retry_delay_for
+
+if TYPE_CHECKING:
+    from .worker import StreamWorker
+
+log = logging.getLogger(__name__)
+
+PREFETCH_FACTOR: Final = 2  #: hold at most concurrency x this many deliveries at once
+TRACEBACK_LIMIT: Final = 2000  #: characters of traceback kept in a dead letter
+LEASE_MARGIN: Final = 0.01  #: fraction of the lease kept as clock-drift margin (plus 2 ms)
+
+# results of claim.lua
+_DUPLICATE, _BUSY, _NOT_OURS = -1, -2, -3
+
+Entry = tuple[bytes, dict[bytes, bytes] | None]
+
+
+def consumer_name() -> str:
+    """A unique consumer name: host-pid-random."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+@dataclass(slots=True, eq=False)
+class Delivery:
+    """A delivery this process holds, from admission until Redis has its outcome."""
+
+    entry_id: bytes
+    msg: Message
+    lease: str  # lease value "<owner>:<token>" when dedup is on, else ""
+    deadline: float  # monotonic time after which the lease counts as lost
+    started: float = 0.0  # monotonic time the handler began (0: still queued)
+    finishing: bool = False  # outcome decided, waiting for the flusher
+
+
+@dataclass(slots=True)
+class Failure:
+    """A failed delivery on its way to fail.lua."""
+
+    delivery: Delivery | None
+    entry_id: bytes
+    action: str  # "r" retry, "d" dead letter
+    delay_ms: int
+    attempts: int
+    reason: str
+    error_type: str
+    detail: str
+    lease_key: str
+
+
+class Consumer:
+    """Runs one StreamWorker against Redis until stopped; see the module docstring."""
+
+    def __init__(self, worker: StreamWorker, cfg: WorkerConfig, url: str, name: str) -> None:
+        self.worker = worker
+        self.cfg = cfg
+        self.url = url
+        self.name = name
+        self.keys = StreamKeys.for_stream(cfg.stream)
+        self.redis: Any = connection.async_client(url)
+        self.scripts = scripts.register(self.redis)
+        self.counts: Counter[str] = Counter()
+        self.capacity = cfg.concurrency * PREFETCH_FACTOR
+        self.inflight: dict[bytes, Delivery] = {}
+        self.queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        self.done_buf: list[Delivery] = []
+        self.fail_buf: list[Failure] = []
+        self.lease_owner = f"{name}:{secrets.token_hex(10)}"
+        self.cache: TTLCache[str, bool] | None = (
+            TTLCache(cfg.local_cache_size, cfg.local_cache_ttl)
+            if cfg.dedup and cfg.local_cache_size and cfg.local_cache_ttl
+            else None
+        )
+        self.stopping = False
+        self._room = asyncio.Event()
+        self._flush_needed = asyncio.Event()
+        self._empty = asyncio.Event()
+        self._failures = 0
+        self._is_async = inspect.iscoroutinefunction(type(worker).handle)
+        self._executor = (
+            None
+            if self._is_async
+            else ThreadPoolExecutor(cfg.concurrency, thread_name_prefix=f"sw-{cfg.stream}")
+        )
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set, then drain and return."""
+        await self._until_connected(self.ensure_group)
+        log.info("worker started", extra=fields(
+            stream=self.cfg.stream, group=self.cfg.group, consumer=self.name))
+        background = [
+            self._spawn(self._read_loop(), "reader"),
+            self._spawn(recovery.reclaim_loop(self), "reclaimer"),
+            self._spawn(recovery.promote_loop(self), "promoter"),
+            self._spawn(recovery.upkeep_loop(self), "upkeep"),
+        ]
+        runners = [self._spawn(self._run_loop(), "runner") for _ in range(self.cfg.concurrency)]
+        keepers = [self._spawn(self._flush_loop(), "flusher")]
+        if self.cfg.heartbeat:
+            keepers.append(self._spawn(recovery.heartbeat_loop(self), "heartbeat"))
+        try:
+            await stop.wait()
+        finally:
+            self.stopping = True
+            await _cancel(background)
+            left = await self._drain()
+            await _cancel(runners)
+            await self._final_flush()
+            await _cancel(keepers)
+            if self._executor:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+            with contextlib.suppress(Exception):
+                await self.redis.aclose()
+            log.info("worker stopped", extra=fields(
+                stream=self.cfg.stream, group=self.cfg.group, consumer=self.name,
+                count=sum(self.counts.values()), outcome=f"left pending: {left}"))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro, name=f"streamwork-{what}")
+        task.add_done_callback(self._crashed)
+        return task
+
+    def _crashed(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("internal task %s failed", task.get_name(), exc_info=task.exception())
+
+    async def _drain(self) -> int:
+        """Let held deliveries finish within drain_timeout; return how many are left."""
+        deadline = time.monotonic() + self.cfg.drain_timeout
+        while self.inflight and time.monotonic() < deadline:
+            self._empty.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._empty.wait(), deadline - time.monotonic())
+        return len(self.inflight)
+
+    async def _final_flush(self) -> None:
+        deadline = time.monotonic() + max(self.cfg.drain_timeout, 1.0)
+        while (self.done_buf or self.fail_buf) and time.monotonic() < deadline:
+            self._flush_needed.set()
+            await asyncio.sleep(0.01)
+
+    async def ensure_group(self) -> None:
+        """Create the consumer group at id 0 (so earlier jobs are delivered) if missing."""
+        try:
+            await self.redis.xgroup_create(self.cfg.stream, self.cfg.group, id="0", mkstream=True)
+        except redis.exceptions.ResponseError as exc:
+            if not str(exc).startswith("BUSYGROUP"):
+                raise
+
+    async def _until_connected(self, fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+        while True:
+            try:
+                result = await fn()
+            except TRANSIENT as exc:
+                await self.transport_failed(exc)
+            else:
+                self.transport_ok()
+                return result
+
+    async def transport_failed(self, exc: BaseException) -> None:
+        """Note a transport error and sleep the reconnect backoff."""
+        self._failures += 1
+        if self._failures == 1:
+            log.warning("redis unreachable, retrying with backoff: %s", exc, extra=fields(
+                stream=self.cfg.stream, group=self.cfg.group, consumer=self.name))
+        await asyncio.sleep(reconnect_delay(self._failures))
+
+    def transport_ok(self) -> None:
+        if self._failures:
+            log.warning("redis reachable again after %d failed calls", self._failures,
+                        extra=fields(stream=self.cfg.stream, consumer=self.name))
+            self._failures = 0
+
+    # ---- reading and admission --------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        cfg = self.cfg
+        block_ms = max(1, round(cfg.read_block * 1000))
+        streams = {cfg.stream: ">"}
+        while not self.stopping:
+            room = self.capacity - len(self.inflight)
+            if room <= 0:
+                self._room.clear()
+                await self._room.wait()
+                continue
+            sent = time.monotonic()
+            try:
+                reply = await self.redis.xreadgroup(
+                    cfg.group, self.name, streams, count=min(room, cfg.batch_size), block=block_ms
+                )
+            except redis.exceptions.ResponseError as exc:
+                if not str(exc).startswith("NOGROUP"):
+                    raise
+                log.warning("consumer group missing (server restarted empty?); recreating it",
+                            extra=fields(stream=cfg.stream, group=cfg.group))
+                await self._until_connected(self.ensure_group)
+                continue
+            except TRANSIENT as exc:
+                await self.transport_failed(exc)
+                continue
+            self.transport_ok()
+            if reply:
+                entries = reply[0][1]
+                await self.admit(entries, [1] * len(entries), sent)
+
+    async def admit(self, entries: list[Entry], deliveries: list[int], sent: float) -> None:
+        """Decode, vet and (with dedup) lease a batch of new deliveries, then queue them."""
+        cfg, keys = self.cfg, self.keys
+        dead: list[Failure] = []
+        duplicates: list[bytes] = []
+        fresh: list[Delivery] = []
+        deadline = sent + cfg.visibility_timeout * (1 - LEASE_MARGIN) - 0.002
+        for (entry_id, values), count in zip(entries, deliveries, strict=True):
+            if entry_id in self.inflight:
+                continue
+            eid = entry_id.decode()
+            if values is None:
+                dead.append(self._dead(entry_id, count, "deleted_while_pending", "", ""))
+                continue
+            try:
+                env = decode_body(values.get(BODY_FIELD), cfg.max_payload_bytes)
+            except DecodeError as exc:
+                log.warning("undecodable entry moved to dead letters", extra=fields(
+                    stream=cfg.stream, group=cfg.group, entry_id=eid, reason=exc.reason))
+                dead.append(self._dead(entry_id, count, exc.reason, "DecodeError", exc.detail))
+                self.counts["undecodable"] += 1
+                continue
+            attempt = parse_attempts(values.get(ATTEMPTS_FIELD)) + count
+            if attempt > cfg.max_deliveries:
+                dead.append(self._dead(
+                    entry_id, attempt - 1, "max_deliveries", "DeliveryLimit",
+                    f"delivered {attempt} times, over max_deliveries={cfg.max_deliveries}; the "
+                    "process handling it died or stalled each time", keys.lock(env.key)))
+                continue
+            if self.cache is not None and env.key in self.cache:
+                duplicates.append(entry_id)
+                continue
+            msg = Message(
+                id=eid, stream=cfg.stream, key=env.key, payload=env.payload, attempt=attempt,
+                enqueued_at=env.enqueued_ms / 1000, headers=env.headers,
+                group=cfg.group, consumer=self.name,
+            )
+            fresh.append(Delivery(entry_id, msg, "", deadline))
+        if dead:
+            await self.send_failures(dead)
+        if duplicates:
+            await self._ack_duplicates(duplicates)
+        if fresh and cfg.dedup:
+            fresh = await self._lease(fresh)
+        for d in fresh:
+            self.inflight[d.entry_id] = d
+            self.queue.put_nowait(d)
+        self.counts["consumed"] += len(fresh)
+
+    def _dead(
+        self, entry_id: bytes, attempts: int, reason: str, etype: str, detail: str,
+        lease_key: str | None = None,
+    ) -> Failure:
+        return Failure(None, entry_id, "d", 0, attempts, reason, etype, detail,
+                       lease_key or self.keys.lock_prefix)
+
+    async def _ack_duplicates(self, entry_ids: list[bytes]) -> None:
+        """Acknowledge deliveries the local cache knows are done (ownership-checked)."""
+        res = await self._until_connected(lambda: self.scripts.complete(
+            keys=[self.keys.stream], args=[self.cfg.group, self.name, "0", 0, *entry_ids]))
+        self.counts["deduplicated"] += sum(1 for r in res if r == 1)
+
+    async def _lease(self, fresh: list[Delivery]) -> list[Delivery]:
+        """claim.lua for a batch: skip done jobs, take leases and fencing tokens."""
+        keys = self.keys
+        script_keys = [keys.stream, keys.fence]
+        for d in fresh:
+            script_keys += [keys.done(d.msg.key), keys.lock(d.msg.key)]
+        args = [self.cfg.group, self.name, self.cfg.visibility_ms, self.lease_owner,
+                *(d.entry_id for d in fresh)]
+        res = await self._until_connected(lambda: self.scripts.claim(keys=script_keys, args=args))
+        runnable = []
+        for d, token in zip(fresh, res, strict=True):
+            if token > 0:
+                d.lease = f"{self.lease_owner}:{token}"
+                d.msg.fencing_token = token
+                runnable.append(d)
+            elif token == _DUPLICATE:
+                self.counts["deduplicated"] += 1
+                if self.cache is not None:
+                    self.cache[d.msg.key] = True
+            elif token == _BUSY:
+                self.counts["lock_contended"] += 1
+                log.warning("job lease held elsewhere; leaving the entry pending", extra=fields(
+                    stream=self.cfg.stream, key=d.msg.key, entry_id=d.msg.id))
+            else:
+                self.counts["not_ours"] += 1
+        return runnable
+
+    # ---- running handlers -------------------------------------------------------------
+
+    async def _run_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        handle: Any = self.worker.handle  # async, or plain def run in the pool
+        while True:
+            d = await self.queue.get()
+            if d.msg.lock_lost:
+                self._forget(d)
+                continue
+            d.started = time.monotonic()
+            try:
+                if self._is_async:
+                    await handle(d.msg)
+                else:
+                    await loop.run_in_executor(self._executor, handle, d.msg)
+            except asyncio.CancelledError:
+                self._forget(d)
+                raise
+            except Exception as exc:
+                self._failed(d, exc)
+            else:
+                self._succeeded(d)
+
+    def _succeeded(self, d: Delivery) -> None:
+        if d.msg.lock_lost:
+            self._forget(d)
+            return
+        d.finishing = True
+        self.done_buf.append(d)
+        self._flush_needed.set()
+
+    def _failed(self, d: Delivery, exc: Exception) -> None:
+        if d.msg.lock_lost:
+            self._forget(d)
+            return
+        cfg, msg = self.cfg, d.msg
+        etype = type(exc).__name__
+        detail = f"{exc}\n" + "".join(traceback.format_exception(exc))[-TRACEBACK_LIMIT:]
+        if isinstance(exc, DeadLetter):
+            action, reason, delay = "d", f"dead_letter: {exc.reason}", 0.0
+        elif msg.attempt >= cfg.max_deliveries:
+            action, reason, delay = "d", "max_deliveries", 0.0
+        else:
+            action, reason = "r", "retry"
+            explicit = exc.delay if isinstance(exc, Retry) else None
+            delay = explicit if explicit is not None else retry_delay_for(
+                msg.attempt, cfg.retry_delay, cfg.retry_max_delay)
+        log.warning("job failed: %s", "retrying" if action == "r" else "dead-lettered",
+                    extra=fields(stream=cfg.stream, group=cfg.group, consumer=self.name,
+                                 key=msg.key, entry_id=msg.id, attempt=msg.attempt,
+                                 error_type=etype, reason=reason,
+                                 duration_ms=round((time.monotonic() - d.started) * 1000, 1)))
+        d.finishing = True
+        self.fail_buf.append(Failure(
+            d, d.entry_id, action, round(delay * 1000), msg.attempt, reason, etype, detail,
+            self.keys.lock(msg.key)))
+        self._flush_needed.set()
+
+    def _forget(self, d: Delivery) -> None:
+        """Drop a delivery without touching Redis: it stays pending for another worker."""
+        if self.inflight.get(d.entry_id) is d:
+            del self.inflight[d.entry_id]
+            self._released()
+
+    def _released(self) -> None:
+        self._room.set()
+        if not self.inflight:
+            self._empty.set()
+
+    def lose(self, d: Delivery, why: str) -> None:
+        """Mark a delivery's lease lost: its outcome will never be written by us."""
+        if d.msg.lock_lost:
+            return
+        d.msg._lost = True
+        self.counts["lock_lost"] += 1
+        log.error("lease lost: %s; the job will be completed elsewhere", why, extra=fields(
+            stream=self.cfg.stream, group=self.cfg.group, consumer=self.name, key=d.msg.key,
+            entry_id=d.msg.id, attempt=d.msg.attempt))
+
+    # ---- finishing --------------------------------------------------------------------
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._flush_needed.wait()
+            self._flush_needed.clear()
+            done, self.done_buf = self.done_buf, []
+            failed, self.fail_buf = self.fail_buf, []
+            try:
+                if done:
+                    await self._send_done(done)
+                if failed:
+                    await self.send_failures(failed)
+            except TRANSIENT as exc:
+                self.done_buf[:0] = [d for d in done if d.entry_id in self.inflight]
+                self.fail_buf[:0] = failed
+                await self.transport_failed(exc)
+                self._flush_needed.set()
+            else:
+                self.transport_ok()
+
+    async def _send_done(self, done: list[Delivery]) -> None:
+        live = []
+        for d in done:
+            if d.msg.lock_lost:
+                self._forget(d)
+            else:
+                live.append(d)
+        if not live:
+            return
+        done = live
+        cfg, keys = self.cfg, self.keys
+        if cfg.dedup:
+            script_keys = [keys.stream]
+            for d in done:
+                script_keys += [keys.done(d.msg.key), keys.lock(d.msg.key)]
+            args = [cfg.group, self.name, "1", round(cfg.dedup_window * 1000),
+                    *(d.entry_id for d in done), *(d.lease for d in done)]
+        else:
+            script_keys = [keys.stream]
+            args = [cfg.group, self.name, "0", 0, *(d.entry_id for d in done)]
+        res = await self.scripts.complete(keys=script_keys, args=args)
+        for d, ok in zip(done, res, strict=True):
+            if ok == 1:
+                self.counts["acked"] += 1
+                if self.cache is not None:
+                    self.cache[d.msg.key] = True
+            else:
+                self.lose(d, "not the owner at completion (reclaimed by another worker)")
+            self._forget(d)
+
+    async def send_failures(self, failed: list[Failure]) -> None:
+        """fail.lua for a batch: schedule retries or dead-letter, XACK, release leases."""
+        keys = self.keys
+        script_keys = [keys.stream, keys.delayed, keys.dead, *(f.lease_key for f in failed)]
+        args: list[Any] = [self.cfg.group, self.name, self.worker.worker_name]
+        for f in failed:
+            lease = f.delivery.lease if f.delivery else ""
+            args += [f.entry_id, f.action, f.delay_ms, f.attempts, lease, f.reason,
+                     f.error_type, f.detail]
+        res = await self.scripts.fail(keys=script_keys, args=args)
+        for f, r in zip(failed, res, strict=True):
+            if r == 1:
+                self.counts["retried"] += 1
+            elif r == 2:
+                self.counts["dead_lettered"] += 1
+                log.error("job dead-lettered", extra=fields(
+                    stream=self.cfg.stream, group=self.cfg.group, consumer=self.name,
+                    entry_id=f.entry_id.decode(), attempt=f.attempts, reason=f.reason,
+                    error_type=f.error_type))
+            elif f.delivery is not None:
+                self.lose(f.delivery, "not the owner when recording a failure")
+            if f.delivery is not None:
+                self._forget(f.delivery)
+
+
+async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,113 @@
+"""Dead-letter stream operations: list, replay, purge (used by the CLI and by users).
+
+A dead letter ``{S}:dead`` entry has the fields ``reason``, ``error_type``, ``detail``
+(message and short traceback), ``src_stream``, ``src_id``, ``attempts``, ``group``,
+``consumer``, ``worker``, ``ts`` (Unix ms) and every original field of the job's entry,
+byte for byte, under ``f.<name>`` (``f.d`` is the body).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import scripts
+from .codec import decode_body
+from .errors import DecodeError
+from .keys import StreamKeys
+
+__all__ = ["DeadLetterEntry", "list_dead", "purge_dead", "replay_dead"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterEntry:
+    """One dead letter, decoded for display; ``original`` keeps the raw fields."""
+
+    id: str
+    reason: str
+    error_type: str
+    detail: str
+    src_id: str
+    attempts: int
+    consumer: str
+    ts_ms: int
+    key: str | None
+    payload: Any
+    original: dict[str, bytes] = field(repr=False)
+
+    def as_json(self) -> dict[str, Any]:
+        payload = self.payload
+        if isinstance(payload, bytes):
+            payload = payload.hex()
+        return {
+            "id": self.id, "reason": self.reason, "error_type": self.error_type,
+            "detail": self.detail, "src_id": self.src_id, "attempts": self.attempts,
+            "consumer": self.consumer, "ts_ms": self.ts_ms, "key": self.key,
+            "payload": payload,
+            "original": {k: v.decode("utf-8", "replace") for k, v in self.original.items()},
+        }
+
+
+def _text(values: dict[bytes, bytes], name: str) -> str:
+    return values.get(name.encode(), b"").decode("utf-8", "replace")
+
+
+def _parse(entry_id: bytes, values: dict[bytes, bytes]) -> DeadLetterEntry:
+    original = {k[2:].decode("utf-8", "replace"): v for k, v in values.items()
+                if k.startswith(b"f.")}
+    key: str | None = None
+    payload: Any = None
+    try:
+        env = decode_body(values.get(b"f.d"))
+        key, payload = env.key, env.payload
+    except DecodeError:
+        pass
+    return DeadLetterEntry(
+        id=entry_id.decode(), reason=_text(values, "reason"),
+        error_type=_text(values, "error_type"), detail=_text(values, "detail"),
+        src_id=_text(values, "src_id"), attempts=int(_text(values, "attempts") or 0),
+        consumer=_text(values, "consumer"), ts_ms=int(_text(values, "ts") or 0),
+        key=key, payload=payload, original=original,
+    )
+
+
+def list_dead(client: Any, stream: str, count: int = 100, start: str = "-") -> list[DeadLetterEntry]:
+    """The oldest ``count`` dead letters of ``stream`` from ``start`` on."""
+    keys = StreamKeys.for_stream(stream)
+    return [_parse(eid, values) for eid, values in client.xrange(keys.dead, start, "+", count)]
+
+
+def replay_dead(client: Any, stream: str, ids: Sequence[str] | None = None,
+                batch: int = 100) -> tuple[int, int]:
+    """Re-enqueue dead letters (all when ``ids`` is None) as fresh jobs; each is removed
+    from the dead-letter stream in the same atomic step. Returns (replayed, skipped)."""
+    keys = StreamKeys.for_stream(stream)
+    replay = scripts.register(client).replay
+    replayed = skipped = 0
+    if ids is not None:
+        todo = list(ids)
+        for i in range(0, len(todo), batch):
+            r, s = replay(keys=[keys.stream, keys.dead], args=todo[i:i + batch])
+            replayed, skipped = replayed + r, skipped + s
+        return replayed, skipped
+    start = "-"
+    while True:
+        page = client.xrange(keys.dead, start, "+", batch)
+        if not page:
+            return replayed, skipped
+        r, s = replay(keys=[keys.stream, keys.dead], args=[eid for eid, _ in page])
+        replayed, skipped = replayed + r, skipped + s
+        start = "(" + page[-1][0].decode()
+
+
+def purge_dead(client: Any, stream: str, *, older_than_ms: int | None = None,
+               ids: Sequence[str] | None = None) -> int:
+    """Delete dead letters: the given ids, or those older than ``older_than_ms`` (Unix ms),
+    or all of them. Returns how many were deleted."""
+    keys = StreamKeys.for_stream(stream)
+    if ids is not None:
+        return int(client.xdel(keys.dead, *ids)) if ids else 0
+    if older_than_ms is None:
+        return int(client.xtrim(keys.dead, maxlen=0, approximate=False))
+    return int(client.xtrim(keys.dead, minid=f"{older_than_ms}-0", approximate=False))

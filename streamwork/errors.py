@@ -1,0 +1,129 @@
+"""Every exception streamwork raises, and the two a handler raises to steer its job.
+
+The tree, by what the caller does next::
+
+    StreamworkError                  root: catch this to catch everything of ours
+    ├── ConfigError (ValueError)     fix the option named in the message
+    ├── PayloadTooLarge (ValueError) send less, or raise max_payload_bytes
+    ├── RedisUnavailable             Redis could not be reached within the retry budget
+    ├── DecodeError                  an entry did not decode; it went to the dead letters
+    ├── LockError
+    │   ├── LockNotAcquired          no quorum (or the lock is held): try later
+    │   └── LockLost                 the lease expired or was taken over: stop writing
+    └── HandlerControl               control flow from handlers (not failures of ours)
+        ├── Retry(delay=None)        run the job again after a backoff
+        └── DeadLetter(reason)       give up now: move the job to the dead-letter stream
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "DeadLetter",
+    "DecodeError",
+    "HandlerControl",
+    "LockError",
+    "LockLost",
+    "LockNotAcquired",
+    "PayloadTooLarge",
+    "RedisUnavailable",
+    "Retry",
+    "StreamworkError",
+]
+
+
+class StreamworkError(Exception):
+    """Root of every streamwork error; each message says what happened and what to do."""
+
+
+class ConfigError(StreamworkError, ValueError):
+    """An option has a value streamwork cannot accept; the message names the option."""
+
+    def __init__(self, option: str, message: str) -> None:
+        self.option = option
+        super().__init__(f"{option}: {message}")
+
+
+class PayloadTooLarge(StreamworkError, ValueError):
+    """A payload is larger than max_payload_bytes; nothing was enqueued."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"payload encodes to {size} bytes, over max_payload_bytes={limit}; nothing was "
+            "enqueued. Store large data elsewhere and send a reference, or raise the limit."
+        )
+
+
+class RedisUnavailable(StreamworkError):
+    """Redis did not answer within the retry budget; the operation did not complete."""
+
+    def __init__(self, what: str, url: str, cause: BaseException | None = None) -> None:
+        self.url = url
+        detail = f" ({type(cause).__name__}: {cause})" if cause else ""
+        super().__init__(
+            f"{what}: Redis at {url} is unreachable{detail}. Check that the server runs and "
+            "the URL is right (--url or $REDIS_URL), then try again."
+        )
+
+
+class DecodeError(StreamworkError):
+    """A stream entry is not a valid streamwork envelope; it keeps the raw fields."""
+
+    def __init__(self, reason: str, detail: str, fields: dict[bytes, bytes] | None = None) -> None:
+        self.reason = reason
+        self.detail = detail
+        self.fields = fields or {}
+        super().__init__(f"{reason}: {detail}")
+
+
+class LockError(StreamworkError):
+    """Base for lock problems; carries the lock's resource name."""
+
+    def __init__(self, message: str, resource: str) -> None:
+        self.resource = resource
+        super().__init__(message)
+
+
+class LockNotAcquired(LockError):
+    """The lock could not be taken: held elsewhere, or too few instances answered."""
+
+    def __init__(self, resource: str, granted: int, answered: int, total: int, quorum: int) -> None:
+        self.granted = granted
+        self.answered = answered
+        self.total = total
+        self.quorum = quorum
+        super().__init__(
+            f"lock {resource!r} not acquired: {granted} of {total} instances granted it "
+            f"({answered} answered, quorum is {quorum}). It is held elsewhere or too many "
+            "instances are down; retry later or pass blocking_timeout=.",
+            resource,
+        )
+
+
+class LockLost(LockError):
+    """The lease expired or another holder took it; writes under it must stop."""
+
+
+class HandlerControl(StreamworkError):
+    """Base of the exceptions a handler raises on purpose to steer its job."""
+
+
+class Retry(HandlerControl):
+    """Raise from a handler to run the job again; delay=None uses the worker's backoff."""
+
+    def __init__(self, delay: float | None = None, reason: str = "") -> None:
+        if delay is not None and delay < 0:
+            raise ConfigError("Retry.delay", f"must be >= 0 seconds or None, got {delay!r}")
+        self.delay = delay
+        self.reason = reason
+        super().__init__(reason or "retry requested")
+
+
+class DeadLetter(HandlerControl):
+    """Raise from a handler to skip retries and move the job to the dead-letter stream."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)

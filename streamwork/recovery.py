@@ -1,0 +1,173 @@
+"""Background loops that keep deliveries safe: heartbeat, reclaim, promote, upkeep.
+
+* heartbeat - every visibility_timeout/3, one heartbeat.lua call resets the idle time of
+  every delivery this process holds (XCLAIM ... JUSTID) and extends its lease; a delivery
+  whose lease could not be confirmed before its deadline is marked lost.
+* reclaim   - XAUTOCLAIM (cursor kept between calls) takes deliveries idle longer than the
+  visibility timeout from crashed or stalled consumers; entries deleted while pending are
+  recorded as dead letters ``deleted_while_pending`` and counted.
+* promote   - moves due retries and delayed jobs from ``{S}:delayed`` onto the stream.
+* upkeep    - trims acknowledged entries older than ``retention`` (never a pending or
+  unread one) and removes idle consumers that own nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import TYPE_CHECKING, Any, Final
+
+from .logs import fields
+from .retry import TRANSIENT
+
+if TYPE_CHECKING:
+    from .consumer import Consumer
+
+log = logging.getLogger(__name__)
+
+PROMOTE_INTERVAL: Final = 0.1  #: s between delayed-ZSET sweeps when nothing is due sooner
+UPKEEP_INTERVAL: Final = 30.0  #: s between trim/reap rounds (jittered)
+
+
+def _jitter(seconds: float) -> float:
+    return seconds * random.uniform(0.8, 1.2)
+
+
+async def heartbeat_loop(c: Consumer) -> None:
+    """Keep held deliveries from being reclaimed while they are alive."""
+    cfg = c.cfg
+    margin = cfg.visibility_timeout * 0.01 + 0.002
+    while True:
+        await asyncio.sleep(cfg.heartbeat_interval)
+        now = time.monotonic()
+        held = []
+        for d in list(c.inflight.values()):
+            if d.msg.lock_lost:
+                continue
+            if now >= d.deadline and not d.finishing:
+                c.lose(d, "no heartbeat was confirmed before the lease deadline")
+            else:
+                held.append(d)
+        if not held:
+            continue
+        keys = [c.keys.stream]
+        args: list[Any] = [cfg.group, c.name, cfg.visibility_ms, "1" if cfg.dedup else "0",
+                           *(d.entry_id for d in held)]
+        if cfg.dedup:
+            keys += [c.keys.lock(d.msg.key) for d in held]
+            args += [d.lease for d in held]
+        sent = time.monotonic()
+        try:
+            res = await c.scripts.heartbeat(keys=keys, args=args)
+        except TRANSIENT as exc:
+            log.warning("heartbeat failed: %s", exc, extra=fields(stream=cfg.stream))
+            continue
+        for d, ok in zip(held, res, strict=True):
+            if ok == 1:
+                d.deadline = sent + cfg.visibility_timeout - margin
+            elif not d.finishing and c.inflight.get(d.entry_id) is d:
+                c.lose(d, "another worker took the delivery or its lease")
+
+
+async def reclaim_loop(c: Consumer) -> None:
+    """XAUTOCLAIM deliveries idle past the visibility timeout and process them here."""
+    cfg = c.cfg
+    cursor: Any = b"0-0"
+    await asyncio.sleep(random.uniform(0, min(cfg.reclaim_every, 0.5)))
+    while True:
+        room = c.capacity - len(c.inflight)
+        if room > 0:
+            try:
+                cursor = await reclaim_once(c, cursor, room)
+            except TRANSIENT as exc:
+                await c.transport_failed(exc)
+                continue
+        if cursor in (b"0-0", "0-0") or room <= 0:
+            await asyncio.sleep(_jitter(cfg.reclaim_every))
+
+
+async def reclaim_once(c: Consumer, cursor: Any, room: int) -> Any:
+    """One XAUTOCLAIM call; admits what it claimed; returns the next cursor."""
+    cfg = c.cfg
+    sent = time.monotonic()
+    reply = await c.redis.xautoclaim(
+        cfg.stream, cfg.group, c.name, min_idle_time=cfg.visibility_ms, start_id=cursor,
+        count=min(room, cfg.batch_size))
+    nxt, claimed = reply[0], reply[1]
+    deleted = reply[2] if len(reply) > 2 else []
+    if deleted:
+        c.counts["deleted_while_pending"] += len(deleted)
+        log.warning("%d pending entries were deleted from the stream by someone else",
+                    len(deleted), extra=fields(stream=cfg.stream, group=cfg.group))
+        pipe = c.redis.pipeline(transaction=False)
+        for eid in deleted:
+            pipe.xadd(c.keys.dead, {
+                "reason": "deleted_while_pending", "src_stream": cfg.stream, "src_id": eid,
+                "group": cfg.group, "consumer": c.name, "worker": c.worker.worker_name,
+                "ts": str(int(time.time() * 1000)),
+            })
+        await pipe.execute()
+    claimed = [(eid, values) for eid, values in claimed if eid not in c.inflight]
+    if claimed:
+        counts = await delivery_counts(c, [eid for eid, _ in claimed])
+        c.counts["reclaimed"] += len(claimed)
+        log.warning("reclaimed %d deliveries idle over %.1fs", len(claimed),
+                    cfg.visibility_timeout, extra=fields(stream=cfg.stream, group=cfg.group,
+                                                         consumer=c.name))
+        await c.admit(claimed, [counts.get(eid, 1) for eid, _ in claimed], sent)
+    return nxt
+
+
+async def delivery_counts(c: Consumer, entry_ids: list[bytes]) -> dict[bytes, int]:
+    """Redis's delivery counter for entries this consumer owns (XPENDING extended form)."""
+    ordered = sorted(entry_ids, key=lambda e: tuple(int(p) for p in e.split(b"-")))
+    rows = await c.redis.xpending_range(
+        c.cfg.stream, c.cfg.group, min=ordered[0], max=ordered[-1],
+        count=len(entry_ids) + len(c.inflight) + 16, consumername=c.name)
+    return {row["message_id"]: int(row["times_delivered"]) for row in rows}
+
+
+async def promote_loop(c: Consumer) -> None:
+    """Move due jobs from the delayed ZSET onto the stream."""
+    cfg = c.cfg
+    while True:
+        try:
+            moved, wait_ms = await c.scripts.promote(
+                keys=[c.keys.delayed, c.keys.stream], args=[cfg.batch_size])
+        except TRANSIENT as exc:
+            await c.transport_failed(exc)
+            continue
+        if moved:
+            c.counts["promoted"] += moved
+        if moved >= cfg.batch_size:
+            continue
+        pause = PROMOTE_INTERVAL if wait_ms < 0 else min(wait_ms / 1000, PROMOTE_INTERVAL)
+        await asyncio.sleep(max(pause, 0.005) * random.uniform(0.9, 1.1))
+
+
+async def upkeep_loop(c: Consumer) -> None:
+    """Periodically trim (when retention is set) and reap idle consumers."""
+    while True:
+        await asyncio.sleep(_jitter(UPKEEP_INTERVAL))
+        try:
+            await upkeep_once(c)
+        except TRANSIENT as exc:
+            log.warning("upkeep skipped: %s", exc, extra=fields(stream=c.cfg.stream))
+
+
+async def upkeep_once(c: Consumer) -> tuple[int, int]:
+    """One trim + reap round; returns (entries trimmed, consumers removed)."""
+    cfg = c.cfg
+    trimmed = 0
+    if cfg.retention is not None:
+        cutoff = int((time.time() - cfg.retention) * 1000)
+        trimmed = await c.scripts.trim(keys=[c.keys.stream], args=[max(cutoff, 0)])
+    reaped = await c.scripts.reap(
+        keys=[c.keys.stream],
+        args=[cfg.group, round(cfg.consumer_idle_timeout * 1000), c.name])
+    if trimmed or reaped:
+        log.info("upkeep: trimmed %d entries, removed %d idle consumers", trimmed, reaped,
+                 extra=fields(stream=cfg.stream, group=cfg.group))
+    return int(trimmed), int(reaped)

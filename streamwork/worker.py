@@ -1,0 +1,129 @@
+"""StreamWorker: subclass it, set ``stream`` and ``group``, write ``handle()``, run it.
+
+The worker is asyncio throughout: ``run()`` is ``asyncio.run(self.serve())`` with
+SIGINT/SIGTERM handlers, ``serve()`` runs inside an existing loop, and ``stop()`` may be
+called from any thread. A plain ``def handle`` runs in a bounded thread pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+from collections import Counter
+from typing import Any, ClassVar, TypeVar
+
+from . import connection
+from .codec import DEFAULT_MAX_PAYLOAD_BYTES
+from .config import WorkerConfig
+from .consumer import Consumer, consumer_name
+from .keys import check_name
+from .message import Message
+
+__all__ = ["StreamWorker"]
+
+W = TypeVar("W", bound="StreamWorker")
+
+
+class StreamWorker:
+    """Base class of job workers; class attributes are the defaults of its options.
+
+    Delivery is at-least-once: a job is acknowledged only after ``handle`` returned. With
+    ``dedup`` on, a job key's effect is taken once: a done-marker and a lease with a fencing
+    token stop a duplicate or redelivered job from running again after success (see the
+    README's "Guarantees" for what that covers and what it does not).
+    """
+
+    stream: ClassVar[str] = ""
+    group: ClassVar[str] = ""
+    concurrency: ClassVar[int] = 16
+    visibility_timeout: ClassVar[float] = 30.0
+    max_deliveries: ClassVar[int] = 5
+    dedup: ClassVar[bool] = True
+    dedup_window: ClassVar[float] = 3600.0
+    retry_delay: ClassVar[float] = 1.0
+    retry_max_delay: ClassVar[float] = 300.0
+    batch_size: ClassVar[int] = 100
+    read_block: ClassVar[float] = 1.0
+    drain_timeout: ClassVar[float] = 30.0
+    heartbeat: ClassVar[bool] = True
+    reclaim_interval: ClassVar[float | None] = None
+    retention: ClassVar[float | None] = 86400.0
+    consumer_idle_timeout: ClassVar[float] = 3600.0
+    max_payload_bytes: ClassVar[int] = DEFAULT_MAX_PAYLOAD_BYTES
+    local_cache_size: ClassVar[int] = 100_000
+    local_cache_ttl: ClassVar[float] = 60.0
+
+    def __init__(self, url: str | None = None, *, consumer: str | None = None,
+                 **options: Any) -> None:
+        self.url = connection.resolve_url(url)
+        self.config = WorkerConfig.build(type(self), options)
+        self.consumer_name = check_name("consumer", consumer) if consumer else consumer_name()
+        self.worker_name = f"{type(self).__module__}.{type(self).__qualname__}"
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_event: asyncio.Event | None = None
+        self._stop_requested = threading.Event()
+        self._consumer: Consumer | None = None
+        self._counts: Counter[str] = Counter()
+
+    @classmethod
+    def from_url(cls: type[W], url: str | None = None, **options: Any) -> W:
+        """A worker for ``url`` (default ``$REDIS_URL``, else redis://127.0.0.1:6379/0);
+        ``options`` override the class attributes and are checked here."""
+        return cls(url, **options)
+
+    async def handle(self, msg: Message) -> None:
+        """Process one job; return to acknowledge it, raise to retry or dead-letter it."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must define `async def handle(self, msg)` (or a plain def)"
+        )
+
+    @property
+    def counts(self) -> Counter[str]:
+        """Live counters: consumed, acked, retried, dead_lettered, deduplicated, ..."""
+        return self._consumer.counts if self._consumer else self._counts
+
+    def run(self) -> None:
+        """Serve until SIGINT/SIGTERM or ``stop()``, then drain and return (blocking)."""
+        asyncio.run(self.serve(install_signal_handlers=True))
+
+    async def serve(self, *, install_signal_handlers: bool = False) -> None:
+        """Serve inside the running event loop until ``stop()``; returns once drained."""
+        self._loop = asyncio.get_running_loop()
+        self._stop_event = asyncio.Event()
+        if self._stop_requested.is_set():
+            self._stop_event.set()
+        if install_signal_handlers:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._loop.add_signal_handler(sig, self.stop)
+        self._consumer = Consumer(self, self.config, self.url, self.consumer_name)
+        try:
+            await self._consumer.run(self._stop_event)
+        finally:
+            self._counts = self._consumer.counts
+            if install_signal_handlers:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    self._loop.remove_signal_handler(sig)
+
+    def stop(self) -> None:
+        """Ask the worker to stop reading, finish in-flight jobs and return; any thread."""
+        self._stop_requested.set()
+        loop, event = self._loop, self._stop_event
+        if loop is None or event is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            event.set()
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(event.set)
+
+    def __repr__(self) -> str:
+        c = self.counts
+        return (
+            f"<{type(self).__name__} stream={self.config.stream!r} group={self.config.group!r} "
+            f"consumer={self.consumer_name!r} acked={c['acked']} retried={c['retried']} "
+            f"dead_lettered={c['dead_lettered']} deduplicated={c['deduplicated']}>"
+        )
