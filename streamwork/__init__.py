@@ -6,6 +6,7 @@ twice (done-markers, leases and fencing tokens), retries with backoff, dead lett
 
 from __future__ import annotations
 
+import logging
 from importlib.metadata import PackageNotFoundError, version
 
 from .errors import (
@@ -20,9 +21,12 @@ from .errors import (
     Retry,
     StreamworkError,
 )
+from .lock import AsyncHeldLock, AsyncRedlock, HeldLock, Redlock, async_fenced_set, fenced_set
 from .message import Message
 from .producer import AsyncProducer, Producer
 from .worker import StreamWorker
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 try:
     __version__ = version("streamwork")
@@ -30,10 +34,13 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
 __all__ = [
+    "AsyncHeldLock",
     "AsyncProducer",
+    "AsyncRedlock",
     "ConfigError",
     "DeadLetter",
     "DecodeError",
+    "HeldLock",
     "LockError",
     "LockLost",
     "LockNotAcquired",
@@ -41,8 +48,11 @@ __all__ = [
     "PayloadTooLarge",
     "Producer",
     "RedisUnavailable",
+    "Redlock",
     "Retry",
     "StreamWorker",
     "StreamworkError",
     "__version__",
+    "async_fenced_set",
+    "fenced_set",
 ]

@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 PREFETCH_FACTOR: Final = 2  #: hold at most concurrency x this many deliveries at once
 TRACEBACK_LIMIT: Final = 2000  #: characters of traceback kept in a dead letter
+PARKED_RETRY: Final = 0.2  #: s between lease attempts for deliveries whose lease was busy
 LEASE_MARGIN: Final = 0.01  #: fraction of the lease kept as clock-drift margin (plus 2 ms)
 
 # results of claim.lua
@@ -74,6 +75,7 @@ class Delivery:
     deadline: float  # monotonic time after which the lease counts as lost
     started: float = 0.0  # monotonic time the handler began (0: still queued)
     finishing: bool = False  # outcome decided, waiting for the flusher
+    parked_since: float = 0.0  # monotonic time its lease was first found busy
 
 
 @dataclass(slots=True)
@@ -106,6 +108,7 @@ class Consumer:
         self.capacity = cfg.concurrency * PREFETCH_FACTOR
         self.inflight: dict[bytes, Delivery] = {}
         self.queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        self.parked: list[Delivery] = []  # leases busy elsewhere: claim again shortly
         self.done_buf: list[Delivery] = []
         self.fail_buf: list[Failure] = []
         self.lease_owner = f"{name}:{secrets.token_hex(10)}"
@@ -138,6 +141,7 @@ class Consumer:
             self._spawn(recovery.reclaim_loop(self), "reclaimer"),
             self._spawn(recovery.promote_loop(self), "promoter"),
             self._spawn(recovery.upkeep_loop(self), "upkeep"),
+            self._spawn(self._parked_loop(), "parked"),
         ]
         runners = [self._spawn(self._run_loop(), "runner") for _ in range(self.cfg.concurrency)]
         keepers = [self._spawn(self._flush_loop(), "flusher")]
@@ -246,7 +250,10 @@ class Consumer:
             self.transport_ok()
             if reply:
                 entries = reply[0][1]
-                await self.admit(entries, [1] * len(entries), sent)
+                try:
+                    await self.admit(entries, [1] * len(entries), sent)
+                except TRANSIENT as exc:  # they stay pending here; the reclaimer gets them
+                    await self.transport_failed(exc)
 
     async def admit(self, entries: list[Entry], deliveries: list[int], sent: float) -> None:
         """Decode, vet and (with dedup) lease a batch of new deliveries, then queue them."""
@@ -292,10 +299,13 @@ class Consumer:
             await self._ack_duplicates(duplicates)
         if fresh and cfg.dedup:
             fresh = await self._lease(fresh)
-        for d in fresh:
+        self._enqueue(fresh)
+
+    def _enqueue(self, runnable: list[Delivery]) -> None:
+        for d in runnable:
             self.inflight[d.entry_id] = d
             self.queue.put_nowait(d)
-        self.counts["consumed"] += len(fresh)
+        self.counts["consumed"] += len(runnable)
 
     def _dead(
         self, entry_id: bytes, attempts: int, reason: str, etype: str, detail: str,
@@ -306,8 +316,8 @@ class Consumer:
 
     async def _ack_duplicates(self, entry_ids: list[bytes]) -> None:
         """Acknowledge deliveries the local cache knows are done (ownership-checked)."""
-        res = await self._until_connected(lambda: self.scripts.complete(
-            keys=[self.keys.stream], args=[self.cfg.group, self.name, "0", 0, *entry_ids]))
+        res = await self.scripts.complete(
+            keys=[self.keys.stream], args=[self.cfg.group, self.name, "0", 0, *entry_ids])
         self.counts["deduplicated"] += sum(1 for r in res if r == 1)
 
     async def _lease(self, fresh: list[Delivery]) -> list[Delivery]:
@@ -318,7 +328,7 @@ class Consumer:
             script_keys += [keys.done(d.msg.key), keys.lock(d.msg.key)]
         args = [self.cfg.group, self.name, self.cfg.visibility_ms, self.lease_owner,
                 *(d.entry_id for d in fresh)]
-        res = await self._until_connected(lambda: self.scripts.claim(keys=script_keys, args=args))
+        res = await self.scripts.claim(keys=script_keys, args=args)
         runnable = []
         for d, token in zip(fresh, res, strict=True):
             if token > 0:
@@ -330,12 +340,33 @@ class Consumer:
                 if self.cache is not None:
                     self.cache[d.msg.key] = True
             elif token == _BUSY:
-                self.counts["lock_contended"] += 1
-                log.warning("job lease held elsewhere; leaving the entry pending", extra=fields(
-                    stream=self.cfg.stream, key=d.msg.key, entry_id=d.msg.id))
+                if not d.parked_since:
+                    d.parked_since = time.monotonic()
+                    self.counts["lock_contended"] += 1
+                    log.info("job lease held elsewhere; claiming again shortly", extra=fields(
+                        stream=self.cfg.stream, key=d.msg.key, entry_id=d.msg.id))
+                self.parked.append(d)
             else:
                 self.counts["not_ours"] += 1
         return runnable
+
+    async def _parked_loop(self) -> None:
+        """Re-try the lease of deliveries whose job was running elsewhere (a duplicate
+        enqueue): usually the other holder finishes and this one is acked as a duplicate.
+        After half a visibility timeout they are left pending for the reclaimer."""
+        give_up = self.cfg.visibility_timeout / 2
+        while True:
+            await asyncio.sleep(PARKED_RETRY)
+            if not self.parked:
+                continue
+            now = time.monotonic()
+            parked, self.parked = self.parked, []
+            keep = [d for d in parked if now - d.parked_since < give_up]
+            try:
+                self._enqueue(await self._lease(keep))
+            except TRANSIENT as exc:
+                self.parked.extend(keep)
+                await self.transport_failed(exc)
 
     # ---- running handlers -------------------------------------------------------------
 

@@ -72,7 +72,9 @@ def _parse(entry_id: bytes, values: dict[bytes, bytes]) -> DeadLetterEntry:
     )
 
 
-def list_dead(client: Any, stream: str, count: int = 100, start: str = "-") -> list[DeadLetterEntry]:
+def list_dead(
+    client: Any, stream: str, count: int = 100, start: str = "-"
+) -> list[DeadLetterEntry]:
     """The oldest ``count`` dead letters of ``stream`` from ``start`` on."""
     keys = StreamKeys.for_stream(stream)
     return [_parse(eid, values) for eid, values in client.xrange(keys.dead, start, "+", count)]

@@ -1,0 +1,186 @@
+"""The ``streamwork`` command: run, send, demo, dlq (and, as they land, inspect, top, bench)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from . import connection, deadletter, logs
+from .config import WorkerConfig
+from .errors import StreamworkError
+from .producer import Producer
+from .worker import StreamWorker
+
+url_option = click.option(
+    "--url", default=None, help="Redis URL (default: $REDIS_URL, else redis://127.0.0.1:6379/0)."
+)
+
+# `streamwork run` options generated from the worker options: (name, click type)
+_RUN_OPTIONS: list[tuple[str, Any]] = [
+    ("concurrency", int), ("visibility_timeout", float), ("max_deliveries", int),
+    ("dedup_window", float), ("retry_delay", float), ("retry_max_delay", float),
+    ("batch_size", int), ("read_block", float), ("drain_timeout", float),
+    ("reclaim_interval", float), ("retention", float), ("consumer_idle_timeout", float),
+    ("max_payload_bytes", int), ("stream", str), ("group", str),
+]
+
+
+def _fail(message: str) -> None:
+    raise click.ClickException(message)
+
+
+def load_worker(target: str) -> type[StreamWorker]:
+    """Import ``module:Class`` (the current directory is on the path) and check it."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        _fail(f"{target!r}: give the worker as MODULE:Class, e.g. myapp.workers:Billing")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        _fail(f"cannot import {module_name!r}: {exc}")
+    cls = getattr(module, attr, None)
+    if not (isinstance(cls, type) and issubclass(cls, StreamWorker)):
+        _fail(f"{target!r} is not a StreamWorker subclass")
+    assert isinstance(cls, type)
+    return cls
+
+
+@click.group()
+@click.version_option(package_name="streamwork")
+def main() -> None:
+    """streamwork: distributed job workers on Redis Streams."""
+
+
+def _run_options(fn: Any) -> Any:
+    for name, typ in reversed(_RUN_OPTIONS):
+        fn = click.option(f"--{name.replace('_', '-')}", name, type=typ, default=None,
+                          help=f"override the worker's {name}")(fn)
+    return click.option("--dedup/--no-dedup", "dedup", default=None,
+                        help="override the worker's dedup")(fn)
+
+
+@main.command()
+@click.argument("target")
+@url_option
+@_run_options
+@click.option("--log-level", default="INFO", show_default=True)
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
+              show_default=True)
+def run(target: str, url: str | None, log_level: str, log_format: str, **options: Any) -> None:
+    """Run the worker MODULE:Class until SIGINT/SIGTERM, then drain and exit 0."""
+    logs.configure(log_level, log_format)
+    cls = load_worker(target)
+    overrides = {k: v for k, v in options.items() if v is not None}
+    try:
+        worker = cls.from_url(url, **overrides)
+    except StreamworkError as exc:
+        _fail(str(exc))
+    worker.run()
+
+
+@main.command()
+@click.argument("stream")
+@click.argument("payload")
+@click.option("--key", default=None, help="job key (identity for dedup); default a new uuid")
+@click.option("--delay", type=float, default=None, help="seconds before the job is due")
+@url_option
+def send(stream: str, payload: str, key: str | None, delay: float | None,
+         url: str | None) -> None:
+    """Enqueue one job whose PAYLOAD is JSON; prints the entry id (or key, when delayed)."""
+    try:
+        data = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        _fail(f"PAYLOAD is not valid JSON ({exc}); quote it, e.g. '{{\"order_id\": 7}}'")
+    try:
+        with Producer.from_url(url) as producer:
+            click.echo(producer.send(stream, data, key=key, delay=delay))
+    except StreamworkError as exc:
+        _fail(str(exc))
+
+
+@main.command()
+@url_option
+@click.option("--orders", default=2000, show_default=True, help="how many orders to bill")
+def demo(url: str | None, orders: int) -> None:
+    """Bill a batch of orders with three workers; a private Redis is used if none answers."""
+    from .demo import run_demo
+
+    result = run_demo(connection.resolve_url(url), orders)
+    if not result.ok:
+        sys.exit(1)
+
+
+@main.group()
+def dlq() -> None:
+    """Inspect, replay and purge a stream's dead letters."""
+
+
+@dlq.command("list")
+@click.argument("stream")
+@click.option("--count", default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per line")
+@url_option
+def dlq_list(stream: str, count: int, as_json: bool, url: str | None) -> None:
+    """Show the oldest dead letters of STREAM."""
+    client = connection.sync_client(connection.resolve_url(url))
+    entries = deadletter.list_dead(client, stream, count)
+    if as_json:
+        for e in entries:
+            click.echo(json.dumps(e.as_json(), default=str))
+        return
+    table = Table(title=f"dead letters of {stream} ({len(entries)} shown)")
+    for col in ("id", "key", "reason", "error", "attempts", "died", "source id"):
+        table.add_column(col)
+    for e in entries:
+        died = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.ts_ms / 1000))
+        first_line = e.detail.splitlines()[0] if e.detail else ""
+        table.add_row(e.id, e.key or "?", e.reason, f"{e.error_type}: {first_line}"[:60],
+                      str(e.attempts), died, e.src_id)
+    Console().print(table)
+
+
+@dlq.command("replay")
+@click.argument("stream")
+@click.option("--id", "ids", multiple=True, help="dead-letter id to replay (repeatable)")
+@click.option("--all", "replay_all", is_flag=True, help="replay every dead letter")
+@url_option
+def dlq_replay(stream: str, ids: tuple[str, ...], replay_all: bool, url: str | None) -> None:
+    """Put dead letters back on STREAM as fresh jobs (attempts start again)."""
+    if bool(ids) == replay_all:
+        _fail("say which dead letters: --id ID (repeatable) or --all")
+    client = connection.sync_client(connection.resolve_url(url))
+    replayed, skipped = deadletter.replay_dead(client, stream, list(ids) if ids else None)
+    click.echo(f"replayed {replayed}, skipped {skipped} (unknown id or no original fields)")
+
+
+@dlq.command("purge")
+@click.argument("stream")
+@click.option("--older-than", type=float, default=None,
+              help="only dead letters older than this many seconds")
+@click.option("--id", "ids", multiple=True, help="dead-letter id to delete (repeatable)")
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@url_option
+def dlq_purge(stream: str, older_than: float | None, ids: tuple[str, ...], yes: bool,
+              url: str | None) -> None:
+    """Delete dead letters of STREAM for good (all, --older-than, or --id)."""
+    what = (f"{len(ids)} dead letters" if ids else
+            f"dead letters older than {older_than:g}s" if older_than is not None else
+            "ALL dead letters")
+    if not yes:
+        click.confirm(f"Delete {what} of {stream}?", abort=True)
+    client = connection.sync_client(connection.resolve_url(url))
+    cutoff = None if older_than is None else int((time.time() - older_than) * 1000)
+    n = deadletter.purge_dead(client, stream, older_than_ms=cutoff, ids=list(ids) or None)
+    click.echo(f"deleted {n}")
+
+
+__all__ = ["WorkerConfig", "main"]

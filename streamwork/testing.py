@@ -1,0 +1,114 @@
+"""A small public test kit: private servers, waiting without sleeps-as-assertions, ledgers.
+
+Use it in your own tests of streamwork workers::
+
+    from streamwork.testing import Ledger, RedisServer, run_until_idle, wait_for
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .keys import StreamKeys
+from .server import RedisServer, free_port
+from .worker import StreamWorker
+
+__all__ = ["Ledger", "LedgerReport", "RedisServer", "free_port", "run_until_idle", "wait_for"]
+
+T = TypeVar("T")
+
+
+def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02,
+             message: str = "condition") -> T:
+    """Poll ``predicate`` until it returns something truthy; raise AssertionError on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {message}")
+        time.sleep(interval)
+
+
+@dataclass(frozen=True)
+class LedgerReport:
+    """What a ledger saw: keys never applied, and keys applied more than once."""
+
+    expected: int
+    applied: int
+    lost: list[str]
+    twice: dict[str, int]
+
+    @property
+    def exactly_once(self) -> bool:
+        return not self.lost and not self.twice
+
+
+class Ledger:
+    """Counts effects per job key in a Redis hash, for checks of lost and doubled work."""
+
+    def __init__(self, client: Any, name: str = "ledger") -> None:
+        self.client = client
+        self.name = name
+
+    def record(self, key: str) -> None:
+        self.client.hincrby(self.name, key, 1)
+
+    def counts(self) -> dict[str, int]:
+        return {k.decode(): int(v) for k, v in self.client.hgetall(self.name).items()}
+
+    def report(self, expected: Iterable[str]) -> LedgerReport:
+        counts = self.counts()
+        keys = list(expected)
+        return LedgerReport(
+            expected=len(keys),
+            applied=sum(1 for k in keys if counts.get(k, 0) > 0),
+            lost=[k for k in keys if counts.get(k, 0) == 0],
+            twice={k: n for k, n in counts.items() if n > 1},
+        )
+
+
+def stream_idle(client: Any, stream: str, group: str) -> bool:
+    """True when ``group`` has read every entry, acknowledged all, and nothing is delayed."""
+    keys = StreamKeys.for_stream(stream)
+    groups = {g["name"].decode() if isinstance(g["name"], bytes) else g["name"]: g
+              for g in client.xinfo_groups(stream)}
+    g = groups.get(group)
+    if g is None:
+        return False
+    lag = g.get("lag")
+    return bool(g["pending"] == 0 and (lag == 0 or (lag is None and
+                                        g["last-delivered-id"] == _last_id(client, stream)))
+                and client.zcard(keys.delayed) == 0)
+
+
+def _last_id(client: Any, stream: str) -> Any:
+    last = client.xrevrange(stream, count=1)
+    return last[0][0] if last else b"0-0"
+
+
+async def run_until_idle(worker: StreamWorker, client: Any, timeout: float = 30.0) -> None:
+    """Serve ``worker`` until its group is idle (everything acked, nothing delayed), then
+    stop it. ``client`` is a sync redis client used to look; raise on timeout."""
+    task = asyncio.create_task(worker.serve())
+    cfg = worker.config
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            await asyncio.sleep(0.02)
+            if task.done():
+                task.result()
+                raise AssertionError("worker stopped on its own before the stream was idle")
+            if client.exists(cfg.stream) and stream_idle(client, cfg.stream, cfg.group):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"stream {cfg.stream!r} not idle after {timeout:g}s: "
+                                     f"{worker!r}")
+    finally:
+        worker.stop()
+        await task

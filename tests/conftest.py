@@ -1,0 +1,114 @@
+"""Fixtures: private redis-server processes on free loopback ports, clients, worker processes.
+
+Server order: redis-server on PATH, else the `embedded` extra's Valkey binary, else
+$REDIS_URL (a server we cannot kill or restart: fault tests skip), else testcontainers where
+Docker runs. On CI (CI=true) a missing server is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from streamwork.errors import StreamworkError
+from streamwork.server import RedisServer, find_server_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _no_server(why: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"no Redis server for the tests on CI: {why}")
+    pytest.skip(f"no Redis server available: {why}")
+
+
+def _have_binary() -> bool:
+    try:
+        find_server_binary()
+    except StreamworkError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def _session_redis() -> Iterator[str]:
+    if _have_binary():
+        with RedisServer() as server:
+            yield server.url
+        return
+    if os.environ.get("REDIS_URL"):
+        yield os.environ["REDIS_URL"]
+        return
+    try:
+        from testcontainers.redis import RedisContainer  # type: ignore[import-not-found]
+    except ImportError:
+        _no_server("no redis-server on PATH, no 'embedded' extra, no $REDIS_URL, no testcontainers")
+    with RedisContainer("redis:7") as container:  # pragma: no cover - needs Docker
+        host, port = container.get_container_host_ip(), container.get_exposed_port(6379)
+        yield f"redis://{host}:{port}/0"
+
+
+@pytest.fixture(name="redis_url")
+def _redis_url(_session_redis: str) -> str:
+    """URL of a clean Redis (FLUSHALL before each test)."""
+    client = redis.Redis.from_url(_session_redis)
+    client.flushall()
+    client.close()
+    return _session_redis
+
+
+@pytest.fixture(name="r")
+def _r(redis_url: str) -> Iterator[redis.Redis]:
+    """A sync client on the clean Redis."""
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture(name="make_server")
+def _make_server() -> Iterator[Callable[..., RedisServer]]:
+    """Factory of private servers this test may kill and restart; all closed afterwards."""
+    if not _have_binary():
+        _no_server("fault tests need a server binary they can kill and restart")
+    made: list[RedisServer] = []
+
+    def make(**kwargs: Any) -> RedisServer:
+        server = RedisServer(**kwargs).start()
+        made.append(server)
+        return server
+
+    yield make
+    for server in made:
+        server.close()
+
+
+@pytest.fixture(name="spawn_worker")
+def _spawn_worker() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Factory: ``spawn_worker("tests.workers:LedgerWorker", url, "--concurrency", "4")``
+    starts ``streamwork run`` in a child process; every child is ended by pid afterwards."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(target: str, url: str, *args: str, env: dict[str, str] | None = None,
+              stdout: Any = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+        full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamwork", "run", target, "--url", url,
+             "--log-level", "WARNING", *args],
+            cwd=ROOT, env=full_env, stdout=stdout, stderr=subprocess.STDOUT,
+        )
+        procs.append(proc)
+        return proc
+
+    yield spawn
+    for proc in procs:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
