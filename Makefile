@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -16,14 +16,11 @@ demo: $(STAMP)
 	$(BIN)/streamwork demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check streamwork tests benchmarks examples
+	$(BIN)/ruff check streamwork tests examples
 	$(BIN)/mypy streamwork
 
 test: lint
 	$(BIN)/pytest -q
-
-bench: $(STAMP)
-	$(BIN)/python -m benchmarks
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+import msgpack
 import redis.exceptions
 from cachetools import TTLCache
 
@@ -317,7 +318,7 @@ class Consumer:
     async def _ack_duplicates(self, entry_ids: list[bytes]) -> None:
         """Acknowledge deliveries the local cache knows are done (ownership-checked)."""
         res = await self.scripts.complete(
-            keys=[self.keys.stream], args=[self.cfg.group, self.name, "0", 0, *entry_ids])
+            keys=[self.keys.stream], args=[self.cfg.group, self.name, "0", 0, "", *entry_ids])
         self.counts["deduplicated"] += sum(1 for r in res if r == 1)
 
     async def _lease(self, fresh: list[Delivery]) -> list[Delivery]:
@@ -478,23 +479,28 @@ class Consumer:
                 live.append(d)
         if not live:
             return
-        done = live
         cfg, keys = self.cfg, self.keys
+        script_keys = [keys.stream]
         if cfg.dedup:
-            script_keys = [keys.stream]
-            for d in done:
+            for d in live:
                 script_keys += [keys.done(d.msg.key), keys.lock(d.msg.key)]
-            args = [cfg.group, self.name, "1", round(cfg.dedup_window * 1000),
-                    *(d.entry_id for d in done), *(d.lease for d in done)]
-        else:
-            script_keys = [keys.stream]
-            args = [cfg.group, self.name, "0", 0, *(d.entry_id for d in done)]
+        staged = _staged_ops(live, script_keys)
+        args: list[Any] = [cfg.group, self.name, "1" if cfg.dedup else "0",
+                           round(cfg.dedup_window * 1000), staged,
+                           *(d.entry_id for d in live)]
+        if cfg.dedup:
+            args += [d.lease for d in live]
         res = await self.scripts.complete(keys=script_keys, args=args)
-        for d, ok in zip(done, res, strict=True):
-            if ok == 1:
+        for d, ok in zip(live, res, strict=True):
+            if ok:
                 self.counts["acked"] += 1
                 if self.cache is not None:
                     self.cache[d.msg.key] = True
+                if ok == 2:
+                    self.counts["staged_rejected"] += 1
+                    log.error("a staged write was rejected by Redis; the others applied",
+                              extra=fields(stream=cfg.stream, key=d.msg.key,
+                                           entry_id=d.msg.id))
             else:
                 self.lose(d, "not the owner at completion (reclaimed by another worker)")
             self._forget(d)
@@ -524,7 +530,28 @@ class Consumer:
                 self._forget(f.delivery)
 
 
+def _staged_ops(live: list[Delivery], script_keys: list[str]) -> bytes:
+    """Encode the staged writes of a batch for complete.lua; appends their keys."""
+    ops: dict[int, list[list[Any]]] = {}
+    for i, d in enumerate(live, start=1):
+        for command, cmd_keys, cmd_args in d.msg.staged:
+            index = []
+            for key in cmd_keys:
+                script_keys.append(key)
+                index.append(len(script_keys))
+            ops.setdefault(i, []).append([command, index, list(cmd_args)])
+    return msgpack.packb(ops) if ops else b""
+
+
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait for them to end. A cancel that lands inside a redis-py
+    read can surface as a timeout or connection error, which a loop treats as transient
+    and survives; so cancel again until every task has really ended."""
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=0.2)
     for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+        if not task.cancelled():
+            task.exception()  # retrieved, so asyncio does not warn about it

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .codec import Payload
@@ -31,6 +32,23 @@ class Message:
     group: str = ""
     consumer: str = ""
     _lost: bool = field(default=False, repr=False)
+    staged: list[tuple[str, tuple[str, ...], tuple[str | int | float | bytes, ...]]] = field(
+        default_factory=list, repr=False)
+
+    def stage(self, command: str, keys: Sequence[str] = (),
+              args: Sequence[str | int | float | bytes] = ()) -> None:
+        """Stage a Redis write that is applied atomically with this job's acknowledgement
+        (and done-marker), so it takes effect exactly once, or not at all if the job's
+        outcome is not recorded (crash, lost lease, failure).
+
+        ``keys`` come first in the command, then ``args``: ``msg.stage("HINCRBY",
+        ["{orders}:totals"], ["eur", 250])``. On Redis Cluster every key must share the
+        stream's hash tag (``{S}``). A command Redis rejects (e.g. WRONGTYPE) is skipped
+        and logged; the job's other staged writes still apply.
+        """
+        if not isinstance(command, str) or not command:
+            raise ValueError("stage(): command must be a Redis command name such as 'SET'")
+        self.staged.append((command, tuple(keys), tuple(args)))
 
     @property
     def lock_lost(self) -> bool:

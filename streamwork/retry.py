@@ -49,7 +49,7 @@ def retry_delay_for(attempt: int, retry_delay: float, retry_max_delay: float) ->
 
 def reconnect_wait() -> wait_base:
     """Wait between reconnect attempts: 50 ms doubling to 2 s, with jitter."""
-    return tenacity.wait_exponential_jitter(initial=0.05, max=2.0, jitter=0.05)
+    return tenacity.wait_exponential(multiplier=0.05, max=2.0) + tenacity.wait_random(0, 0.05)
 
 
 def reconnect_delay(failures: int) -> float:

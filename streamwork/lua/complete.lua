@@ -1,31 +1,44 @@
 -- complete: acknowledge finished deliveries that this consumer still owns. With dedup,
 -- also write the done-marker and release the job lease, but only where the lease value
--- still matches. All checks for an entry come before any write (Redis has no rollback).
+-- still matches. Writes a handler staged (msg.stage) are applied in the same step, so they
+-- happen exactly once with the acknowledgement. All checks for an entry come before any
+-- write (Redis has no rollback).
 -- KEYS[1]          stream
 -- KEYS[2i], [2i+1] (dedup only) done-marker and lease key of entry i
--- ARGV[1] group, ARGV[2] consumer, ARGV[3] "1" when dedup, ARGV[4] done-marker TTL (ms)
--- ARGV[5..4+n]     entry ids; with dedup ARGV[5+n..4+2n] lease values in the same order
--- Returns: one integer per entry: 1 acknowledged, 0 lost (not ours any more: nothing written)
+-- KEYS[...]        then the keys staged commands touch (same hash slot as the stream)
+-- ARGV[1] group, ARGV[2] consumer, ARGV[3] "1" when dedup, ARGV[4] done-marker TTL (ms),
+-- ARGV[5] staged commands: "" or MessagePack map {entry index: [[command, [KEYS index...],
+--         [arg...]], ...]}
+-- ARGV[6..5+n]     entry ids; with dedup ARGV[6+n..5+2n] lease values in the same order
+-- Returns: one integer per entry: 1 acknowledged, 0 lost (not ours any more: nothing
+-- written), 2 acknowledged but a staged command was rejected by Redis (others applied)
 local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
 local dedup = ARGV[3] == '1'
-local n = dedup and (#ARGV - 4) / 2 or (#ARGV - 4)
+local staged = {}
+if ARGV[5] ~= '' then staged = cmsgpack.unpack(ARGV[5]) end
+local n = dedup and (#ARGV - 5) / 2 or (#ARGV - 5)
 local res, acks = {}, {}
 for i = 1, n do
-  local id = ARGV[4 + i]
+  local id = ARGV[5 + i]
   local p = redis.call('XPENDING', stream, group, id, id, 1)
   local ok = p[1] ~= nil and p[1][2] == consumer
-  if ok and dedup then
-    local value = ARGV[4 + n + i]
-    if redis.call('GET', KEYS[2 * i + 1]) == value then
-      redis.call('SET', KEYS[2 * i], value, 'PX', ARGV[4])
-      redis.call('DEL', KEYS[2 * i + 1])
-    else
-      ok = false
-    end
+  if ok and dedup and redis.call('GET', KEYS[2 * i + 1]) ~= ARGV[5 + n + i] then
+    ok = false
   end
   if ok then
-    acks[#acks + 1] = id
     res[i] = 1
+    for _, op in ipairs(staged[i] or {}) do
+      local call = {op[1]}
+      for _, k in ipairs(op[2]) do call[#call + 1] = KEYS[k] end
+      for _, a in ipairs(op[3]) do call[#call + 1] = a end
+      local r = redis.pcall(unpack(call))
+      if type(r) == 'table' and r.err then res[i] = 2 end
+    end
+    if dedup then
+      redis.call('SET', KEYS[2 * i], ARGV[5 + n + i], 'PX', ARGV[4])
+      redis.call('DEL', KEYS[2 * i + 1])
+    end
+    acks[#acks + 1] = id
   else
     res[i] = 0
   end
