@@ -90,8 +90,8 @@ def _ids(raw: Iterable[Any]) -> list[str]:
     return [r.decode() if isinstance(r, bytes) else str(r) for r in raw]
 
 
-class Producer:
-    """Enqueue jobs from synchronous code; one instance is safe to share between threads."""
+class _BaseProducer:
+    """What the sync and async producers share: the client, its scripts, the options."""
 
     def __init__(
         self,
@@ -107,6 +107,10 @@ class Producer:
         self.url = url
         self.max_payload_bytes = max_payload_bytes
         self.retry_timeout = retry_timeout
+
+
+class Producer(_BaseProducer):
+    """Enqueue jobs from synchronous code; one instance is safe to share between threads."""
 
     @classmethod
     def from_url(cls, url: str | None = None, **options: Any) -> Producer:
@@ -194,23 +198,8 @@ class Producer:
         self.close()
 
 
-class AsyncProducer:
+class AsyncProducer(_BaseProducer):
     """Enqueue jobs from asyncio code (FastAPI, aiohttp, ...); use ``async with``."""
-
-    def __init__(
-        self,
-        client: Any,
-        *,
-        url: str = "",
-        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-        retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
-    ) -> None:
-        _check_options(max_payload_bytes, retry_timeout)
-        self._redis = client
-        self._scripts = scripts.register(client)
-        self.url = url
-        self.max_payload_bytes = max_payload_bytes
-        self.retry_timeout = retry_timeout
 
     @classmethod
     def from_url(cls, url: str | None = None, **options: Any) -> AsyncProducer:
