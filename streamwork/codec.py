@@ -100,7 +100,8 @@ def decode_body(data: bytes | None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD
     except msgpack.StackError:
         raise DecodeError("decode_error:limits", "nesting too deep") from None
     except msgpack.FormatError as exc:
-        raise DecodeError("decode_error:FormatError", str(exc)) from None
+        detail = str(exc) or f"not MessagePack: invalid first byte 0x{data[0]:02x}"
+        raise DecodeError("decode_error:FormatError", detail) from None
     except UnicodeDecodeError as exc:
         raise DecodeError("decode_error:utf8", str(exc)) from None
     except ValueError as exc:

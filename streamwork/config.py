@@ -126,6 +126,6 @@ def _int(cfg: WorkerConfig, name: str, low: int, high: int) -> None:
 def _num(cfg: WorkerConfig, name: str, low: float, high: float = math.inf) -> None:
     value = getattr(cfg, name)
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not (low <= value <= high) or math.isnan(value):
-        bound = f"from {low:g} to {high:g}" if high != math.inf else f">= {low:g}"
+    if not ok or not math.isfinite(value) or not (low <= value <= high):
+        bound = f"from {low:g} to {high:g}" if high != math.inf else f">= {low:g} and finite"
         raise ConfigError(name, f"must be a number of seconds {bound}, got {value!r}")

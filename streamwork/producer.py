@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import math
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -57,8 +58,9 @@ def _due(delay: float | None, at: dt.datetime | None) -> tuple[str, str] | None:
     if delay is not None and at is not None:
         raise ConfigError("delay", "give either delay= or at=, not both")
     if delay is not None:
-        if not isinstance(delay, (int, float)) or isinstance(delay, bool) or delay < 0:
-            raise ConfigError("delay", f"must be a number of seconds >= 0, got {delay!r}")
+        if (not isinstance(delay, (int, float)) or isinstance(delay, bool)
+                or not math.isfinite(delay) or delay < 0):
+            raise ConfigError("delay", f"must be a finite number of seconds >= 0, got {delay!r}")
         return (str(round(delay * 1000)), "")
     if at is not None:
         if not isinstance(at, dt.datetime) or at.tzinfo is None:
