@@ -1,0 +1,152 @@
+"""Retention and hygiene (RELIABILITY.md fault class 15): upkeep trims only entries every
+group has read and acknowledged; entries a foreign XTRIM deleted while pending become
+``deleted_while_pending`` dead letters; only idle consumers that own nothing are reaped."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Any
+
+import redis
+
+from streamwork import Producer
+from streamwork.consumer import Consumer
+from streamwork.keys import StreamKeys
+from streamwork.recovery import upkeep_once
+from streamwork.testing import Ledger
+from tests.workers import LedgerWorker
+from tests.workers_recovery import await_for
+
+STREAM, GROUP, OTHER, LAGGARD = "jobs", "testers", "auditors", "laggards"
+KEYS = StreamKeys.for_stream(STREAM)
+
+
+async def _upkeep(url: str, name: str = "upkeeper", **options: Any) -> tuple[int, int]:
+    """One upkeep round (trim + reap) by a consumer of LedgerWorker built with ``options``."""
+    worker = LedgerWorker.from_url(url, **options)
+    consumer = Consumer(worker, worker.config, url, name)
+    try:
+        return await upkeep_once(consumer)
+    finally:
+        await consumer.redis.aclose()
+
+
+def _ids(r: redis.Redis) -> list[bytes]:
+    return [eid for eid, _ in r.xrange(STREAM)]
+
+
+def _key(eid: bytes) -> tuple[int, int]:
+    ms, seq = eid.split(b"-")
+    return int(ms), int(seq)
+
+
+def _pending_ids(r: redis.Redis, group: str) -> list[bytes]:
+    return [row["message_id"] for row in
+            r.xpending_range(STREAM, group, min="-", max="+", count=10_000)]
+
+
+async def test_trim_never_removes_pending_or_unread_entries(r: redis.Redis,
+                                                            redis_url: str) -> None:
+    """Upkeep trims old acked entries, never a pending, unread or recent one, in any group."""
+    rnd = random.Random(3)
+    old_ms = int((time.time() - 3600) * 1000)
+    old = [r.xadd(STREAM, {"d": b"x"}, id=f"{old_ms + i}-0") for i in range(200)]
+    new = [r.xadd(STREAM, {"d": b"x"}) for _ in range(20)]
+    for group in (GROUP, OTHER, LAGGARD):
+        r.xgroup_create(STREAM, group, id="0")
+    trimmed_while_pending = 0
+    for _ in range(40):
+        for group in (GROUP, OTHER):
+            r.xreadgroup(group, rnd.choice(["c1", "c2"]), {STREAM: ">"},
+                         count=rnd.randint(1, 12))
+            oldest = _pending_ids(r, group)[:10]  # acks mostly in order, shuffled a little
+            acked = rnd.sample(oldest, min(len(oldest), rnd.randint(0, 8)))
+            if acked:
+                r.xack(STREAM, group, *acked)
+        # a slow group that acks at once: its unread entries, not a PEL, hold the trim back
+        for eid, _ in r.xreadgroup(LAGGARD, "c1", {STREAM: ">"}, count=3)[0][1]:
+            r.xack(STREAM, LAGGARD, eid)
+        unsafe = {eid for g in (GROUP, OTHER, LAGGARD) for eid in _pending_ids(r, g)}
+        for g in r.xinfo_groups(STREAM):
+            last = g["last-delivered-id"]
+            unsafe |= {eid for eid in old + new if _key(eid) > _key(last)}
+        trimmed, _ = await _upkeep(redis_url, retention=60.0)
+        left = set(_ids(r))
+        assert unsafe <= left, f"trimmed pending/unread entries: {sorted(unsafe - left)[:5]}"
+        if trimmed and any(_pending_ids(r, g) for g in (GROUP, OTHER)):
+            trimmed_while_pending += 1
+        # everything old below the oldest unsafe entry is gone, except at most the entry a
+        # group read last (a conservative bound: it is kept as the MINID)
+        floor = min(unsafe | set(new), key=_key)
+        below = [eid for eid in left if _key(eid) < _key(floor)]
+        assert len(below) <= 1, f"acknowledged old entries were not trimmed: {below}"
+    assert trimmed_while_pending, "upkeep never trimmed while something was pending"
+
+    for group in (GROUP, OTHER, LAGGARD):  # read and acknowledge everything
+        r.xreadgroup(group, "c1", {STREAM: ">"}, count=1000)
+        r.xack(STREAM, group, *_pending_ids(r, group))
+    await _upkeep(redis_url, retention=60.0)
+    assert _ids(r) == new, "all acknowledged old entries go, the ones within retention stay"
+    trimmed, _ = await _upkeep(redis_url, retention=None)
+    assert trimmed == 0 and _ids(r) == new, "retention=None never trims"
+
+
+async def test_foreign_trim_of_pending_entries_becomes_dead_letters(
+    r: redis.Redis, redis_url: str
+) -> None:
+    """Pending entries deleted by a foreign XTRIM become deleted_while_pending dead letters."""
+    keys = [f"t-{i}" for i in range(100)]
+    with Producer.from_url(redis_url) as p:
+        ids = p.send_many(STREAM, [{} for _ in keys], keys=keys)
+    r.xgroup_create(STREAM, GROUP, id="0")
+    r.xreadgroup(GROUP, "crashed", {STREAM: ">"}, count=100)  # all pending on a dead consumer
+    assert r.xtrim(STREAM, maxlen=10, approximate=False) == 90
+    worker = LedgerWorker.from_url(redis_url, visibility_timeout=0.5, reclaim_interval=0.1)
+    task = asyncio.create_task(worker.serve())
+    try:
+        await await_for(lambda: r.xpending(STREAM, GROUP)["pending"] == 0, timeout=30,
+                        message="the PEL to be cleared")
+        await await_for(lambda: r.xlen(KEYS.dead) == 90, message="90 dead letters")
+    finally:
+        worker.stop()
+        await task
+    assert worker.counts["deleted_while_pending"] == 90
+    dead = [v for _, v in r.xrange(KEYS.dead)]
+    assert {d[b"reason"] for d in dead} == {b"deleted_while_pending"}
+    assert sorted(d[b"src_id"].decode() for d in dead) == sorted(ids[:90])
+    assert Ledger(r).counts() == dict.fromkeys(keys[90:], 1)
+
+
+async def test_reaper_removes_only_idle_consumers_that_own_nothing(
+    r: redis.Redis, redis_url: str
+) -> None:
+    """The reaper deletes only consumers idle past the timeout that own no pending entry."""
+    with Producer.from_url(redis_url) as p:
+        p.send_many(STREAM, [{} for _ in range(5)])
+    r.xgroup_create(STREAM, GROUP, id="0")
+    r.xgroup_createconsumer(STREAM, GROUP, "idle-empty")
+    r.xgroup_createconsumer(STREAM, GROUP, "me")
+    r.xreadgroup(GROUP, "idle-busy", {STREAM: ">"}, count=3)
+    held = _pending_ids(r, GROUP)
+    assert len(held) == 3
+
+    def idle_ms() -> dict[str, int]:
+        return {c["name"].decode(): c["idle"] for c in r.xinfo_consumers(STREAM, GROUP)}
+
+    await await_for(lambda: min(idle_ms().values()) > 1100, timeout=30,
+                    message="the consumers to be idle for over 1 s")
+    r.xgroup_createconsumer(STREAM, GROUP, "fresh-empty")
+
+    _, reaped = await _upkeep(redis_url, name="me", consumer_idle_timeout=1.0, retention=None)
+    assert reaped == 1
+    assert set(idle_ms()) == {"idle-busy", "me", "fresh-empty"}
+    assert _pending_ids(r, GROUP) == held, "reaping must not drop pending entries"
+    assert {row["consumer"] for row in
+            r.xpending_range(STREAM, GROUP, min="-", max="+", count=10)} == {b"idle-busy"}
+
+    r.xack(STREAM, GROUP, *held)
+    _, reaped = await _upkeep(redis_url, name="me", consumer_idle_timeout=1.0, retention=None)
+    assert reaped == 1
+    assert set(idle_ms()) == {"me", "fresh-empty"}

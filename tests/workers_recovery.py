@@ -1,0 +1,69 @@
+"""Extra workers for the recovery, poison and dead-letter tests (in-process or
+`streamwork run tests.workers_recovery:NAME`), plus a small async polling helper.
+
+``RecordingWorker`` pushes ``"<attempt>:<unix time>"`` to ``calls:<key>`` and the fencing
+token (0 without dedup) to ``tokens:<key>`` as soon as a handler starts (before any
+behaviour, so failing attempts are recorded too), then acts on
+extra payload keys before falling back to LedgerWorker's behaviour:
+
+* ``retry_until`` - raise ``Retry(delay=payload["retry_delay"])`` while attempt < it;
+* ``dead_unless`` - raise ``DeadLetter`` unless the Redis key of that name exists;
+* ``first_sleep`` - sleep this long on attempt 1 only, then push ``int(msg.lock_lost)`` to
+  ``lost:<key>``;
+* ``gate``        - attempts >= this wait until the Redis key ``open:<key>`` exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import streamwork as sw
+from tests.workers import LedgerWorker
+
+T = TypeVar("T")
+
+
+class RecordingWorker(LedgerWorker):
+    """LedgerWorker that records every attempt (with its time) before behaving."""
+
+    async def handle(self, msg: sw.Message) -> None:
+        p: dict[str, Any] = msg.payload if isinstance(msg.payload, dict) else {}
+        db = self.ledger()
+        db.rpush("calls:" + msg.key, f"{msg.attempt}:{time.time()!r}")
+        db.rpush("tokens:" + msg.key, msg.fencing_token or 0)
+        if msg.attempt < int(p.get("retry_until", 0)):
+            raise sw.Retry(delay=p.get("retry_delay"))
+        if p.get("dead_unless") and not db.exists(p["dead_unless"]):
+            raise sw.DeadLetter(f"{p['dead_unless']} is not set")
+        if msg.attempt == 1 and p.get("first_sleep"):
+            await asyncio.sleep(float(p["first_sleep"]))
+            db.rpush("lost:" + msg.key, int(msg.lock_lost))
+        if p.get("gate") and msg.attempt >= int(p["gate"]):
+            while not db.exists("open:" + msg.key):
+                await asyncio.sleep(0.02)
+        await super().handle(msg)
+
+
+def calls(client: Any, key: str) -> list[tuple[int, float]]:
+    """The (attempt, unix time) pairs RecordingWorker recorded for ``key``, in order."""
+    out = []
+    for raw in client.lrange("calls:" + key, 0, -1):
+        attempt, _, ts = raw.decode().partition(":")
+        out.append((int(attempt), float(ts)))
+    return out
+
+
+async def await_for(predicate: Callable[[], T], timeout: float = 30.0,
+                    message: str = "condition") -> T:
+    """``wait_for`` for async tests: poll without blocking the event loop."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {message}")
+        await asyncio.sleep(0.02)
