@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .codec import decode_body
 from .errors import DeadLetter
 from .keys import StreamKeys
 from .message import Message
@@ -100,8 +101,8 @@ async def _run(url: str, orders: int, console: Console) -> DemoResult:
             bar = progress.add_task("orders", total=orders)
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
-                settled = len(Billing.ledger) + sum(w.counts["dead_lettered"] for w in workers)
-                progress.update(bar, completed=settled)
+                settled = len(Billing.ledger) + len(declined)
+                progress.update(bar, completed=min(settled, orders))
                 if settled >= orders and not await _pending(producer, stream):
                     break
                 await asyncio.sleep(0.05)
@@ -112,6 +113,8 @@ async def _run(url: str, orders: int, console: Console) -> DemoResult:
         client = producer._redis
         pending = (await client.xpending(stream, Billing.group))["pending"]
         sk = StreamKeys.for_stream(stream)
+        dead_orders = {decode_body(values[b"f.d"]).key
+                       for _, values in await client.xrange(sk.dead)}
         doomed = [k async for k in client.scan_iter(match=sk.prefix + ":*", count=1000)]
         await client.delete(stream, *doomed)
     total: Counter[str] = Counter()
@@ -120,7 +123,7 @@ async def _run(url: str, orders: int, console: Console) -> DemoResult:
     return DemoResult(
         orders=orders, sent=sent, charged=len(Billing.ledger),
         double_charged=sum(1 for n in Billing.ledger.values() if n > 1),
-        retried=total["retried"], dead_lettered=total["dead_lettered"],
+        retried=total["retried"], dead_lettered=len(dead_orders),
         deduplicated=total["deduplicated"], pending=int(pending), seconds=elapsed,
     )
 
@@ -155,7 +158,7 @@ def run_demo(url: str, orders: int = 2000, console: Console | None = None) -> De
         ("orders charged twice", result.double_charged),
         ("duplicates suppressed", result.deduplicated),
         ("retries (card network timeouts)", result.retried),
-        ("dead letters (declined cards)", result.dead_lettered),
+        ("orders dead-lettered (declined cards)", result.dead_lettered),
         ("left pending", result.pending),
         ("elapsed", f"{result.seconds:.2f} s"),
         ("throughput", f"{result.sent / result.seconds:,.0f} jobs/s"),
