@@ -121,7 +121,7 @@ def test_demo_starts_its_own_server_when_none_answers() -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "starting a private server" in out
-    for line in ("orders charged", "orders charged twice", "retries", "dead letters",
+    for line in ("orders charged", "orders charged twice", "retries", "orders dead-lettered",
                  "throughput", "left pending"):
         assert line in out, f"summary line {line!r} missing:\n{out}"
     assert "OK" in out
