@@ -64,6 +64,8 @@ def _run_options(fn: Any) -> Any:
     for name, typ in reversed(_RUN_OPTIONS):
         fn = click.option(f"--{name.replace('_', '-')}", name, type=typ, default=None,
                           help=f"override the worker's {name}")(fn)
+    fn = click.option("--lock-url", "lock_urls", multiple=True,
+                      help="take job leases from a Redlock over these masters (repeat)")(fn)
     return click.option("--dedup/--no-dedup", "dedup", default=None,
                         help="override the worker's dedup")(fn)
 
@@ -79,7 +81,7 @@ def run(target: str, url: str | None, log_level: str, log_format: str, **options
     """Run the worker MODULE:Class until SIGINT/SIGTERM, then drain and exit 0."""
     logs.configure(log_level, log_format)
     cls = load_worker(target)
-    overrides = {k: v for k, v in options.items() if v is not None}
+    overrides = {k: v for k, v in options.items() if v is not None and v != ()}
     try:
         worker = cls.from_url(url, **overrides)
     except StreamworkError as exc:

@@ -43,6 +43,7 @@ class WorkerConfig:
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     local_cache_size: int = 100_000
     local_cache_ttl: float = 60.0
+    lock_urls: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         check_name("stream", self.stream, allow_tag=True)
@@ -67,6 +68,8 @@ class WorkerConfig:
         for flag in ("dedup", "heartbeat"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(flag, f"must be True or False, got {getattr(self, flag)!r}")
+        if self.lock_urls is not None:
+            _lock_urls(self)
         if self.dedup:
             horizon = self.max_deliveries * (self.visibility_timeout + self.retry_max_delay)
             if self.dedup_window < horizon:
@@ -115,6 +118,18 @@ class WorkerConfig:
                     f"`{required} = \"...\"` attribute or pass {required}=... to from_url"
                 )
         return cls(**values)
+
+
+def _lock_urls(cfg: WorkerConfig) -> None:
+    urls = cfg.lock_urls
+    if isinstance(urls, str) or not urls or not all(isinstance(u, str) for u in urls):
+        raise ConfigError("lock_urls", f"must be a non-empty list of Redis URLs, got {urls!r}")
+    for url in urls:
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError("lock_urls", f"{url!r} is not a redis://, rediss:// or unix:// URL")
+    if not cfg.dedup:
+        raise ConfigError("lock_urls", "job leases are only taken with dedup=True")
+    object.__setattr__(cfg, "lock_urls", tuple(urls))
 
 
 def _int(cfg: WorkerConfig, name: str, low: int, high: int) -> None:

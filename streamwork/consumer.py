@@ -39,8 +39,9 @@ from cachetools import TTLCache
 from . import connection, recovery, scripts
 from .codec import ATTEMPTS_FIELD, BODY_FIELD, decode_body, parse_attempts
 from .config import WorkerConfig
-from .errors import DeadLetter, DecodeError, Retry
+from .errors import DeadLetter, DecodeError, LockError, Retry
 from .keys import StreamKeys
+from .lock import AsyncHeldLock, AsyncRedlock
 from .logs import fields
 from .message import Message
 from .retry import TRANSIENT, reconnect_delay, retry_delay_for
@@ -77,6 +78,7 @@ class Delivery:
     started: float = 0.0  # monotonic time the handler began (0: still queued)
     finishing: bool = False  # outcome decided, waiting for the flusher
     parked_since: float = 0.0  # monotonic time its lease was first found busy
+    held: AsyncHeldLock | None = None  # the Redlock lease, when leases come from lock_urls
 
 
 @dataclass(slots=True)
@@ -117,6 +119,10 @@ class Consumer:
             TTLCache(cfg.local_cache_size, cfg.local_cache_ttl)
             if cfg.dedup and cfg.local_cache_size and cfg.local_cache_ttl
             else None
+        )
+        self.redlock = (
+            AsyncRedlock(list(cfg.lock_urls), ttl=cfg.visibility_timeout)
+            if cfg.lock_urls else None
         )
         self.stopping = False
         self._room = asyncio.Event()
@@ -161,6 +167,9 @@ class Consumer:
                 self._executor.shutdown(wait=False, cancel_futures=True)
             with contextlib.suppress(Exception):
                 await self.redis.aclose()
+            if self.redlock:
+                with contextlib.suppress(Exception):
+                    await self.redlock.aclose()
             log.info("worker stopped", extra=fields(
                 stream=self.cfg.stream, group=self.cfg.group, consumer=self.name,
                 count=sum(self.counts.values()), outcome=f"left pending: {left}"))
@@ -327,13 +336,18 @@ class Consumer:
         script_keys = [keys.stream, keys.fence]
         for d in fresh:
             script_keys += [keys.done(d.msg.key), keys.lock(d.msg.key)]
-        args = [self.cfg.group, self.name, self.cfg.visibility_ms, self.lease_owner,
+        ttl_ms = 0 if self.redlock else self.cfg.visibility_ms
+        args = [self.cfg.group, self.name, ttl_ms, self.lease_owner,
                 *(d.entry_id for d in fresh)]
         res = await self.scripts.claim(keys=script_keys, args=args)
+        if self.redlock:
+            res = await self._lease_from_redlock(fresh, res)
         runnable = []
         for d, token in zip(fresh, res, strict=True):
             if token > 0:
                 d.lease = f"{self.lease_owner}:{token}"
+                if d.held is not None and d.held.valid_for <= 0:
+                    self.lose(d, "the Redlock lease expired before the handler started")
                 d.msg.fencing_token = token
                 runnable.append(d)
             elif token == _DUPLICATE:
@@ -350,6 +364,34 @@ class Consumer:
             else:
                 self.counts["not_ours"] += 1
         return runnable
+
+    async def _lease_from_redlock(self, fresh: list[Delivery], res: list[int]) -> list[int]:
+        """Take the job leases from the Redlock masters, all at once; returns claim codes."""
+        assert self.redlock is not None
+        go = [i for i, code in enumerate(res) if code == 0]
+        started = time.monotonic()
+        results = await asyncio.gather(
+            *(self.redlock.acquire(f"{self.cfg.stream}:{fresh[i].msg.key}") for i in go),
+            return_exceptions=True)
+        out = list(res)
+        for i, held in zip(go, results, strict=True):
+            if isinstance(held, AsyncHeldLock):
+                fresh[i].held = held
+                fresh[i].deadline = started + held.valid_for
+                out[i] = held.fencing_token
+            elif isinstance(held, (LockError, *TRANSIENT)):
+                out[i] = _BUSY
+            else:
+                raise held
+        return out
+
+    async def release_held(self, ds: list[Delivery]) -> None:
+        """Release the Redlock leases of finished or lost deliveries (compare-and-delete)."""
+        held = [d.held for d in ds if d.held is not None]
+        for d in ds:
+            d.held = None
+        if held:
+            await asyncio.gather(*(h.release() for h in held), return_exceptions=True)
 
     async def _parked_loop(self) -> None:
         """Re-try the lease of deliveries whose job was running elsewhere (a duplicate
@@ -473,10 +515,13 @@ class Consumer:
     async def _send_done(self, done: list[Delivery]) -> None:
         live = []
         for d in done:
+            if d.held is not None and d.held.valid_for <= 0:
+                self.lose(d, "the Redlock lease expired before completion")
             if d.msg.lock_lost:
                 self._forget(d)
             else:
                 live.append(d)
+        await self.release_held([d for d in done if d.msg.lock_lost])
         if not live:
             return
         cfg, keys = self.cfg, self.keys
@@ -485,7 +530,8 @@ class Consumer:
             for d in live:
                 script_keys += [keys.done(d.msg.key), keys.lock(d.msg.key)]
         staged = _staged_ops(live, script_keys)
-        args: list[Any] = [cfg.group, self.name, "1" if cfg.dedup else "0",
+        mode = "0" if not cfg.dedup else "2" if self.redlock else "1"
+        args: list[Any] = [cfg.group, self.name, mode,
                            round(cfg.dedup_window * 1000), staged,
                            *(d.entry_id for d in live)]
         if cfg.dedup:
@@ -504,6 +550,7 @@ class Consumer:
             else:
                 self.lose(d, "not the owner at completion (reclaimed by another worker)")
             self._forget(d)
+        await self.release_held(live)
 
     async def send_failures(self, failed: list[Failure]) -> None:
         """fail.lua for a batch: schedule retries or dead-letter, XACK, release leases."""
@@ -511,7 +558,7 @@ class Consumer:
         script_keys = [keys.stream, keys.delayed, keys.dead, *(f.lease_key for f in failed)]
         args: list[Any] = [self.cfg.group, self.name, self.worker.worker_name]
         for f in failed:
-            lease = f.delivery.lease if f.delivery else ""
+            lease = f.delivery.lease if f.delivery and not self.redlock else ""
             args += [f.entry_id, f.action, f.delay_ms, f.attempts, lease, f.reason,
                      f.error_type, f.detail]
         res = await self.scripts.fail(keys=script_keys, args=args)
@@ -528,6 +575,7 @@ class Consumer:
                 self.lose(f.delivery, "not the owner when recording a failure")
             if f.delivery is not None:
                 self._forget(f.delivery)
+        await self.release_held([f.delivery for f in failed if f.delivery is not None])
 
 
 def _staged_ops(live: list[Delivery], script_keys: list[str]) -> bytes:

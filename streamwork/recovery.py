@@ -52,10 +52,11 @@ async def heartbeat_loop(c: Consumer) -> None:
                 held.append(d)
         if not held:
             continue
+        lease_here = cfg.dedup and c.redlock is None
         keys = [c.keys.stream]
-        args: list[Any] = [cfg.group, c.name, cfg.visibility_ms, "1" if cfg.dedup else "0",
+        args: list[Any] = [cfg.group, c.name, cfg.visibility_ms, "1" if lease_here else "0",
                            *(d.entry_id for d in held)]
-        if cfg.dedup:
+        if lease_here:
             keys += [c.keys.lock(d.msg.key) for d in held]
             args += [d.lease for d in held]
         sent = time.monotonic()
@@ -64,11 +65,21 @@ async def heartbeat_loop(c: Consumer) -> None:
         except TRANSIENT as exc:
             log.warning("heartbeat failed: %s", exc, extra=fields(stream=cfg.stream))
             continue
+        extended = await _extend_redlock(c, held) if c.redlock else {}
         for d, ok in zip(held, res, strict=True):
-            if ok == 1:
+            if ok == 1 and d.held is None:
                 d.deadline = sent + cfg.visibility_timeout - margin
+            elif ok == 1 and extended.get(id(d)):
+                d.deadline = sent + extended[id(d)]
             elif not d.finishing and c.inflight.get(d.entry_id) is d:
                 c.lose(d, "another worker took the delivery or its lease")
+
+
+async def _extend_redlock(c: Consumer, held: list[Any]) -> dict[int, float]:
+    """Extend the Redlock leases of held deliveries; returns their new validity by id()."""
+    ds = [d for d in held if d.held is not None]
+    results = await asyncio.gather(*(d.held.extend() for d in ds), return_exceptions=True)
+    return {id(d): r for d, r in zip(ds, results, strict=True) if isinstance(r, float) and r > 0}
 
 
 async def reclaim_loop(c: Consumer) -> None:

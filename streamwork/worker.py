@@ -53,6 +53,7 @@ class StreamWorker:
     max_payload_bytes: ClassVar[int] = DEFAULT_MAX_PAYLOAD_BYTES
     local_cache_size: ClassVar[int] = 100_000
     local_cache_ttl: ClassVar[float] = 60.0
+    lock_urls: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, url: str | None = None, *, consumer: str | None = None,
                  **options: Any) -> None:

@@ -42,6 +42,8 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("drain_timeout", -1.0), ("drain_timeout", "x"),
     ("consumer_idle_timeout", 0.5), ("consumer_idle_timeout", None),
     ("local_cache_ttl", -1.0),
+    ("lock_urls", ("http://127.0.0.1:1",)),
+    ("lock_urls", "redis://127.0.0.1:1"),
     ("reclaim_interval", 0.0), ("reclaim_interval", -1.0), ("reclaim_interval", "5"),
     ("retention", -1.0), ("retention", "1d"),
     ("dedup", 1), ("dedup", "yes"), ("dedup", None),

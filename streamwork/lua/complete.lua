@@ -6,14 +6,17 @@
 -- KEYS[1]          stream
 -- KEYS[2i], [2i+1] (dedup only) done-marker and lease key of entry i
 -- KEYS[...]        then the keys staged commands touch (same hash slot as the stream)
--- ARGV[1] group, ARGV[2] consumer, ARGV[3] "1" when dedup, ARGV[4] done-marker TTL (ms),
+-- ARGV[1] group, ARGV[2] consumer, ARGV[3] "1" dedup with the lease in this Redis, "2" dedup
+-- with the lease held elsewhere (Redlock: not checked here), "0" no dedup,
+-- ARGV[4] done-marker TTL (ms),
 -- ARGV[5] staged commands: "" or MessagePack map {entry index: [[command, [KEYS index...],
 --         [arg...]], ...]}
 -- ARGV[6..5+n]     entry ids; with dedup ARGV[6+n..5+2n] lease values in the same order
 -- Returns: one integer per entry: 1 acknowledged, 0 lost (not ours any more: nothing
 -- written), 2 acknowledged but a staged command was rejected by Redis (others applied)
 local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
-local dedup = ARGV[3] == '1'
+local dedup = ARGV[3] ~= '0'
+local lease_here = ARGV[3] == '1'
 local staged = {}
 if ARGV[5] ~= '' then staged = cmsgpack.unpack(ARGV[5]) end
 local n = dedup and (#ARGV - 5) / 2 or (#ARGV - 5)
@@ -22,7 +25,7 @@ for i = 1, n do
   local id = ARGV[5 + i]
   local p = redis.call('XPENDING', stream, group, id, id, 1)
   local ok = p[1] ~= nil and p[1][2] == consumer
-  if ok and dedup and redis.call('GET', KEYS[2 * i + 1]) ~= ARGV[5 + n + i] then
+  if ok and lease_here and redis.call('GET', KEYS[2 * i + 1]) ~= ARGV[5 + n + i] then
     ok = false
   end
   if ok then
@@ -36,7 +39,7 @@ for i = 1, n do
     end
     if dedup then
       redis.call('SET', KEYS[2 * i], ARGV[5 + n + i], 'PX', ARGV[4])
-      redis.call('DEL', KEYS[2 * i + 1])
+      if lease_here then redis.call('DEL', KEYS[2 * i + 1]) end
     end
     acks[#acks + 1] = id
   else

@@ -1,0 +1,125 @@
+"""Job leases taken from a Redlock over independent masters (worker option lock_urls)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import redis
+
+import streamwork as sw
+from streamwork.config import WorkerConfig
+from streamwork.keys import StreamKeys
+from streamwork.testing import Ledger, run_until_idle
+from tests.workers_dedup import StagedLedgerWorker
+
+STREAM = "jobs"
+
+
+@pytest.fixture(name="masters")
+def _masters(make_server: Any) -> list[Any]:
+    return [make_server() for _ in range(3)]
+
+
+def test_lock_urls_are_checked() -> None:
+    """lock_urls must be Redis URLs and needs dedup on."""
+    with pytest.raises(sw.ConfigError, match="lock_urls"):
+        WorkerConfig(stream="s", group="g", lock_urls=("http://x",))
+    with pytest.raises(sw.ConfigError, match="dedup"):
+        WorkerConfig(stream="s", group="g", dedup=False, lock_urls=("redis://127.0.0.1:1",))
+
+
+async def test_redlock_leases_apply_each_key_once(
+    redis_url: str, r: redis.Redis, masters: list[Any]
+) -> None:
+    """Jobs sent 3x, two workers leasing from 3 Redlock masters: each key applied once,
+    tokens come from the Redlock (per job key, not the stream's counter), no lease left."""
+    keys = [f"k{i}" for i in range(200)]
+    producer = sw.Producer.from_url(redis_url)
+    for _ in range(3):
+        producer.send_many(STREAM, [{}] * len(keys), keys=keys)
+    urls = [m.url for m in masters]
+    w1 = StagedLedgerWorker.from_url(redis_url, lock_urls=urls, local_cache_size=0)
+    w2 = StagedLedgerWorker.from_url(redis_url, lock_urls=urls, local_cache_size=0)
+    other = asyncio.create_task(w2.serve())
+    await run_until_idle(w1, r, timeout=60)
+    w2.stop()
+    await other
+    report = Ledger(r).report(keys)
+    assert report.exactly_once, (report.lost[:3], list(report.twice.items())[:3])
+    assert w1.counts["deduplicated"] + w2.counts["deduplicated"] == 400
+    assert not r.exists(StreamKeys.for_stream(STREAM).fence)
+    granted = [int(t) for t in r.lrange("granted", 0, -1)]
+    assert len(granted) == 200 and min(granted) >= 1
+    for m in masters:
+        client = redis.Redis.from_url(m.url)
+        assert not [k for k in client.scan_iter("redlock:*") if not k.endswith(b":fence")]
+        client.close()
+    producer.close()
+
+
+async def test_job_waits_while_its_redlock_lease_is_held_elsewhere(
+    redis_url: str, r: redis.Redis, masters: list[Any]
+) -> None:
+    """A job whose resource is locked by another Redlock holder does not run until released."""
+    urls = [m.url for m in masters]
+    outside = sw.AsyncRedlock(urls, ttl=30.0)
+    held = await outside.acquire(f"{STREAM}:invoice-7")
+    sw.Producer.from_url(redis_url).send(STREAM, {}, key="invoice-7")
+    worker = StagedLedgerWorker.from_url(redis_url, lock_urls=urls, visibility_timeout=5.0)
+    task = asyncio.create_task(worker.serve())
+    try:
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if worker.counts["lock_contended"]:
+                break
+        assert worker.counts["lock_contended"] >= 1
+        assert Ledger(r).counts() == {}
+        await held.release()
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if worker.counts["acked"]:
+                break
+        assert Ledger(r).counts() == {"invoice-7": 1}
+        token = int(r.lrange("granted", 0, -1)[-1])
+        assert token > held.fencing_token
+    finally:
+        worker.stop()
+        await task
+        await outside.aclose()
+
+
+async def test_minority_of_lock_masters_down_still_works_majority_down_waits(
+    redis_url: str, r: redis.Redis, masters: list[Any]
+) -> None:
+    """One of three lock masters down: jobs run. Two down: jobs stay pending, none lost,
+    and they run once the masters are back."""
+    urls = [m.url for m in masters]
+    producer = sw.Producer.from_url(redis_url)
+    masters[0].kill()
+    producer.send_many(STREAM, [{}] * 20, keys=[f"a{i}" for i in range(20)])
+    await run_until_idle(StagedLedgerWorker.from_url(redis_url, lock_urls=urls), r, timeout=60)
+    assert len(Ledger(r).counts()) == 20
+    masters[1].kill()
+    producer.send_many(STREAM, [{}] * 10, keys=[f"b{i}" for i in range(10)])
+    worker = StagedLedgerWorker.from_url(redis_url, lock_urls=urls)
+    task = asyncio.create_task(worker.serve())
+    try:
+        for _ in range(300):
+            await asyncio.sleep(0.01)
+            if worker.counts["lock_contended"] >= 10:
+                break
+        assert worker.counts["lock_contended"] >= 10
+        assert len(Ledger(r).counts()) == 20, "no job may run without a lease quorum"
+        masters[0].start()
+        masters[1].start()
+        for _ in range(1500):
+            await asyncio.sleep(0.02)
+            if len(Ledger(r).counts()) == 30:
+                break
+        assert Ledger(r).report([f"b{i}" for i in range(10)]).exactly_once
+    finally:
+        worker.stop()
+        await task
+    producer.close()
