@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import logging
 import os
@@ -35,8 +36,9 @@ from typing import TYPE_CHECKING, Any, Final
 import msgpack
 import redis.exceptions
 from cachetools import TTLCache
+from opentelemetry import trace
 
-from . import connection, recovery, scripts
+from . import connection, recovery, scripts, telemetry
 from .codec import ATTEMPTS_FIELD, BODY_FIELD, decode_body, parse_attempts
 from .config import WorkerConfig
 from .errors import DeadLetter, DecodeError, LockError, Retry
@@ -79,6 +81,7 @@ class Delivery:
     finishing: bool = False  # outcome decided, waiting for the flusher
     parked_since: float = 0.0  # monotonic time its lease was first found busy
     held: AsyncHeldLock | None = None  # the Redlock lease, when leases come from lock_urls
+    span: Any = None  # the delivery's OpenTelemetry span, ended when Redis has the outcome
 
 
 @dataclass(slots=True)
@@ -94,6 +97,7 @@ class Failure:
     error_type: str
     detail: str
     lease_key: str
+    error: BaseException | None = None
 
 
 class Consumer:
@@ -149,6 +153,7 @@ class Consumer:
             self._spawn(recovery.promote_loop(self), "promoter"),
             self._spawn(recovery.upkeep_loop(self), "upkeep"),
             self._spawn(self._parked_loop(), "parked"),
+            self._spawn(recovery.gauge_loop(self), "gauges"),
         ]
         runners = [self._spawn(self._run_loop(), "runner") for _ in range(self.cfg.concurrency)]
         keepers = [self._spawn(self._flush_loop(), "flusher")]
@@ -173,6 +178,14 @@ class Consumer:
             log.info("worker stopped", extra=fields(
                 stream=self.cfg.stream, group=self.cfg.group, consumer=self.name,
                 count=sum(self.counts.values()), outcome=f"left pending: {left}"))
+
+    def count(self, what: str, n: int = 1) -> None:
+        """Bump a live counter and its OpenTelemetry twin."""
+        self.counts[what] += n
+        if what in telemetry.COUNTERS:
+            telemetry.count(what, n, self.cfg.stream, self.cfg.group)
+        elif what.startswith("lock_"):
+            telemetry.count_lock(what[5:], n, self.cfg.stream, self.cfg.group)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro, name=f"streamwork-{what}")
@@ -285,7 +298,7 @@ class Consumer:
                 log.warning("undecodable entry moved to dead letters", extra=fields(
                     stream=cfg.stream, group=cfg.group, entry_id=eid, reason=exc.reason))
                 dead.append(self._dead(entry_id, count, exc.reason, "DecodeError", exc.detail))
-                self.counts["undecodable"] += 1
+                self.count("undecodable", 1)
                 continue
             attempt = parse_attempts(values.get(ATTEMPTS_FIELD)) + count
             if attempt > cfg.max_deliveries:
@@ -315,7 +328,7 @@ class Consumer:
         for d in runnable:
             self.inflight[d.entry_id] = d
             self.queue.put_nowait(d)
-        self.counts["consumed"] += len(runnable)
+        self.count("consumed", len(runnable))
 
     def _dead(
         self, entry_id: bytes, attempts: int, reason: str, etype: str, detail: str,
@@ -328,7 +341,7 @@ class Consumer:
         """Acknowledge deliveries the local cache knows are done (ownership-checked)."""
         res = await self.scripts.complete(
             keys=[self.keys.stream], args=[self.cfg.group, self.name, "0", 0, "", *entry_ids])
-        self.counts["deduplicated"] += sum(1 for r in res if r == 1)
+        self.count("deduplicated", sum(1 for r in res if r == 1))
 
     async def _lease(self, fresh: list[Delivery]) -> list[Delivery]:
         """claim.lua for a batch: skip done jobs, take leases and fencing tokens."""
@@ -351,18 +364,18 @@ class Consumer:
                 d.msg.fencing_token = token
                 runnable.append(d)
             elif token == _DUPLICATE:
-                self.counts["deduplicated"] += 1
+                self.count("deduplicated", 1)
                 if self.cache is not None:
                     self.cache[d.msg.key] = True
             elif token == _BUSY:
                 if not d.parked_since:
                     d.parked_since = time.monotonic()
-                    self.counts["lock_contended"] += 1
+                    self.count("lock_contended", 1)
                     log.info("job lease held elsewhere; claiming again shortly", extra=fields(
                         stream=self.cfg.stream, key=d.msg.key, entry_id=d.msg.id))
                 self.parked.append(d)
             else:
-                self.counts["not_ours"] += 1
+                self.count("not_ours", 1)
         return runnable
 
     async def _lease_from_redlock(self, fresh: list[Delivery], res: list[int]) -> list[int]:
@@ -416,24 +429,47 @@ class Consumer:
     async def _run_loop(self) -> None:
         loop = asyncio.get_running_loop()
         handle: Any = self.worker.handle  # async, or plain def run in the pool
+        cfg = self.cfg
+        debug = log.isEnabledFor(logging.DEBUG)
         while True:
             d = await self.queue.get()
-            if d.msg.lock_lost:
+            msg = d.msg
+            if msg.lock_lost:
                 self._forget(d)
                 continue
             d.started = time.monotonic()
+            d.span = telemetry.consumer_span(
+                cfg.stream, cfg.group, msg.id, msg.attempt, msg.key, msg.headers)
+            if debug:
+                log.debug("job started", extra=fields(
+                    stream=cfg.stream, group=cfg.group, consumer=self.name, key=msg.key,
+                    entry_id=msg.id, attempt=msg.attempt))
             try:
-                if self._is_async:
-                    await handle(d.msg)
-                else:
-                    await loop.run_in_executor(self._executor, handle, d.msg)
+                with trace.use_span(d.span, end_on_exit=False):
+                    if self._is_async:
+                        await handle(msg)
+                    else:
+                        ctx = contextvars.copy_context()
+                        await loop.run_in_executor(self._executor, ctx.run, handle, msg)
             except asyncio.CancelledError:
+                telemetry.end_span(d.span, "cancelled")
                 self._forget(d)
                 raise
             except Exception as exc:
+                self._finished(d, "failed", debug)
                 self._failed(d, exc)
             else:
+                self._finished(d, "ok", debug)
                 self._succeeded(d)
+
+    def _finished(self, d: Delivery, result: str, debug: bool) -> None:
+        took = time.monotonic() - d.started
+        telemetry.record_duration(took, self.cfg.stream, self.cfg.group, result)
+        if debug:
+            log.debug("job finished", extra=fields(
+                stream=self.cfg.stream, group=self.cfg.group, consumer=self.name,
+                key=d.msg.key, entry_id=d.msg.id, attempt=d.msg.attempt,
+                duration_ms=round(took * 1000, 2), outcome=result))
 
     def _succeeded(self, d: Delivery) -> None:
         if d.msg.lock_lost:
@@ -467,11 +503,14 @@ class Consumer:
         d.finishing = True
         self.fail_buf.append(Failure(
             d, d.entry_id, action, round(delay * 1000), msg.attempt, reason, etype, detail,
-            self.keys.lock(msg.key)))
+            self.keys.lock(msg.key), exc))
         self._flush_needed.set()
 
-    def _forget(self, d: Delivery) -> None:
+    def _forget(self, d: Delivery, outcome: str = "lost") -> None:
         """Drop a delivery without touching Redis: it stays pending for another worker."""
+        if d.span is not None:
+            telemetry.end_span(d.span, outcome)
+            d.span = None
         if self.inflight.get(d.entry_id) is d:
             del self.inflight[d.entry_id]
             self._released()
@@ -486,7 +525,7 @@ class Consumer:
         if d.msg.lock_lost:
             return
         d.msg._lost = True
-        self.counts["lock_lost"] += 1
+        self.count("lock_lost", 1)
         log.error("lease lost: %s; the job will be completed elsewhere", why, extra=fields(
             stream=self.cfg.stream, group=self.cfg.group, consumer=self.name, key=d.msg.key,
             entry_id=d.msg.id, attempt=d.msg.attempt))
@@ -539,17 +578,17 @@ class Consumer:
         res = await self.scripts.complete(keys=script_keys, args=args)
         for d, ok in zip(live, res, strict=True):
             if ok:
-                self.counts["acked"] += 1
+                self.count("acked", 1)
                 if self.cache is not None:
                     self.cache[d.msg.key] = True
                 if ok == 2:
-                    self.counts["staged_rejected"] += 1
+                    self.count("staged_rejected", 1)
                     log.error("a staged write was rejected by Redis; the others applied",
                               extra=fields(stream=cfg.stream, key=d.msg.key,
                                            entry_id=d.msg.id))
             else:
                 self.lose(d, "not the owner at completion (reclaimed by another worker)")
-            self._forget(d)
+            self._forget(d, "acked" if ok else "lost")
         await self.release_held(live)
 
     async def send_failures(self, failed: list[Failure]) -> None:
@@ -564,9 +603,9 @@ class Consumer:
         res = await self.scripts.fail(keys=script_keys, args=args)
         for f, r in zip(failed, res, strict=True):
             if r == 1:
-                self.counts["retried"] += 1
+                self.count("retried", 1)
             elif r == 2:
-                self.counts["dead_lettered"] += 1
+                self.count("dead_lettered", 1)
                 log.error("job dead-lettered", extra=fields(
                     stream=self.cfg.stream, group=self.cfg.group, consumer=self.name,
                     entry_id=f.entry_id.decode(), attempt=f.attempts, reason=f.reason,
@@ -574,7 +613,10 @@ class Consumer:
             elif f.delivery is not None:
                 self.lose(f.delivery, "not the owner when recording a failure")
             if f.delivery is not None:
-                self._forget(f.delivery)
+                outcome = {1: "retried", 2: "dead_lettered"}.get(r, "lost")
+                if f.delivery.span is not None and f.error is not None:
+                    f.delivery.span.record_exception(f.error)
+                self._forget(f.delivery, outcome)
         await self.release_held([f.delivery for f in failed if f.delivery is not None])
 
 

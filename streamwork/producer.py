@@ -152,15 +152,17 @@ class Producer(_BaseProducer):
         """
         keys = _keys(stream)
         due = _due(delay, at)
-        job = _prepare(payload, key, headers, self.max_payload_bytes)
-        if due is not None:
-            self._call(f"send to {stream!r}", lambda: self._scripts.schedule(
-                keys=[keys.delayed], args=[*due, _member(job)]))
-            return job.key
-        entry_id = self._call(
-            f"send to {stream!r}", lambda: self._redis.xadd(stream, {BODY_FIELD: job.body})
-        )
-        return _ids([entry_id])[0]
+        with telemetry.producer_span(stream):
+            job = _prepare(payload, key, headers, self.max_payload_bytes)
+            if due is not None:
+                self._call(f"send to {stream!r}", lambda: self._scripts.schedule(
+                    keys=[keys.delayed], args=[*due, _member(job)]))
+                result = job.key
+            else:
+                result = _ids([self._call(f"send to {stream!r}", lambda: self._redis.xadd(
+                    stream, {BODY_FIELD: job.body}))])[0]
+        telemetry.count("produced", 1, stream)
+        return result
 
     def send_many(
         self,
@@ -172,10 +174,11 @@ class Producer(_BaseProducer):
     ) -> list[str]:
         """Enqueue many jobs in one pipelined round trip; returns their entry ids in order."""
         _keys(stream)
-        jobs = [
-            _prepare(p, k, headers, self.max_payload_bytes)
-            for p, k in zip(payloads, _check_keys(payloads, keys), strict=True)
-        ]
+        with telemetry.producer_span(stream, len(payloads)):
+            jobs = [
+                _prepare(p, k, headers, self.max_payload_bytes)
+                for p, k in zip(payloads, _check_keys(payloads, keys), strict=True)
+            ]
         if not jobs:
             return []
 
@@ -185,7 +188,9 @@ class Producer(_BaseProducer):
                 pipe.xadd(stream, {BODY_FIELD: job.body})
             return list(pipe.execute())
 
-        return _ids(self._call(f"send_many to {stream!r}", run))
+        ids = _ids(self._call(f"send_many to {stream!r}", run))
+        telemetry.count("produced", len(ids), stream)
+        return ids
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -236,15 +241,17 @@ class AsyncProducer(_BaseProducer):
         """Enqueue one job; same arguments and result as ``Producer.send``."""
         keys = _keys(stream)
         due = _due(delay, at)
-        job = _prepare(payload, key, headers, self.max_payload_bytes)
-        if due is not None:
-            await self._call(f"send to {stream!r}", lambda: self._scripts.schedule(
-                keys=[keys.delayed], args=[*due, _member(job)]))
-            return job.key
-        entry_id = await self._call(
-            f"send to {stream!r}", lambda: self._redis.xadd(stream, {BODY_FIELD: job.body})
-        )
-        return _ids([entry_id])[0]
+        with telemetry.producer_span(stream):
+            job = _prepare(payload, key, headers, self.max_payload_bytes)
+            if due is not None:
+                await self._call(f"send to {stream!r}", lambda: self._scripts.schedule(
+                    keys=[keys.delayed], args=[*due, _member(job)]))
+                result = job.key
+            else:
+                result = _ids([await self._call(f"send to {stream!r}", lambda: self._redis.xadd(
+                    stream, {BODY_FIELD: job.body}))])[0]
+        telemetry.count("produced", 1, stream)
+        return result
 
     async def send_many(
         self,
@@ -256,10 +263,11 @@ class AsyncProducer(_BaseProducer):
     ) -> list[str]:
         """Enqueue many jobs in one pipelined round trip; returns their entry ids in order."""
         _keys(stream)
-        jobs = [
-            _prepare(p, k, headers, self.max_payload_bytes)
-            for p, k in zip(payloads, _check_keys(payloads, keys), strict=True)
-        ]
+        with telemetry.producer_span(stream, len(payloads)):
+            jobs = [
+                _prepare(p, k, headers, self.max_payload_bytes)
+                for p, k in zip(payloads, _check_keys(payloads, keys), strict=True)
+            ]
         if not jobs:
             return []
 
@@ -269,7 +277,9 @@ class AsyncProducer(_BaseProducer):
                 pipe.xadd(stream, {BODY_FIELD: job.body})
             return list(await pipe.execute())
 
-        return _ids(await self._call(f"send_many to {stream!r}", run))
+        ids = _ids(await self._call(f"send_many to {stream!r}", run))
+        telemetry.count("produced", len(ids), stream)
+        return ids
 
     async def aclose(self) -> None:
         """Close the connection pool."""

@@ -14,11 +14,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
 from typing import TYPE_CHECKING, Any, Final
 
+from . import telemetry
 from .logs import fields
 from .retry import TRANSIENT
 
@@ -29,6 +31,7 @@ log = logging.getLogger(__name__)
 
 PROMOTE_INTERVAL: Final = 0.1  #: s between delayed-ZSET sweeps when nothing is due sooner
 UPKEEP_INTERVAL: Final = 30.0  #: s between trim/reap rounds (jittered)
+GAUGE_INTERVAL: Final = 5.0  #: s between reads of lag/pending/delayed/dead for the gauges
 
 
 def _jitter(seconds: float) -> float:
@@ -109,7 +112,7 @@ async def reclaim_once(c: Consumer, cursor: Any, room: int) -> Any:
     nxt, claimed = reply[0], reply[1]
     deleted = reply[2] if len(reply) > 2 else []
     if deleted:
-        c.counts["deleted_while_pending"] += len(deleted)
+        c.count("deleted_while_pending", len(deleted))
         log.warning("%d pending entries were deleted from the stream by someone else",
                     len(deleted), extra=fields(stream=cfg.stream, group=cfg.group))
         pipe = c.redis.pipeline(transaction=False)
@@ -123,7 +126,7 @@ async def reclaim_once(c: Consumer, cursor: Any, room: int) -> Any:
     claimed = [(eid, values) for eid, values in claimed if eid not in c.inflight]
     if claimed:
         counts = await delivery_counts(c, [eid for eid, _ in claimed])
-        c.counts["reclaimed"] += len(claimed)
+        c.count("reclaimed", len(claimed))
         log.warning("reclaimed %d deliveries idle over %.1fs", len(claimed),
                     cfg.visibility_timeout, extra=fields(stream=cfg.stream, group=cfg.group,
                                                          consumer=c.name))
@@ -151,11 +154,34 @@ async def promote_loop(c: Consumer) -> None:
             await c.transport_failed(exc)
             continue
         if moved:
-            c.counts["promoted"] += moved
+            c.count("promoted", moved)
         if moved >= cfg.batch_size:
             continue
         pause = PROMOTE_INTERVAL if wait_ms < 0 else min(wait_ms / 1000, PROMOTE_INTERVAL)
         await asyncio.sleep(max(pause, 0.005) * random.uniform(0.9, 1.1))
+
+
+async def gauge_loop(c: Consumer) -> None:
+    """Refresh the stream gauges (lag, pending, delayed, dead) every few seconds."""
+    while True:
+        with contextlib.suppress(*TRANSIENT):
+            await read_gauges(c)
+        await asyncio.sleep(_jitter(GAUGE_INTERVAL))
+
+
+async def read_gauges(c: Consumer) -> None:
+    """One pipelined read of the figures behind the gauges."""
+    pipe = c.redis.pipeline(transaction=False)
+    pipe.xinfo_groups(c.cfg.stream)
+    pipe.zcard(c.keys.delayed)
+    pipe.xlen(c.keys.dead)
+    groups, delayed, dead = await pipe.execute(raise_on_error=False)
+    if isinstance(groups, Exception):
+        return
+    for g in groups:
+        name = g["name"].decode() if isinstance(g["name"], bytes) else str(g["name"])
+        telemetry.set_gauges(c.cfg.stream, name, g.get("lag"), int(g["pending"]),
+                             int(delayed), int(dead))
 
 
 async def upkeep_loop(c: Consumer) -> None:
