@@ -13,7 +13,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from . import connection, deadletter, logs
+from . import cli_ops, connection, deadletter, logs, otel
 from .config import WorkerConfig
 from .errors import StreamworkError
 from .producer import Producer
@@ -77,16 +77,26 @@ def _run_options(fn: Any) -> Any:
 @click.option("--log-level", default="INFO", show_default=True)
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
               show_default=True)
-def run(target: str, url: str | None, log_level: str, log_format: str, **options: Any) -> None:
+@click.option("--otlp", is_flag=True,
+              help="export traces and metrics over OTLP (extra 'otlp'; also on when "
+                   "OTEL_EXPORTER_OTLP_ENDPOINT is set)")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
+              help="serve Prometheus metrics on 127.0.0.1:PORT (extra 'prometheus')")
+def run(target: str, url: str | None, log_level: str, log_format: str, otlp: bool,
+        metrics_port: int | None, **options: Any) -> None:
     """Run the worker MODULE:Class until SIGINT/SIGTERM, then drain and exit 0."""
     logs.configure(log_level, log_format)
     cls = load_worker(target)
     overrides = {k: v for k, v in options.items() if v is not None and v != ()}
     try:
         worker = cls.from_url(url, **overrides)
+        shutdown = otel.configure(otlp=otel.otlp_requested(otlp), metrics_port=metrics_port)
     except StreamworkError as exc:
         _fail(str(exc))
-    worker.run()
+    try:
+        worker.run()
+    finally:
+        shutdown()
 
 
 @main.command()
@@ -184,5 +194,7 @@ def dlq_purge(stream: str, older_than: float | None, ids: tuple[str, ...], yes: 
     n = deadletter.purge_dead(client, stream, older_than_ms=cutoff, ids=list(ids) or None)
     click.echo(f"deleted {n}")
 
+
+cli_ops.register(main)
 
 __all__ = ["WorkerConfig", "main"]

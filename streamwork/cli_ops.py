@@ -1,0 +1,383 @@
+"""``streamwork inspect`` and ``streamwork top``: what operators look at (read-only).
+
+``register(main)`` adds both commands to the ``streamwork`` click group. The figures come
+from :mod:`streamwork.stats`; see the README's "Operating streamwork" for what they mean.
+
+Exit codes of ``inspect``: 0 fine, 1 error (Redis unreachable, no such stream), 2 a
+``--fail-if`` threshold was crossed (click also uses 2 for a usage error, such as a bad
+``--fail-if`` expression, so a misconfigured probe fails rather than passes).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Final
+
+import click
+import redis
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from . import connection, stats
+from .errors import RedisUnavailable, StreamworkError
+from .stats import GroupStats, StreamRates, StreamStats
+
+__all__ = [
+    "FAIL_EXIT_CODE",
+    "Threshold",
+    "check_thresholds",
+    "fmt_age",
+    "parse_threshold",
+    "register",
+    "render_inspect",
+    "render_top",
+]
+
+FAIL_EXIT_CODE: Final = 2  #: exit code of `inspect --fail-if` when a threshold is crossed
+GROUP_METRICS: Final = ("lag", "pending", "oldest-pending")
+STREAM_METRICS: Final = ("dead", "delayed", "delayed-due")
+_EXPR: Final = re.compile(
+    r"^\s*(?P<metric>[a-z-]+)\s*(?P<op>>=|>)\s*(?P<value>\d+(?:\.\d+)?)\s*$")
+_FORMS: Final = (
+    "use METRIC>N or METRIC>=N, METRIC one of lag, pending, oldest-pending (seconds), dead, "
+    "delayed, delayed-due; e.g. --fail-if 'lag>10000' --fail-if 'oldest-pending>=300' "
+    "(quote it: the shell takes a bare > for a redirection)"
+)
+
+
+# ---------------------------------------------------------------- thresholds (--fail-if)
+
+
+@dataclass(frozen=True, slots=True)
+class Threshold:
+    """One ``--fail-if`` expression, e.g. ``lag>10000``."""
+
+    metric: str
+    op: str
+    value: float
+
+    def crossed(self, actual: float) -> bool:
+        return actual >= self.value if self.op == ">=" else actual > self.value
+
+    def __str__(self) -> str:
+        return f"{self.metric}{self.op}{self.value:g}"
+
+
+def parse_threshold(text: str) -> Threshold:
+    """``'lag>10000'`` -> Threshold; raises click.BadParameter naming the accepted forms."""
+    m = _EXPR.match(text)
+    if not m or m["metric"] not in GROUP_METRICS + STREAM_METRICS:
+        raise click.BadParameter(f"{text!r} is not a threshold: {_FORMS}")
+    return Threshold(m["metric"], m["op"], float(m["value"]))
+
+
+def _thresholds(ctx: click.Context, param: click.Parameter,
+                values: tuple[str, ...]) -> tuple[Threshold, ...]:
+    return tuple(parse_threshold(v) for v in values)
+
+
+def _fmt_value(metric: str, value: float) -> str:
+    if metric == "oldest-pending":
+        return f"{value:.1f}s" if value != int(value) else f"{value:g}s"
+    return f"{value:g}"
+
+
+def _group_value(metric: str, g: GroupStats) -> float | None:
+    if metric == "lag":
+        return None if g.lag is None else float(g.lag)
+    if metric == "pending":
+        return float(g.pending)
+    return g.oldest_pending_age_s or 0.0  # oldest-pending; nothing pending counts as 0
+
+
+def _stream_value(metric: str, s: StreamStats) -> float:
+    if metric == "dead":
+        return float(s.dead)
+    if metric == "delayed":
+        return float(s.delayed_total)
+    return float(s.delayed_due)
+
+
+def check_thresholds(samples: Sequence[StreamStats],
+                     thresholds: Sequence[Threshold]) -> tuple[list[str], list[str]]:
+    """(failures, warnings): one line per crossed threshold and stream, naming the worst
+    group for group figures (``FAIL orders/billing: lag 12000 > 10000``); a warning when
+    Redis cannot tell a group's lag, which is then not checked."""
+    failures: list[str] = []
+    warnings: list[str] = []
+    for s in samples:
+        for t in thresholds:
+            if t.metric in STREAM_METRICS:
+                value = _stream_value(t.metric, s)
+                if t.crossed(value):
+                    failures.append(f"FAIL {s.stream}: {t.metric} {_fmt_value(t.metric, value)} "
+                                    f"{t.op} {_fmt_value(t.metric, t.value)}")
+                continue
+            worst: tuple[float, str] | None = None
+            for g in s.groups:
+                gv = _group_value(t.metric, g)
+                if gv is None:
+                    warnings.append(f"WARN {s.stream}/{g.name}: Redis cannot tell this group's "
+                                    f"lag; {t} not checked")
+                elif worst is None or gv > worst[0]:
+                    worst = (gv, g.name)
+            if worst is not None and t.crossed(worst[0]):
+                failures.append(f"FAIL {s.stream}/{worst[1]}: {t.metric} "
+                                f"{_fmt_value(t.metric, worst[0])} {t.op} "
+                                f"{_fmt_value(t.metric, t.value)}")
+    return failures, warnings
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def fmt_age(seconds: float | None) -> str:
+    """``0.4s``, ``42s``, ``4m07s``, ``2h03m``, ``3d04h``; ``-`` for None."""
+    if seconds is None:
+        return "-"
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _n(value: int | None) -> str:
+    return "?" if value is None else f"{value:,}"
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def _stream_table(s: StreamStats) -> Table:
+    table = Table(title=f"stream {s.stream}", title_justify="left", title_style="bold")
+    for col in ("length", "entries added", "first id", "last id", "delayed due/all", "dead"):
+        table.add_column(col, justify="left" if "id" in col else "right", no_wrap=True)
+    table.add_row(_n(s.length), _n(s.entries_added), s.first_id or "-", s.last_id,
+                  f"{s.delayed_due:,} / {s.delayed_total:,}", _n(s.dead))
+    return table
+
+
+def _top(g: GroupStats) -> str:
+    return "\n".join(f"{name} ({pending:,})" for name, pending in g.top_consumers) or "-"
+
+
+def _groups_table(s: StreamStats) -> Table:
+    table = Table(title=f"groups of {s.stream}", title_justify="left")
+    table.add_column("group", no_wrap=True)
+    for col in ("consumers", "entries-read", "lag", "pending", "oldest pending"):
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("top consumers (pending)")
+    for g in s.groups:
+        table.add_row(g.name, _n(g.consumers), _n(g.entries_read), _n(g.lag), _n(g.pending),
+                      fmt_age(g.oldest_pending_age_s), _top(g))
+    return table
+
+
+def _consumers_table(s: StreamStats) -> Table:
+    table = Table(title=f"consumers of {s.stream}", title_justify="left")
+    table.add_column("group", no_wrap=True)
+    table.add_column("consumer")
+    table.add_column("pending", justify="right", no_wrap=True)
+    table.add_column("idle", justify="right", no_wrap=True)
+    for g in s.groups:
+        for c in g.consumer_list:
+            table.add_row(g.name, c.name, _n(c.pending), fmt_age(c.idle_s))
+    return table
+
+
+def render_inspect(s: StreamStats) -> RenderableType:
+    """The human view of one stream: stream figures, groups, consumers."""
+    parts: list[RenderableType] = [_stream_table(s)]
+    if s.groups:
+        parts.append(_groups_table(s))
+        if any(g.consumer_list for g in s.groups):
+            parts.append(_consumers_table(s))
+    else:
+        parts.append(Text("  no consumer groups: nothing reads this stream yet", style="yellow"))
+    parts.append(Text(""))
+    return Group(*parts)
+
+
+def render_top(samples: Sequence[StreamStats], rates: dict[str, StreamRates],
+               interval_s: float) -> RenderableType:
+    """One frame of ``top``: streams, groups, busiest consumers; rates where two samples
+    of a stream exist (``-`` otherwise)."""
+    if not samples:
+        return Text("no streams found")
+    taken = max(s.taken_at_ms for s in samples)
+    clock = time.strftime("%H:%M:%S", time.localtime(taken / 1000))
+    streams = Table(title=f"streamwork top  {clock}  (rates over {interval_s:g}s)",
+                    title_justify="left")
+    streams.add_column("stream", no_wrap=True)
+    for col in ("length", "produced/s", "delayed due/all", "dead"):
+        streams.add_column(col, justify="right", no_wrap=True)
+    groups = Table(title="groups", title_justify="left")
+    groups.add_column("stream/group", no_wrap=True)
+    for col in ("lag", "pending", "oldest pending", "acked/s", "consumers"):
+        groups.add_column(col, justify="right", no_wrap=True)
+    busy = Table(title="busiest consumers", title_justify="left")
+    busy.add_column("stream/group", no_wrap=True)
+    busy.add_column("consumer")
+    busy.add_column("pending", justify="right", no_wrap=True)
+    busy.add_column("idle", justify="right", no_wrap=True)
+    for s in samples:
+        r = rates.get(s.stream)
+        streams.add_row(s.stream, _n(s.length), _rate(r.produced_per_s if r else None),
+                        f"{s.delayed_due:,} / {s.delayed_total:,}", _n(s.dead))
+        for g in s.groups:
+            label = f"{s.stream}/{g.name}"
+            groups.add_row(label, _n(g.lag), _n(g.pending), fmt_age(g.oldest_pending_age_s),
+                           _rate(r.acked_per_s.get(g.name) if r else None), _n(g.consumers))
+            idle = {c.name: c.idle_s for c in g.consumer_list}
+            for name, pending in g.top_consumers:
+                busy.add_row(label, name, _n(pending), fmt_age(idle.get(name)))
+    parts: list[RenderableType] = [streams]
+    if groups.row_count:
+        parts.append(groups)
+    if busy.row_count:
+        parts.append(busy)
+    return Group(*parts)
+
+
+# ---------------------------------------------------------------- commands
+
+
+def _console() -> Console:
+    console = Console()
+    if not console.is_terminal and console.width < 160:
+        console = Console(width=160)  # piped or captured: do not squeeze the tables
+    return console
+
+
+@contextmanager
+def _errors(url: str, what: str) -> Iterator[None]:
+    """Turn Redis and streamwork errors into one clear line and exit code 1."""
+    try:
+        yield
+    except StreamworkError as exc:
+        raise click.ClickException(str(exc)) from None
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise click.ClickException(str(RedisUnavailable(what, url, exc))) from None
+    except redis.RedisError as exc:
+        raise click.ClickException(f"Redis at {url} answered with an error: {exc}") from None
+
+
+def _sample(client: Any, stream: str | None) -> list[StreamStats]:
+    if stream is not None:
+        return [stats.stream_stats(client, stream)]
+    return stats.sample(client)
+
+
+def inspect_command(stream: str | None, as_json: bool, fail_if: Sequence[Threshold],
+                    quiet: bool, url: str | None) -> None:
+    """Body of ``streamwork inspect`` (see ``register``)."""
+    resolved = connection.resolve_url(url)
+    with _errors(resolved, "streamwork inspect"):
+        client = connection.sync_client(resolved)
+        try:
+            samples = _sample(client, stream)
+        finally:
+            client.close()
+    if as_json:
+        doc: Any = (samples[0].as_json() if stream is not None
+                    else [s.as_json() for s in samples])
+        click.echo(json.dumps(doc, indent=None if quiet else 2))
+    elif not quiet:
+        console = _console()
+        if not samples:
+            console.print(f"no streams at {resolved}")
+        for s in samples:
+            console.print(render_inspect(s))
+    failures, warnings = check_thresholds(samples, fail_if)
+    for line in warnings + failures:
+        click.echo(line, err=True)
+    if failures:
+        click.get_current_context().exit(FAIL_EXIT_CODE)
+
+
+def top_command(stream: str | None, interval: float, once: bool, url: str | None) -> None:
+    """Body of ``streamwork top`` (see ``register``)."""
+    resolved = connection.resolve_url(url)
+    console = _console()
+    with _errors(resolved, "streamwork top"):
+        client = connection.sync_client(resolved)
+        try:
+            before = _sample(client, stream)
+            names = [s.stream for s in before]
+            if once:
+                time.sleep(interval)
+                after = stats.sample(client, names)
+                console.print(_frame(before, after, interval))
+                return
+            with Live(_frame([], before, interval), console=console, auto_refresh=False,
+                      redirect_stdout=False) as live:
+                try:
+                    while True:
+                        time.sleep(interval)
+                        after = stats.sample(client, [stream] if stream else None)
+                        live.update(_frame(before, after, interval), refresh=True)
+                        before = after
+                except KeyboardInterrupt:
+                    pass
+        finally:
+            client.close()
+
+
+def _frame(before: Sequence[StreamStats], after: Sequence[StreamStats],
+           interval: float) -> RenderableType:
+    prev = {s.stream: s for s in before}
+    rates = {s.stream: stats.compute_rates(prev[s.stream], s)
+             for s in after if s.stream in prev}
+    return render_top(after, rates, interval)
+
+
+def register(main: click.Group) -> None:
+    """Add ``inspect`` and ``top`` to the ``streamwork`` command group (idempotent)."""
+    from .cli import url_option  # here, not at import: cli.py may import this module early
+
+    @click.command("inspect")
+    @click.argument("stream", required=False)
+    @click.option("--json", "as_json", is_flag=True, help="print JSON instead of tables")
+    @click.option("--fail-if", "fail_if", multiple=True, callback=_thresholds,
+                  metavar="EXPR",
+                  help="exit 2 with a FAIL line on stderr when crossed, e.g. 'lag>10000', "
+                       "'dead>0', 'pending>=500', 'oldest-pending>300', 'delayed>1000', "
+                       "'delayed-due>0' (repeatable; quote it)")
+    @click.option("--quiet", "-q", is_flag=True,
+                  help="no tables (JSON on one line): only FAIL/WARN lines and the exit code")
+    @url_option
+    def inspect(stream: str | None, as_json: bool, fail_if: tuple[Threshold, ...],
+                quiet: bool, url: str | None) -> None:
+        """Groups, consumers, lag, pending (count, oldest age), delayed and dead letters of
+        STREAM, or of every stream when none is given. Exit 0 OK, 1 error, 2 --fail-if hit."""
+        inspect_command(stream, as_json, fail_if, quiet, url)
+
+    @click.command("top")
+    @click.argument("stream", required=False)
+    @click.option("--interval", type=click.FloatRange(min=0.1), default=1.0,
+                  show_default=True, help="seconds between refreshes (and rate windows)")
+    @click.option("--once", is_flag=True,
+                  help="take two samples --interval apart, print one frame and exit")
+    @url_option
+    def top(stream: str | None, interval: float, once: bool, url: str | None) -> None:
+        """Live view of every stream (or STREAM): inspect's figures plus produced/s and
+        acked/s. Ctrl-C quits."""
+        top_command(stream, interval, once, url)
+
+    for command in (inspect, top):
+        if command.name not in main.commands:
+            main.add_command(command)
