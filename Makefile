@@ -19,8 +19,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check streamwork tests examples
 	$(BIN)/mypy streamwork
 
+# The suite runs twice: on redis-server (PATH) and on the embedded extra's Valkey 8.
 test: lint
 	$(BIN)/pytest -q
+	VK="$$($(BIN)/python -c 'from streamwork.server import embedded_binary as e; print(e() or "")')"; \
+	if [ -n "$$VK" ]; then STREAMWORK_REDIS_SERVER="$$VK" $(BIN)/pytest -q -p no:cacheprovider; \
+	else echo "embedded extra missing: Valkey pass skipped"; fi
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

