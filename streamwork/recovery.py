@@ -25,7 +25,7 @@ from .logs import fields
 from .retry import TRANSIENT
 
 if TYPE_CHECKING:
-    from .consumer import Consumer
+    from .consumer import Consumer, Entry
 
 log = logging.getLogger(__name__)
 
@@ -103,44 +103,33 @@ async def reclaim_loop(c: Consumer) -> None:
 
 
 async def reclaim_once(c: Consumer, cursor: Any, room: int) -> Any:
-    """One XAUTOCLAIM call; admits what it claimed; returns the next cursor."""
+    """One reclaim.lua call (XAUTOCLAIM + dead letters for deleted entries + delivery
+    counts, atomically); admits what it claimed; returns the next cursor."""
     cfg = c.cfg
     sent = time.monotonic()
-    reply = await c.redis.xautoclaim(
-        cfg.stream, cfg.group, c.name, min_idle_time=cfg.visibility_ms, start_id=cursor,
-        count=min(room, cfg.batch_size))
-    nxt, claimed = reply[0], reply[1]
-    deleted = reply[2] if len(reply) > 2 else []
+    nxt, raw, deleted, counts = await c.scripts.reclaim(
+        keys=[c.keys.stream, c.keys.dead],
+        args=[cfg.group, c.name, cfg.visibility_ms, cursor, min(room, cfg.batch_size),
+              c.worker.worker_name])
     if deleted:
         c.count("deleted_while_pending", len(deleted))
-        log.warning("%d pending entries were deleted from the stream by someone else",
-                    len(deleted), extra=fields(stream=cfg.stream, group=cfg.group))
-        pipe = c.redis.pipeline(transaction=False)
-        for eid in deleted:
-            pipe.xadd(c.keys.dead, {
-                "reason": "deleted_while_pending", "src_stream": cfg.stream, "src_id": eid,
-                "group": cfg.group, "consumer": c.name, "worker": c.worker.worker_name,
-                "ts": str(int(time.time() * 1000)),
-            })
-        await pipe.execute()
-    claimed = [(eid, values) for eid, values in claimed if eid not in c.inflight]
+        log.warning("%d pending entries were deleted from the stream by someone else; "
+                    "recorded as dead letters", len(deleted),
+                    extra=fields(stream=cfg.stream, group=cfg.group))
+    claimed: list[Entry] = []
+    claimed_counts: list[int] = []
+    for (eid, flat), n in zip(raw, counts, strict=True):
+        if eid in c.inflight:
+            continue
+        claimed.append((eid, dict(zip(flat[::2], flat[1::2], strict=True))))
+        claimed_counts.append(int(n))
     if claimed:
-        counts = await delivery_counts(c, [eid for eid, _ in claimed])
         c.count("reclaimed", len(claimed))
         log.warning("reclaimed %d deliveries idle over %.1fs", len(claimed),
                     cfg.visibility_timeout, extra=fields(stream=cfg.stream, group=cfg.group,
                                                          consumer=c.name))
-        await c.admit(claimed, [counts.get(eid, 1) for eid, _ in claimed], sent)
+        await c.admit(claimed, claimed_counts, sent)
     return nxt
-
-
-async def delivery_counts(c: Consumer, entry_ids: list[bytes]) -> dict[bytes, int]:
-    """Redis's delivery counter for entries this consumer owns (XPENDING extended form)."""
-    ordered = sorted(entry_ids, key=lambda e: tuple(int(p) for p in e.split(b"-")))
-    rows = await c.redis.xpending_range(
-        c.cfg.stream, c.cfg.group, min=ordered[0], max=ordered[-1],
-        count=len(entry_ids) + len(c.inflight) + 16, consumername=c.name)
-    return {row["message_id"]: int(row["times_delivered"]) for row in rows}
 
 
 async def promote_loop(c: Consumer) -> None:

@@ -16,7 +16,8 @@ import redis.asyncio
 
 #: the worker/producer scripts; Redlock loads its own ``redlock_*`` files
 NAMES: Final = (
-    "claim", "complete", "fail", "heartbeat", "promote", "reap", "replay", "schedule", "trim",
+    "claim", "complete", "fail", "heartbeat", "promote", "reap", "reclaim", "replay",
+    "schedule", "trim",
 )
 
 
@@ -37,6 +38,7 @@ class Scripts:
     heartbeat: Any
     promote: Any
     reap: Any
+    reclaim: Any
     replay: Any
     schedule: Any
     trim: Any

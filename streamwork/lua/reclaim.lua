@@ -1,0 +1,27 @@
+-- reclaim: XAUTOCLAIM deliveries idle past the visibility timeout for this consumer, and in
+-- the same atomic step record every pending entry that was deleted from the stream (which
+-- XAUTOCLAIM drops from the PEL) as a dead letter "deleted_while_pending", so none vanishes
+-- silently. Also returns each claimed entry's delivery count (XAUTOCLAIM increments it).
+-- KEYS[1] stream, KEYS[2] dead-letter stream
+-- ARGV[1] group, ARGV[2] consumer, ARGV[3] min idle (ms), ARGV[4] cursor, ARGV[5] count,
+-- ARGV[6] worker name
+-- Returns: {next cursor, {{id, {field, value, ...}}, ...}, {deleted id, ...}, {count, ...}}
+local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
+local r = redis.call('XAUTOCLAIM', stream, group, consumer, ARGV[3], ARGV[4], 'COUNT', ARGV[5])
+local deleted = r[3] or {}
+if #deleted > 0 then
+  local t = redis.call('TIME')
+  local now = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  for _, id in ipairs(deleted) do
+    redis.call('XADD', KEYS[2], '*', 'reason', 'deleted_while_pending', 'error_type', '',
+               'detail', 'the entry was deleted or trimmed from the stream while pending',
+               'src_stream', stream, 'src_id', id, 'group', group, 'consumer', consumer,
+               'worker', ARGV[6], 'ts', now)
+  end
+end
+local counts = {}
+for i, e in ipairs(r[2]) do
+  local p = redis.call('XPENDING', stream, group, e[1], e[1], 1)
+  counts[i] = p[1] and p[1][4] or 1
+end
+return {r[1], r[2], deleted, counts}
