@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(BIN)/streamwork demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check streamwork tests examples
+	$(BIN)/ruff check streamwork tests examples benchmarks
 	$(BIN)/mypy streamwork
 
 # The suite runs twice: on redis-server (PATH) and on the embedded extra's Valkey 8.
@@ -25,6 +25,9 @@ test: lint
 	VK="$$($(BIN)/python -c 'from streamwork.server import embedded_binary as e; print(e() or "")')"; \
 	if [ -n "$$VK" ]; then STREAMWORK_REDIS_SERVER="$$VK" $(BIN)/pytest -q -p no:cacheprovider; \
 	else echo "embedded extra missing: Valkey pass skipped"; fi
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

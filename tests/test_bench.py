@@ -1,0 +1,154 @@
+"""The benchmark harness (`python -m benchmarks`, `streamwork bench`): runs end to end in
+--quick mode and reports every scenario. Figures are checked for shape, never for speed."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+
+from streamwork import bench
+from streamwork.errors import StreamworkError
+from streamwork.server import find_server_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCENARIOS = ("raw_xadd", "raw_consume", "raw_safety", "produce", "consume_dedup_off",
+             "consume_dedup_on")
+RATIOS = {"produce": "raw_xadd", "consume_dedup_off": "raw_consume",
+          "consume_dedup_on": "raw_safety"}
+
+
+def _have_matplotlib() -> bool:
+    try:
+        importlib.import_module("matplotlib")
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path | None]:
+    """One `python -m benchmarks --quick --repeats 1 --json [--plot]` run for the module."""
+    try:
+        find_server_binary()
+    except StreamworkError as exc:
+        pytest.skip(f"the bench starts its own redis-server: {exc}")
+    plot = tmp_path_factory.mktemp("bench") / "bench.png" if _have_matplotlib() else None
+    args = [sys.executable, "-m", "benchmarks", "--quick", "--repeats", "1", "--json"]
+    if plot is not None:
+        args += ["--plot", str(plot)]
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, timeout=170, check=False)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    return json.loads(proc.stdout), plot
+
+
+def test_quick_run_reports_every_scenario_with_positive_figures(
+        quick_run: tuple[dict[str, Any], Path | None]) -> None:
+    """Every throughput scenario has a positive median; streamwork's three have a positive
+    ratio to their matching raw baseline, and the consume sweeps list every setting tried."""
+    result, _ = quick_run
+    sc = result["scenarios"]
+    for name in SCENARIOS:
+        assert sc[name]["jobs_per_s"] > 0, name
+        assert len(sc[name]["runs_jobs_per_s"]) == result["params"]["repeats"] == 1
+    for name, baseline in RATIOS.items():
+        assert sc[name]["baseline"] == baseline
+        assert sc[name]["ratio"] > 0, name
+        expected = sc[name]["jobs_per_s"] / sc[baseline]["jobs_per_s"]
+        assert sc[name]["ratio"] == pytest.approx(expected, rel=0.01)
+    for name in ("consume_dedup_off", "consume_dedup_on"):
+        sweep = sc[name]["sweep"]
+        assert [[s["concurrency"], s["batch_size"]] for s in sweep] == result["params"]["sweep"]
+        assert all(s["jobs_per_s"] > 0 for s in sweep)
+        assert sc[name]["jobs_per_s"] == max(s["jobs_per_s"] for s in sweep)
+
+
+def test_quick_run_reports_latency_commands_memory_and_goals(
+        quick_run: tuple[dict[str, Any], Path | None]) -> None:
+    """Latency percentiles, commands per job, done-marker memory and every goal of the
+    issue are in the JSON; goals carry a measured value and a PASS/MISS verdict."""
+    result, _ = quick_run
+    lat = result["scenarios"]["latency"]
+    assert lat["offered_per_s"] > 0
+    for mode in ("dedup_off", "dedup_on"):
+        assert 0 < lat[mode]["p50_ms"] <= lat[mode]["p99_ms"] <= lat[mode]["max_ms"]
+        assert lat[mode]["samples"] > 0
+        cmd = result["commands"][mode]
+        assert cmd["total_per_job"] > 0
+        assert cmd["round_trips_per_job"] > 0
+        assert cmd["client_by_command"].get("xreadgroup", 0) > 0
+    # with dedup the scripts take leases and write done-markers: more work inside Redis
+    assert (result["commands"]["dedup_on"]["inside_scripts_per_job"]
+            > result["commands"]["dedup_off"]["inside_scripts_per_job"])
+    assert result["commands"]["raw_safety"]["total_per_job"] >= 4
+    mem = result["memory"]
+    assert mem["markers"] > 0 and mem["memory_usage_bytes"] > 0
+    assert mem["used_memory_per_10k"] > 0
+    assert len(result["goals"]) == len(bench.GOALS)
+    for goal in result["goals"]:
+        assert goal["measured"] is not None and goal["measured"] > 0, goal
+        assert isinstance(goal["pass"], bool)
+
+
+def test_quick_run_writes_the_plot_and_renders_tables(
+        quick_run: tuple[dict[str, Any], Path | None]) -> None:
+    """--plot writes a PNG; the rich tables render from the JSON result."""
+    result, plot = quick_run
+    if plot is not None:
+        assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert result["plot"] == str(plot)
+    console = Console(record=True, width=120)
+    bench.render(result, console)
+    text = console.export_text()
+    for needle in ("raw naive safety loop", "consume dedup on", "p99", "PASS" if any(
+            g["pass"] for g in result["goals"]) else "MISS"):
+        assert needle in text
+
+
+def test_register_adds_bench_to_a_cli_group() -> None:
+    """register() adds a `bench` command with the documented options."""
+
+    @click.group()
+    def group() -> None:
+        pass
+
+    bench.register(group)
+    result = CliRunner().invoke(group, ["bench", "--help"])
+    assert result.exit_code == 0, result.output
+    for option in ("--json", "--plot", "--repeats", "--jobs", "--quick"):
+        assert option in result.output
+
+
+def test_plot_without_matplotlib_names_the_install(monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:
+    """--plot without matplotlib fails at once, before any server starts, saying how to
+    install it."""
+    real = importlib.import_module
+
+    def fake(name: str, package: str | None = None) -> Any:
+        if name.startswith("matplotlib"):
+            raise ImportError(f"No module named {name!r}")
+        return real(name, package)
+
+    monkeypatch.setattr(bench.importlib, "import_module", fake)
+    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: pytest.fail("ran the bench"))
+    result = CliRunner().invoke(bench.bench_command, ["--quick", "--plot",
+                                                      str(tmp_path / "x.png")])
+    assert result.exit_code != 0
+    assert "pip install matplotlib" in result.output
+
+
+def test_bad_parameters_are_refused() -> None:
+    """--repeats 0 / --jobs 0 are usage errors, not a crash."""
+    for args in (["--repeats", "0"], ["--jobs", "0"]):
+        result = CliRunner().invoke(bench.bench_command, args)
+        assert result.exit_code == 2, result.output
