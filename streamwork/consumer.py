@@ -2,7 +2,8 @@
 
 Tasks, all on one event loop:
 
-* reader    - XREADGROUP ``>`` in batches, never more than ``capacity`` deliveries held;
+* reader    - XREADGROUP ``>`` in batches, never more than concurrency + batch_size
+              deliveries held (running, queued, or finished and not yet flushed);
 * runners   - ``concurrency`` long-lived tasks that run handlers (no task per message);
 * flusher   - sends finished deliveries to Redis in batches (complete.lua / fail.lua),
               flushing as soon as the previous flush returned, so latency stays low;
@@ -53,7 +54,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PREFETCH_FACTOR: Final = 2  #: hold at most concurrency x this many deliveries at once
 TRACEBACK_LIMIT: Final = 2000  #: characters of traceback kept in a dead letter
 PARKED_RETRY: Final = 0.2  #: s between lease attempts for deliveries whose lease was busy
 LEASE_MARGIN: Final = 0.01  #: fraction of the lease kept as clock-drift margin (plus 2 ms)
@@ -62,6 +62,11 @@ LEASE_MARGIN: Final = 0.01  #: fraction of the lease kept as clock-drift margin 
 _DUPLICATE, _BUSY, _NOT_OURS = -1, -2, -3
 
 Entry = tuple[bytes, dict[bytes, bytes] | None]
+
+
+def max_held(concurrency: int, batch_size: int) -> int:
+    """Most deliveries one worker process holds at once (running, queued or unflushed)."""
+    return concurrency + batch_size
 
 
 def consumer_name() -> str:
@@ -112,7 +117,7 @@ class Consumer:
         self.redis: Any = connection.async_client(url)
         self.scripts = scripts.register(self.redis)
         self.counts: Counter[str] = Counter()
-        self.capacity = cfg.concurrency * PREFETCH_FACTOR
+        self.capacity = max_held(cfg.concurrency, cfg.batch_size)
         self.inflight: dict[bytes, Delivery] = {}
         self.queue: asyncio.Queue[Delivery] = asyncio.Queue()
         self.parked: list[Delivery] = []  # leases busy elsewhere: claim again shortly
@@ -129,6 +134,7 @@ class Consumer:
             if cfg.lock_urls else None
         )
         self.stopping = False
+        self.refresh_telemetry()
         self._room = asyncio.Event()
         self._flush_needed = asyncio.Event()
         self._empty = asyncio.Event()
@@ -179,9 +185,17 @@ class Consumer:
                 stream=self.cfg.stream, group=self.cfg.group, consumer=self.name,
                 count=sum(self.counts.values()), outcome=f"left pending: {left}"))
 
+    def refresh_telemetry(self) -> None:
+        """Look again whether an OpenTelemetry SDK is installed: without one, skip spans
+        and instruments entirely (they would be no-ops, but not free)."""
+        self.tracing = telemetry.tracing_enabled()
+        self.metering = telemetry.metrics_enabled()
+
     def count(self, what: str, n: int = 1) -> None:
         """Bump a live counter and its OpenTelemetry twin."""
         self.counts[what] += n
+        if not self.metering:
+            return
         if what in telemetry.COUNTERS:
             telemetry.count(what, n, self.cfg.stream, self.cfg.group)
         elif what.startswith("lock_"):
@@ -438,19 +452,26 @@ class Consumer:
                 self._forget(d)
                 continue
             d.started = time.monotonic()
-            d.span = telemetry.consumer_span(
-                cfg.stream, cfg.group, msg.id, msg.attempt, msg.key, msg.headers)
+            if self.tracing:
+                d.span = telemetry.consumer_span(
+                    cfg.stream, cfg.group, msg.id, msg.attempt, msg.key, msg.headers)
             if debug:
                 log.debug("job started", extra=fields(
                     stream=cfg.stream, group=cfg.group, consumer=self.name, key=msg.key,
                     entry_id=msg.id, attempt=msg.attempt))
             try:
-                with trace.use_span(d.span, end_on_exit=False):
+                if d.span is None:
                     if self._is_async:
                         await handle(msg)
                     else:
-                        ctx = contextvars.copy_context()
-                        await loop.run_in_executor(self._executor, ctx.run, handle, msg)
+                        await loop.run_in_executor(self._executor, handle, msg)
+                else:
+                    with trace.use_span(d.span, end_on_exit=False):
+                        if self._is_async:
+                            await handle(msg)
+                        else:
+                            ctx = contextvars.copy_context()
+                            await loop.run_in_executor(self._executor, ctx.run, handle, msg)
             except asyncio.CancelledError:
                 telemetry.end_span(d.span, "cancelled")
                 self._forget(d)
@@ -463,8 +484,11 @@ class Consumer:
                 self._succeeded(d)
 
     def _finished(self, d: Delivery, result: str, debug: bool) -> None:
+        if not (self.metering or debug):
+            return
         took = time.monotonic() - d.started
-        telemetry.record_duration(took, self.cfg.stream, self.cfg.group, result)
+        if self.metering:
+            telemetry.record_duration(took, self.cfg.stream, self.cfg.group, result)
         if debug:
             log.debug("job finished", extra=fields(
                 stream=self.cfg.stream, group=self.cfg.group, consumer=self.name,
@@ -576,9 +600,9 @@ class Consumer:
         if cfg.dedup:
             args += [d.lease for d in live]
         res = await self.scripts.complete(keys=script_keys, args=args)
+        self.count("acked", sum(1 for ok in res if ok))
         for d, ok in zip(live, res, strict=True):
             if ok:
-                self.count("acked", 1)
                 if self.cache is not None:
                     self.cache[d.msg.key] = True
                 if ok == 2:

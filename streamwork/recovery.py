@@ -153,8 +153,10 @@ async def promote_loop(c: Consumer) -> None:
 async def gauge_loop(c: Consumer) -> None:
     """Refresh the stream gauges (lag, pending, delayed, dead) every few seconds."""
     while True:
-        with contextlib.suppress(*TRANSIENT):
-            await read_gauges(c)
+        c.refresh_telemetry()
+        if c.metering:
+            with contextlib.suppress(*TRANSIENT):
+                await read_gauges(c)
         await asyncio.sleep(_jitter(GAUGE_INTERVAL))
 
 

@@ -10,6 +10,7 @@ conventions (``messaging.system = "redis"``).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -71,6 +72,18 @@ for _what in GAUGES:
         description=f"{_what} of a stream (per group where it applies)")
 
 
+def tracing_enabled() -> bool:
+    """True once an SDK tracer provider is installed (spans would be recorded)."""
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+
+
+def metrics_enabled() -> bool:
+    """True once an SDK meter provider is installed (instruments would record)."""
+    return type(metrics.get_meter_provider()).__name__ not in (
+        "_ProxyMeterProvider", "NoOpMeterProvider")
+
+
 def set_gauges(stream: str, group: str, lag: float | None, pending: int, delayed: int,
                dead: int) -> None:
     """Record the latest stream figures for the observable gauges."""
@@ -102,11 +115,15 @@ def record_duration(seconds: float, stream: str, group: str, outcome: str) -> No
 
 def inject(headers: dict[str, str]) -> None:
     """Add the current trace context (W3C ``traceparent``) to a job's headers."""
-    propagate.inject(headers)
+    if tracing_enabled():
+        propagate.inject(headers)
 
 
 def producer_span(stream: str, count_: int = 1) -> Any:
-    """A PRODUCER span around one send (``with producer_span(...):``)."""
+    """A PRODUCER span around one send (``with producer_span(...):``); a no-op context
+    when no SDK is installed."""
+    if not tracing_enabled():
+        return contextlib.nullcontext()
     attrs: dict[str, Any] = {
         "messaging.system": SYSTEM, "messaging.destination.name": stream,
         "messaging.operation.type": "send",

@@ -20,7 +20,7 @@ from typing import Any
 import redis
 
 import streamwork as sw
-from streamwork.consumer import PREFETCH_FACTOR
+from streamwork.consumer import max_held
 from streamwork.keys import StreamKeys
 from streamwork.testing import Ledger, stream_idle, wait_for
 from tests.workers import STREAM, LedgerWorker
@@ -29,7 +29,8 @@ WORKERS = 3
 JOBS = 2400
 KILLS = 2
 GROUP = LedgerWorker.group
-CAPACITY = LedgerWorker.concurrency * PREFETCH_FACTOR  # deliveries one process may hold
+# deliveries one process may hold
+CAPACITY = max_held(LedgerWorker.concurrency, LedgerWorker.batch_size)
 
 
 def _safe(fn: Callable[[], Any]) -> Any:

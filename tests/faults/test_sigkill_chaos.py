@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from streamwork import Producer
-from streamwork.consumer import PREFETCH_FACTOR
+from streamwork.consumer import max_held
 from streamwork.keys import StreamKeys
 from streamwork.testing import Ledger, stream_idle, wait_for
 
@@ -27,6 +27,7 @@ STREAM, GROUP = "jobs", "testers"  # tests.workers.LedgerWorker's defaults
 WORKER = "tests.workers:LedgerWorker"
 PROCESSES = 3
 CONCURRENCY = 3
+BATCH = 3  # small batches keep the bound on in-flight (so on duplicate) work tight
 VISIBILITY = 1.0
 
 
@@ -37,8 +38,9 @@ def _chaos(
     """Enqueue ``jobs``, run PROCESSES workers, SIGKILL one at random every ``every`` s
     (starting a replacement each time) ``kills`` times, then wait for the drain."""
     rnd = random.Random(seed)
-    args = ("--concurrency", str(CONCURRENCY), "--visibility-timeout", str(VISIBILITY),
-            "--reclaim-interval", "0.3", "--read-block", "0.1", "--max-deliveries", "10")
+    args = ("--concurrency", str(CONCURRENCY), "--batch-size", str(BATCH),
+            "--visibility-timeout", str(VISIBILITY), "--reclaim-interval", "0.3",
+            "--read-block", "0.1", "--max-deliveries", "10")
     keys = [f"job-{i}" for i in range(jobs)]
     with Producer.from_url(url) as producer:
         for i in range(0, jobs, 1000):
@@ -67,7 +69,7 @@ def _chaos(
     redelivered = sum(1 for n in pipe.execute() if n > 1)  # handler started more than once
     figures = {"jobs": jobs, "kills": kills, "kills_while_busy": killed_while_busy,
                "redelivered": redelivered, "duplicates": duplicates, "drain_s": round(drain, 2),
-               "bound": kills * CONCURRENCY * PREFETCH_FACTOR}
+               "bound": kills * max_held(CONCURRENCY, BATCH)}
     print(f"\nSIGKILL chaos: {figures}")
 
     missing = [k for k in keys if counts.get(k, 0) < 1]
