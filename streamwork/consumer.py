@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgpack
 import redis.exceptions
-from cachetools import TTLCache
 from opentelemetry import trace
 
 from . import connection, recovery, scripts, telemetry
 from .codec import ATTEMPTS_FIELD, BODY_FIELD, decode_body, parse_attempts
 from .config import WorkerConfig
+from .dedup import RecentKeys
 from .errors import DeadLetter, DecodeError, LockError, Retry
 from .keys import StreamKeys
 from .lock import AsyncHeldLock, AsyncRedlock
@@ -124,8 +124,8 @@ class Consumer:
         self.done_buf: list[Delivery] = []
         self.fail_buf: list[Failure] = []
         self.lease_owner = f"{name}:{secrets.token_hex(10)}"
-        self.cache: TTLCache[str, bool] | None = (
-            TTLCache(cfg.local_cache_size, cfg.local_cache_ttl)
+        self.cache: RecentKeys | None = (
+            RecentKeys(cfg.local_cache_size, cfg.local_cache_ttl)
             if cfg.dedup and cfg.local_cache_size and cfg.local_cache_ttl
             else None
         )
@@ -380,7 +380,7 @@ class Consumer:
             elif token == _DUPLICATE:
                 self.count("deduplicated", 1)
                 if self.cache is not None:
-                    self.cache[d.msg.key] = True
+                    self.cache.add(d.msg.key)
             elif token == _BUSY:
                 if not d.parked_since:
                     d.parked_since = time.monotonic()
@@ -604,7 +604,7 @@ class Consumer:
         for d, ok in zip(live, res, strict=True):
             if ok:
                 if self.cache is not None:
-                    self.cache[d.msg.key] = True
+                    self.cache.add(d.msg.key)
                 if ok == 2:
                     self.count("staged_rejected", 1)
                     log.error("a staged write was rejected by Redis; the others applied",

@@ -1,0 +1,53 @@
+"""The local half of once-only effect: keys this process completed recently.
+
+Checked before Redis so a duplicate delivery of a job finished here moments ago is acked
+without running a script. Entries live ``ttl`` seconds (always shorter than the Redis
+done-marker's ``dedup_window``), at most ``maxsize`` of them.
+
+Why not ``cachetools.TTLCache``: it allocates a GC-tracked link object per entry, and at
+tens of thousands of completions per second those allocations set off full garbage
+collections that stalled the event loop for 25-85 ms (measured by the benchmark harness,
+``benchmarks/scenarios/latency_gc.py``). A dict of str -> float and two deques of str and
+float allocate nothing the collector tracks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+
+class RecentKeys:
+    """Job keys completed here within the last ``ttl`` seconds (at most ``maxsize``)."""
+
+    __slots__ = ("_clock", "_expiry", "_keys", "_times", "maxsize", "ttl")
+
+    def __init__(self, maxsize: int, ttl: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.maxsize = maxsize
+        self.ttl = ttl
+        self._clock = clock
+        self._expiry: dict[str, float] = {}
+        self._keys: deque[str] = deque()
+        self._times: deque[float] = deque()
+
+    def __contains__(self, key: object) -> bool:
+        expiry = self._expiry.get(key)  # type: ignore[call-overload]
+        return expiry is not None and expiry > self._clock()
+
+    def __len__(self) -> int:
+        return len(self._expiry)
+
+    def add(self, key: str) -> None:
+        """Remember ``key`` as completed now; forget what expired or overflows."""
+        now = self._clock()
+        expiry = now + self.ttl
+        self._expiry[key] = expiry
+        self._keys.append(key)
+        self._times.append(expiry)
+        keys, times, table = self._keys, self._times, self._expiry
+        while keys and (times[0] <= now or len(table) > self.maxsize):
+            old, when = keys.popleft(), times.popleft()
+            if table.get(old) == when:
+                del table[old]
