@@ -393,7 +393,11 @@ class Consumer:
         return runnable
 
     async def _lease_from_redlock(self, fresh: list[Delivery], res: list[int]) -> list[int]:
-        """Take the job leases from the Redlock masters, all at once; returns claim codes."""
+        """Take the job leases from the Redlock masters, all at once; returns claim codes.
+
+        The done-check ran before the lease was taken, so it runs again once the lease is
+        held (double-checked): a copy that waited for the first holder to finish and
+        release must see that holder's done-marker, not run the job again."""
         assert self.redlock is not None
         go = [i for i, code in enumerate(res) if code == 0]
         started = time.monotonic()
@@ -401,15 +405,29 @@ class Consumer:
             *(self.redlock.acquire(f"{self.cfg.stream}:{fresh[i].msg.key}") for i in go),
             return_exceptions=True)
         out = list(res)
+        granted = []
         for i, held in zip(go, results, strict=True):
             if isinstance(held, AsyncHeldLock):
                 fresh[i].held = held
                 fresh[i].deadline = started + held.valid_for
                 out[i] = held.fencing_token
+                granted.append(i)
             elif isinstance(held, (LockError, *TRANSIENT)):
                 out[i] = _BUSY
             else:
                 raise held
+        if granted:
+            keys = [self.keys.stream, self.keys.fence]
+            for i in granted:
+                keys += [self.keys.done(fresh[i].msg.key), self.keys.lock(fresh[i].msg.key)]
+            again = await self.scripts.claim(keys=keys, args=[
+                self.cfg.group, self.name, 0, self.lease_owner,
+                *(fresh[i].entry_id for i in granted)])
+            late = [fresh[i] for i, code in zip(granted, again, strict=True) if code != 0]
+            for i, code in zip(granted, again, strict=True):
+                if code != 0:
+                    out[i] = code
+            await self.release_held(late)
         return out
 
     async def release_held(self, ds: list[Delivery]) -> None:
@@ -605,6 +623,8 @@ class Consumer:
             if ok:
                 if self.cache is not None:
                     self.cache.add(d.msg.key)
+                if ok == 3:
+                    self.count("deduplicated", 1)
                 if ok == 2:
                     self.count("staged_rejected", 1)
                     log.error("a staged write was rejected by Redis; the others applied",

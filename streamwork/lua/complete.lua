@@ -13,7 +13,9 @@
 --         [arg...]], ...]}
 -- ARGV[6..5+n]     entry ids; with dedup ARGV[6+n..5+2n] lease values in the same order
 -- Returns: one integer per entry: 1 acknowledged, 0 lost (not ours any more: nothing
--- written), 2 acknowledged but a staged command was rejected by Redis (others applied)
+-- written), 2 acknowledged but a staged command was rejected by Redis (others applied),
+-- 3 acknowledged as a duplicate (lease held elsewhere and a done-marker already existed):
+-- staged writes skipped
 local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
 local dedup = ARGV[3] ~= '0'
 local lease_here = ARGV[3] == '1'
@@ -28,7 +30,11 @@ for i = 1, n do
   if ok and lease_here and redis.call('GET', KEYS[2 * i + 1]) ~= ARGV[5 + n + i] then
     ok = false
   end
-  if ok then
+  if ok and dedup and not lease_here and redis.call('EXISTS', KEYS[2 * i]) == 1 then
+    res[i] = 3
+    if lease_here then redis.call('DEL', KEYS[2 * i + 1]) end
+    acks[#acks + 1] = id
+  elseif ok then
     res[i] = 1
     for _, op in ipairs(staged[i] or {}) do
       local call = {op[1]}
