@@ -29,10 +29,10 @@ import socket
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import msgpack
 import redis.exceptions
@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TRACEBACK_LIMIT: Final = 2000  #: characters of traceback kept in a dead letter
+REDLOCK_PARALLEL: Final = 16  #: Redlock acquire/extend/release calls in flight per worker
 PARKED_RETRY: Final = 0.2  #: s between lease attempts for deliveries whose lease was busy
 LEASE_MARGIN: Final = 0.01  #: fraction of the lease kept as clock-drift margin (plus 2 ms)
 
@@ -62,6 +63,7 @@ LEASE_MARGIN: Final = 0.01  #: fraction of the lease kept as clock-drift margin 
 _DUPLICATE, _BUSY, _NOT_OURS = -1, -2, -3
 
 Entry = tuple[bytes, dict[bytes, bytes] | None]
+T = TypeVar("T")
 
 
 def max_held(concurrency: int, batch_size: int) -> int:
@@ -129,16 +131,23 @@ class Consumer:
             if cfg.dedup and cfg.local_cache_size and cfg.local_cache_ttl
             else None
         )
+        # per-master timeout: a tenth of the lease (0.05 s to 1 s); the Redlock default of
+        # 0.1 s is too tight for a worker releasing a whole batch at once on a busy host
         self.redlock = (
-            AsyncRedlock(list(cfg.lock_urls), ttl=cfg.visibility_timeout)
+            AsyncRedlock(list(cfg.lock_urls), ttl=cfg.visibility_timeout,
+                         node_timeout=max(0.05, min(1.0, cfg.visibility_timeout / 10)))
             if cfg.lock_urls else None
         )
+        # at most this many Redlock operations at once, so a batch reuses pooled
+        # connections instead of opening one per job to every master
+        self._redlock_slots = asyncio.Semaphore(REDLOCK_PARALLEL)
         self.stopping = False
         self.refresh_telemetry()
         self._room = asyncio.Event()
         self._flush_needed = asyncio.Event()
         self._empty = asyncio.Event()
         self._failures = 0
+        self._flushing = False  # a flush (scripts + lease releases) is under way
         self._is_async = inspect.iscoroutinefunction(type(worker).handle)
         self._executor = (
             None
@@ -221,7 +230,8 @@ class Consumer:
 
     async def _final_flush(self) -> None:
         deadline = time.monotonic() + max(self.cfg.drain_timeout, 1.0)
-        while (self.done_buf or self.fail_buf) and time.monotonic() < deadline:
+        while ((self.done_buf or self.fail_buf or self._flushing)
+               and time.monotonic() < deadline):
             self._flush_needed.set()
             await asyncio.sleep(0.01)
 
@@ -401,8 +411,10 @@ class Consumer:
         assert self.redlock is not None
         go = [i for i, code in enumerate(res) if code == 0]
         started = time.monotonic()
+        redlock = self.redlock
         results = await asyncio.gather(
-            *(self.redlock.acquire(f"{self.cfg.stream}:{fresh[i].msg.key}") for i in go),
+            *(self.bounded(redlock.acquire(f"{self.cfg.stream}:{fresh[i].msg.key}"))
+              for i in go),
             return_exceptions=True)
         out = list(res)
         granted = []
@@ -435,8 +447,14 @@ class Consumer:
         held = [d.held for d in ds if d.held is not None]
         for d in ds:
             d.held = None
-        if held:
-            await asyncio.gather(*(h.release() for h in held), return_exceptions=True)
+        if held:  # shielded: a stopping worker must not leave leases behind half-released
+            await asyncio.shield(asyncio.gather(
+                *(self.bounded(h.release()) for h in held), return_exceptions=True))
+
+    async def bounded(self, op: Awaitable[T]) -> T:
+        """Run one Redlock operation within the worker's limit of parallel ones."""
+        async with self._redlock_slots:
+            return await op
 
     async def _parked_loop(self) -> None:
         """Re-try the lease of deliveries whose job was running elsewhere (a duplicate
@@ -580,6 +598,7 @@ class Consumer:
             self._flush_needed.clear()
             done, self.done_buf = self.done_buf, []
             failed, self.fail_buf = self.fail_buf, []
+            self._flushing = True
             try:
                 if done:
                     await self._send_done(done)
@@ -592,6 +611,8 @@ class Consumer:
                 self._flush_needed.set()
             else:
                 self.transport_ok()
+            finally:
+                self._flushing = False
 
     async def _send_done(self, done: list[Delivery]) -> None:
         live = []

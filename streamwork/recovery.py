@@ -81,7 +81,8 @@ async def heartbeat_loop(c: Consumer) -> None:
 async def _extend_redlock(c: Consumer, held: list[Any]) -> dict[int, float]:
     """Extend the Redlock leases of held deliveries; returns their new validity by id()."""
     ds = [d for d in held if d.held is not None]
-    results = await asyncio.gather(*(d.held.extend() for d in ds), return_exceptions=True)
+    results = await asyncio.gather(*(c.bounded(d.held.extend()) for d in ds),
+                                   return_exceptions=True)
     return {id(d): r for d, r in zip(ds, results, strict=True) if isinstance(r, float) and r > 0}
 
 
