@@ -43,6 +43,15 @@ def _reject_ext(code: int, data: bytes) -> object:
     raise DecodeError("schema:unsupported_ext", f"MessagePack ext type {code} is not supported")
 
 
+def check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """A copy of ``headers``, checked to map str to str."""
+    hdrs = dict(headers or {})
+    for name, value in hdrs.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise ConfigError("headers", f"must map str to str, got {name!r}: {value!r}")
+    return hdrs
+
+
 def encode_body(
     key: str,
     payload: Payload,
@@ -52,19 +61,17 @@ def encode_body(
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> bytes:
     """Encode one job body; raise before anything is sent if it is not valid."""
-    if not isinstance(key, str) or not key:
+    return pack_body(key, payload, check_headers(headers),
+                     int(time.time() * 1000) if enqueued_ms is None else enqueued_ms,
+                     max_payload_bytes)
+
+
+def pack_body(key: str, payload: Payload, headers: dict[str, str], enqueued_ms: int,
+              max_payload_bytes: int) -> bytes:
+    """``encode_body`` for headers already checked (a producer checks them once a batch)."""
+    if type(key) is not str or not key:
         raise ConfigError("key", f"must be a non-empty str, got {key!r}")
-    hdrs = dict(headers or {})
-    for name, value in hdrs.items():
-        if not isinstance(name, str) or not isinstance(value, str):
-            raise ConfigError("headers", f"must map str to str, got {name!r}: {value!r}")
-    body = {
-        "v": FORMAT_VERSION,
-        "k": key,
-        "t": int(time.time() * 1000) if enqueued_ms is None else enqueued_ms,
-        "h": hdrs,
-        "p": payload,
-    }
+    body = {"v": FORMAT_VERSION, "k": key, "t": enqueued_ms, "h": headers, "p": payload}
     try:
         data: bytes = msgpack.packb(body, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import math
-import uuid
+import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -20,7 +21,7 @@ from typing import Any, Final, TypeVar
 import tenacity
 
 from . import connection, scripts, telemetry
-from .codec import BODY_FIELD, DEFAULT_MAX_PAYLOAD_BYTES, Payload, encode_body
+from .codec import BODY_FIELD, DEFAULT_MAX_PAYLOAD_BYTES, Payload, check_headers, pack_body
 from .errors import ConfigError, RedisUnavailable
 from .keys import StreamKeys
 from .retry import TRANSIENT, reconnect_wait
@@ -44,13 +45,28 @@ class _Job:
     body: bytes
 
 
-def _prepare(
-    payload: Payload, key: str | None, headers: Mapping[str, str] | None, limit: int
-) -> _Job:
-    job_key = uuid.uuid4().hex if key is None else key
-    hdrs = dict(headers) if headers else {}
+def _headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """The caller's headers, checked, plus the current trace context (once per send or
+    batch: every job of a batch carries the same context)."""
+    hdrs = check_headers(headers)
     telemetry.inject(hdrs)
-    return _Job(job_key, encode_body(job_key, payload, hdrs, max_payload_bytes=limit))
+    return hdrs
+
+
+def new_key() -> str:
+    """A random uuid4 as 32 hex digits (what ``uuid.uuid4().hex`` gives, without building
+    a UUID object: this runs once per job)."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
+    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
+    return raw.hex()
+
+
+def _prepare(payload: Payload, key: str | None, hdrs: dict[str, str], limit: int,
+             now_ms: int | None = None) -> _Job:
+    job_key = new_key() if key is None else key
+    enqueued = int(time.time() * 1000) if now_ms is None else now_ms
+    return _Job(job_key, pack_body(job_key, payload, hdrs, enqueued, limit))
 
 
 def _due(delay: float | None, at: dt.datetime | None) -> tuple[str, str] | None:
@@ -70,7 +86,7 @@ def _due(delay: float | None, at: dt.datetime | None) -> tuple[str, str] | None:
 
 
 def _member(job: _Job) -> bytes:
-    return b"0:" + uuid.uuid4().hex.encode() + b":" + job.body
+    return b"0:" + new_key().encode() + b":" + job.body
 
 
 def _check_keys(payloads: Sequence[Payload], keys: Sequence[str] | None) -> list[str | None]:
@@ -122,6 +138,10 @@ class Producer(_BaseProducer):
 
     def _call(self, what: str, fn: Any) -> Any:
         try:
+            return fn()  # the usual case: no retry machinery built at all
+        except TRANSIENT:
+            pass
+        try:
             for attempt in tenacity.Retrying(
                 stop=tenacity.stop_after_delay(self.retry_timeout),
                 wait=reconnect_wait(),
@@ -153,7 +173,7 @@ class Producer(_BaseProducer):
         keys = _keys(stream)
         due = _due(delay, at)
         with telemetry.producer_span(stream):
-            job = _prepare(payload, key, headers, self.max_payload_bytes)
+            job = _prepare(payload, key, _headers(headers), self.max_payload_bytes)
             if due is not None:
                 self._call(f"send to {stream!r}", lambda: self._scripts.schedule(
                     keys=[keys.delayed], args=[*due, _member(job)]))
@@ -175,8 +195,9 @@ class Producer(_BaseProducer):
         """Enqueue many jobs in one pipelined round trip; returns their entry ids in order."""
         _keys(stream)
         with telemetry.producer_span(stream, len(payloads)):
+            hdrs, now_ms = _headers(headers), int(time.time() * 1000)
             jobs = [
-                _prepare(p, k, headers, self.max_payload_bytes)
+                _prepare(p, k, hdrs, self.max_payload_bytes, now_ms)
                 for p, k in zip(payloads, _check_keys(payloads, keys), strict=True)
             ]
         if not jobs:
@@ -216,6 +237,10 @@ class AsyncProducer(_BaseProducer):
 
     async def _call(self, what: str, fn: Any) -> Any:
         try:
+            return await fn()  # the usual case: no retry machinery built at all
+        except TRANSIENT:
+            pass
+        try:
             async for attempt in tenacity.AsyncRetrying(
                 stop=tenacity.stop_after_delay(self.retry_timeout),
                 wait=reconnect_wait(),
@@ -242,7 +267,7 @@ class AsyncProducer(_BaseProducer):
         keys = _keys(stream)
         due = _due(delay, at)
         with telemetry.producer_span(stream):
-            job = _prepare(payload, key, headers, self.max_payload_bytes)
+            job = _prepare(payload, key, _headers(headers), self.max_payload_bytes)
             if due is not None:
                 await self._call(f"send to {stream!r}", lambda: self._scripts.schedule(
                     keys=[keys.delayed], args=[*due, _member(job)]))
@@ -264,8 +289,9 @@ class AsyncProducer(_BaseProducer):
         """Enqueue many jobs in one pipelined round trip; returns their entry ids in order."""
         _keys(stream)
         with telemetry.producer_span(stream, len(payloads)):
+            hdrs, now_ms = _headers(headers), int(time.time() * 1000)
             jobs = [
-                _prepare(p, k, headers, self.max_payload_bytes)
+                _prepare(p, k, hdrs, self.max_payload_bytes, now_ms)
                 for p, k in zip(payloads, _check_keys(payloads, keys), strict=True)
             ]
         if not jobs:
