@@ -21,10 +21,18 @@ NAMES: Final = (
 )
 
 
+#: shared Lua functions prepended to the scripts that use them (Lua has no includes)
+PRELUDES: Final = {"claim": ("lib_owned",), "complete": ("lib_owned",)}
+
+
+def _read(name: str) -> str:
+    return (resources.files("streamwork") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+
+
 @functools.cache
 def source(name: str) -> str:
-    """Text of ``lua/<name>.lua``."""
-    return (resources.files("streamwork") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+    """Text of ``lua/<name>.lua``, after the shared preludes it uses."""
+    return "".join(_read(lib) for lib in PRELUDES.get(name, ())) + _read(name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,11 +22,15 @@ local lease_here = ARGV[3] == '1'
 local staged = {}
 if ARGV[5] ~= '' then staged = cmsgpack.unpack(ARGV[5]) end
 local n = dedup and (#ARGV - 5) / 2 or (#ARGV - 5)
+
+local ids = {}
+for i = 1, n do ids[i] = ARGV[5 + i] end
+local owned = owned_ids(stream, group, consumer, ids)
+
 local res, acks = {}, {}
 for i = 1, n do
   local id = ARGV[5 + i]
-  local p = redis.call('XPENDING', stream, group, id, id, 1)
-  local ok = p[1] ~= nil and p[1][2] == consumer
+  local ok = owned[id] == true
   if ok and lease_here and redis.call('GET', KEYS[2 * i + 1]) ~= ARGV[5 + n + i] then
     ok = false
   end

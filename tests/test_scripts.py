@@ -1,0 +1,55 @@
+"""Lua scripts called directly: batch ownership checks, token order, slot hygiene."""
+
+from __future__ import annotations
+
+import redis
+
+from streamwork import scripts
+from streamwork.keys import StreamKeys, key_slot
+
+
+def _held(r: redis.Redis, n: int, consumer: str = "me") -> list[bytes]:
+    for i in range(n):
+        r.xadd("s", {"d": str(i)})
+    r.xgroup_create("s", "g", id="0")
+    reply = r.xreadgroup("g", consumer, {"s": ">"}, count=n)
+    return [eid for eid, _ in reply[0][1]]
+
+
+def test_complete_acks_only_what_the_caller_owns_even_past_the_listing_limit(
+    r: redis.Redis,
+) -> None:
+    """A batch spanning 500 of our pending entries (over the one-XPENDING listing limit)
+    is still acked exactly for the owned ids; an id another consumer owns is refused."""
+    ids = _held(r, 500)
+    r.xclaim("s", "g", "other", 0, [ids[250]])
+    complete = scripts.register(r).complete
+    batch = [ids[0], ids[250], ids[499]]
+    res = complete(keys=["s"], args=["g", "me", "0", 0, "", *batch])
+    assert res == [1, 0, 1]
+    pending = {row["message_id"]: row["consumer"] for row in
+               r.xpending_range("s", "g", min="-", max="+", count=1000)}
+    assert ids[0] not in pending and ids[499] not in pending
+    assert pending[ids[250]] == b"other" and len(pending) == 498
+
+
+def test_claim_tokens_increase_in_batch_order_and_same_key_copies_are_busy(
+    r: redis.Redis,
+) -> None:
+    """claim.lua grants increasing tokens; a second copy of a key in one batch is busy."""
+    ids = _held(r, 3)
+    k = StreamKeys.for_stream("s")
+    keys = ["s", k.fence, k.done("a"), k.lock("a"), k.done("b"), k.lock("b"),
+            k.done("a"), k.lock("a")]
+    res = scripts.register(r).claim(keys=keys, args=["g", "me", 10_000, "owner", *ids])
+    assert res[0] > 0 and res[1] > res[0] and res[2] == -2
+    assert r.get(k.lock("a")) == f"owner:{res[0]}".encode()
+
+
+def test_every_key_of_a_stream_shares_its_slot() -> None:
+    """Every key a script touches for stream S hashes to S's slot (Redis Cluster)."""
+    for stream in ("orders", "a:b", "{tag}:x", "日本"):
+        k = StreamKeys.for_stream(stream)
+        slot = key_slot(stream)
+        for key in (k.dead, k.delayed, k.fence, k.done("x"), k.lock("y")):
+            assert key_slot(key) == slot, (stream, key)
