@@ -363,20 +363,21 @@ class Consumer:
 
     async def _ack_duplicates(self, entry_ids: list[bytes]) -> None:
         """Acknowledge deliveries the local cache knows are done (ownership-checked)."""
-        res = await self.scripts.complete(
-            keys=[self.keys.stream], args=[self.cfg.group, self.name, "0", 0, "", *entry_ids])
+        res = await self.scripts.complete(keys=[self.keys.stream], args=[
+            self.cfg.group, self.name, "0", 0, "", "", "", _pack([entry_ids])])
         self.count("deduplicated", sum(1 for r in res if r == 1))
+
+    async def _claim(self, batch: list[Delivery], ttl_ms: int) -> list[int]:
+        """claim.lua for a batch (``ttl_ms`` 0: only check done-markers and ownership)."""
+        keys = self.keys
+        return list(await self.scripts.claim(keys=[keys.stream, keys.fence], args=[
+            self.cfg.group, self.name, ttl_ms, self.lease_owner, keys.done_prefix,
+            keys.lock_prefix,
+            _pack([[d.entry_id for d in batch], [d.msg.key for d in batch]])]))
 
     async def _lease(self, fresh: list[Delivery]) -> list[Delivery]:
         """claim.lua for a batch: skip done jobs, take leases and fencing tokens."""
-        keys = self.keys
-        script_keys = [keys.stream, keys.fence]
-        for d in fresh:
-            script_keys += [keys.done(d.msg.key), keys.lock(d.msg.key)]
-        ttl_ms = 0 if self.redlock else self.cfg.visibility_ms
-        args = [self.cfg.group, self.name, ttl_ms, self.lease_owner,
-                *(d.entry_id for d in fresh)]
-        res = await self.scripts.claim(keys=script_keys, args=args)
+        res = await self._claim(fresh, 0 if self.redlock else self.cfg.visibility_ms)
         if self.redlock:
             res = await self._lease_from_redlock(fresh, res)
         runnable = []
@@ -429,12 +430,7 @@ class Consumer:
             else:
                 raise held
         if granted:
-            keys = [self.keys.stream, self.keys.fence]
-            for i in granted:
-                keys += [self.keys.done(fresh[i].msg.key), self.keys.lock(fresh[i].msg.key)]
-            again = await self.scripts.claim(keys=keys, args=[
-                self.cfg.group, self.name, 0, self.lease_owner,
-                *(fresh[i].entry_id for i in granted)])
+            again = await self._claim([fresh[i] for i in granted], 0)
             late = [fresh[i] for i, code in zip(granted, again, strict=True) if code != 0]
             for i, code in zip(granted, again, strict=True):
                 if code != 0:
@@ -628,17 +624,14 @@ class Consumer:
             return
         cfg, keys = self.cfg, self.keys
         script_keys = [keys.stream]
-        if cfg.dedup:
-            for d in live:
-                script_keys += [keys.done(d.msg.key), keys.lock(d.msg.key)]
         staged = _staged_ops(live, script_keys)
         mode = "0" if not cfg.dedup else "2" if self.redlock else "1"
-        args: list[Any] = [cfg.group, self.name, mode,
-                           round(cfg.dedup_window * 1000), staged,
-                           *(d.entry_id for d in live)]
+        batch: list[list[Any]] = [[d.entry_id for d in live]]
         if cfg.dedup:
-            args += [d.lease for d in live]
-        res = await self.scripts.complete(keys=script_keys, args=args)
+            batch += [[d.msg.key for d in live], [d.lease for d in live]]
+        res = await self.scripts.complete(keys=script_keys, args=[
+            cfg.group, self.name, mode, round(cfg.dedup_window * 1000), staged,
+            keys.done_prefix, keys.lock_prefix, _pack(batch)])
         self.count("acked", sum(1 for ok in res if ok))
         for d, ok in zip(live, res, strict=True):
             if ok:
@@ -695,7 +688,13 @@ def _staged_ops(live: list[Delivery], script_keys: list[str]) -> bytes:
                 script_keys.append(key)
                 index.append(len(script_keys))
             ops.setdefault(i, []).append([command, index, list(cmd_args)])
-    return msgpack.packb(ops) if ops else b""
+    return _pack(ops) if ops else b""
+
+
+def _pack(value: Any) -> bytes:
+    """MessagePack for Redis's Lua cmsgpack, which reads str but not bin: bytes go as str."""
+    data: bytes = msgpack.packb(value, use_bin_type=False)
+    return data
 
 
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgpack
 import redis
 
 from streamwork import scripts
@@ -25,7 +26,8 @@ def test_complete_acks_only_what_the_caller_owns_even_past_the_listing_limit(
     r.xclaim("s", "g", "other", 0, [ids[250]])
     complete = scripts.register(r).complete
     batch = [ids[0], ids[250], ids[499]]
-    res = complete(keys=["s"], args=["g", "me", "0", 0, "", *batch])
+    res = complete(keys=["s"], args=["g", "me", "0", 0, "", "", "",
+                                     msgpack.packb([batch], use_bin_type=False)])
     assert res == [1, 0, 1]
     pending = {row["message_id"]: row["consumer"] for row in
                r.xpending_range("s", "g", min="-", max="+", count=1000)}
@@ -39,9 +41,9 @@ def test_claim_tokens_increase_in_batch_order_and_same_key_copies_are_busy(
     """claim.lua grants increasing tokens; a second copy of a key in one batch is busy."""
     ids = _held(r, 3)
     k = StreamKeys.for_stream("s")
-    keys = ["s", k.fence, k.done("a"), k.lock("a"), k.done("b"), k.lock("b"),
-            k.done("a"), k.lock("a")]
-    res = scripts.register(r).claim(keys=keys, args=["g", "me", 10_000, "owner", *ids])
+    batch = msgpack.packb([ids, ["a", "b", "a"]], use_bin_type=False)
+    res = scripts.register(r).claim(keys=["s", k.fence], args=[
+        "g", "me", 10_000, "owner", k.done_prefix, k.lock_prefix, batch])
     assert res[0] > 0 and res[1] > res[0] and res[2] == -2
     assert r.get(k.lock("a")) == f"owner:{res[0]}".encode()
 

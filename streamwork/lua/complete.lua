@@ -4,14 +4,15 @@
 -- happen exactly once with the acknowledgement. All checks for an entry come before any
 -- write (Redis has no rollback).
 -- KEYS[1]          stream
--- KEYS[2i], [2i+1] (dedup only) done-marker and lease key of entry i
--- KEYS[...]        then the keys staged commands touch (same hash slot as the stream)
+-- KEYS[2..]        the keys staged commands touch (same hash slot as the stream)
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] "1" dedup with the lease in this Redis, "2" dedup
 -- with the lease held elsewhere (Redlock: not checked here), "0" no dedup,
 -- ARGV[4] done-marker TTL (ms),
 -- ARGV[5] staged commands: "" or MessagePack map {entry index: [[command, [KEYS index...],
 --         [arg...]], ...]}
--- ARGV[6..5+n]     entry ids; with dedup ARGV[6+n..5+2n] lease values in the same order
+-- ARGV[6] done-marker key prefix "{S}:done:", ARGV[7] lease key prefix "{S}:lock:",
+-- ARGV[8] MessagePack [[entry id...], [job key...], [lease value...]] (keys and values
+--         only with dedup): one argument for the whole batch
 -- Returns: one integer per entry: 1 acknowledged, 0 lost (not ours any more: nothing
 -- written), 2 acknowledged but a staged command was rejected by Redis (others applied),
 -- 3 acknowledged as a duplicate (lease held elsewhere and a done-marker already existed):
@@ -21,22 +22,22 @@ local dedup = ARGV[3] ~= '0'
 local lease_here = ARGV[3] == '1'
 local staged = {}
 if ARGV[5] ~= '' then staged = cmsgpack.unpack(ARGV[5]) end
-local n = dedup and (#ARGV - 5) / 2 or (#ARGV - 5)
-
-local ids = {}
-for i = 1, n do ids[i] = ARGV[5 + i] end
+local batch = cmsgpack.unpack(ARGV[8])
+local ids, jobs, leases = batch[1], batch[2], batch[3]
+local n = #ids
 local owned = owned_ids(stream, group, consumer, ids)
 
 local res, acks = {}, {}
 for i = 1, n do
-  local id = ARGV[5 + i]
+  local id = ids[i]
   local ok = owned[id] == true
-  if ok and lease_here and redis.call('GET', KEYS[2 * i + 1]) ~= ARGV[5 + n + i] then
+  local done, lock = nil, nil
+  if dedup then done, lock = ARGV[6] .. jobs[i], ARGV[7] .. jobs[i] end
+  if ok and lease_here and redis.call('GET', lock) ~= leases[i] then
     ok = false
   end
-  if ok and dedup and not lease_here and redis.call('EXISTS', KEYS[2 * i]) == 1 then
+  if ok and dedup and not lease_here and redis.call('EXISTS', done) == 1 then
     res[i] = 3
-    if lease_here then redis.call('DEL', KEYS[2 * i + 1]) end
     acks[#acks + 1] = id
   elseif ok then
     res[i] = 1
@@ -48,8 +49,8 @@ for i = 1, n do
       if type(r) == 'table' and r.err then res[i] = 2 end
     end
     if dedup then
-      redis.call('SET', KEYS[2 * i], ARGV[5 + n + i], 'PX', ARGV[4])
-      if lease_here then redis.call('DEL', KEYS[2 * i + 1]) end
+      redis.call('SET', done, leases[i], 'PX', ARGV[4])
+      if lease_here then redis.call('DEL', lock) end
     end
     acks[#acks + 1] = id
   else
