@@ -236,3 +236,18 @@ def test_prometheus_endpoint_serves_the_counters(
 
     text = wait_for(scrape, 30, message="acked_total >= 10 in the scrape")
     assert "streamwork_handler_duration_seconds_bucket" in text
+
+
+async def test_duplicates_count_as_deduplicated(redis_url: str, r: redis.Redis) -> None:
+    """A job sent twice under one key with dedup on counts once as deduplicated."""
+    from tests.workers import DedupLedgerWorker
+
+    before = _total("streamwork.messages.deduplicated", stream=STREAM)
+    producer = sw.Producer.from_url(redis_url)
+    producer.send(STREAM, {}, key="same")
+    await run_until_idle(DedupLedgerWorker.from_url(redis_url), r)
+    producer.send(STREAM, {}, key="same")
+    await run_until_idle(DedupLedgerWorker.from_url(redis_url), r)
+    assert _total("streamwork.messages.deduplicated", stream=STREAM) - before == 1
+    assert r.hget("ledger", "same") == b"1"
+    producer.close()
