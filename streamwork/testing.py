@@ -17,7 +17,10 @@ from .keys import StreamKeys
 from .server import RedisServer, free_port
 from .worker import StreamWorker
 
-__all__ = ["Ledger", "LedgerReport", "RedisServer", "free_port", "run_until_idle", "wait_for"]
+__all__ = [
+    "Ledger", "LedgerReport", "RedisServer", "await_for", "free_port", "run_until_idle",
+    "wait_for",
+]
 
 T = TypeVar("T")
 
@@ -33,6 +36,19 @@ def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g}s waiting for {message}")
         time.sleep(interval)
+
+
+async def await_for(predicate: Callable[[], T], timeout: float = 30.0,
+                    message: str = "condition") -> T:
+    """``wait_for`` for async tests: polls without blocking the event loop."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {message}")
+        await asyncio.sleep(0.02)
 
 
 @dataclass(frozen=True)

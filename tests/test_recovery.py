@@ -20,9 +20,9 @@ import streamwork as sw
 from streamwork import AsyncProducer, Producer
 from streamwork.keys import StreamKeys
 from streamwork.retry import JITTER_FRACTION
-from streamwork.testing import Ledger, run_until_idle, wait_for
+from streamwork.testing import Ledger, await_for, run_until_idle, wait_for
 from tests.workers import LedgerWorker
-from tests.workers_recovery import RecordingWorker, await_for, calls
+from tests.workers_recovery import RecordingWorker, calls
 
 STREAM, GROUP = "jobs", "testers"
 KEYS = StreamKeys.for_stream(STREAM)

@@ -15,9 +15,8 @@ from streamwork import Producer
 from streamwork.consumer import Consumer
 from streamwork.keys import StreamKeys
 from streamwork.recovery import upkeep_once
-from streamwork.testing import Ledger
+from streamwork.testing import Ledger, await_for
 from tests.workers import LedgerWorker
-from tests.workers_recovery import await_for
 
 STREAM, GROUP, OTHER, LAGGARD = "jobs", "testers", "auditors", "laggards"
 KEYS = StreamKeys.for_stream(STREAM)

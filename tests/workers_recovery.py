@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import streamwork as sw
@@ -54,16 +53,3 @@ def calls(client: Any, key: str) -> list[tuple[int, float]]:
         attempt, _, ts = raw.decode().partition(":")
         out.append((int(attempt), float(ts)))
     return out
-
-
-async def await_for(predicate: Callable[[], T], timeout: float = 30.0,
-                    message: str = "condition") -> T:
-    """``wait_for`` for async tests: poll without blocking the event loop."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {message}")
-        await asyncio.sleep(0.02)
