@@ -298,7 +298,7 @@ class Consumer:
             if reply:
                 entries = reply[0][1]
                 try:
-                    await self.admit(entries, [1] * len(entries), sent)
+                    await _uninterrupted(self.admit(entries, [1] * len(entries), sent))
                 except TRANSIENT as exc:  # they stay pending here; the reclaimer gets them
                     await self.transport_failed(exc)
 
@@ -459,16 +459,19 @@ class Consumer:
         give_up = self.cfg.visibility_timeout / 2
         while True:
             await asyncio.sleep(PARKED_RETRY)
-            if not self.parked:
+            if not self.parked or self.stopping:
                 continue
             now = time.monotonic()
             parked, self.parked = self.parked, []
             keep = [d for d in parked if now - d.parked_since < give_up]
             try:
-                self._enqueue(await self._lease(keep))
+                await _uninterrupted(self._lease_and_enqueue(keep))
             except TRANSIENT as exc:
                 self.parked.extend(keep)
                 await self.transport_failed(exc)
+
+    async def _lease_and_enqueue(self, batch: list[Delivery]) -> None:
+        self._enqueue(await self._lease(batch))
 
     # ---- running handlers -------------------------------------------------------------
 
@@ -695,6 +698,24 @@ def _pack(value: Any) -> bytes:
     """MessagePack for Redis's Lua cmsgpack, which reads str but not bin: bytes go as str."""
     data: bytes = msgpack.packb(value, use_bin_type=False)
     return data
+
+
+async def _uninterrupted(step: Awaitable[None]) -> None:
+    """Run a step that changes state in Redis (acks, leases) to its end even if the caller
+    is cancelled meanwhile, so its outcome is recorded here too; then let the cancellation
+    through. Such steps are one or two script calls long."""
+    task = asyncio.ensure_future(step)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            cancelled = True
+    task.result()
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:

@@ -50,7 +50,7 @@ async def test_redlock_leases_apply_each_key_once(
     await other
     report = Ledger(r).report(keys)
     assert report.exactly_once, (report.lost[:3], list(report.twice.items())[:3])
-    assert w1.counts["deduplicated"] + w2.counts["deduplicated"] == 400
+    assert w1.counts["deduplicated"] + w2.counts["deduplicated"] == 400, (w1.counts, w2.counts)
     assert not r.exists(StreamKeys.for_stream(STREAM).fence)
     assert w1.counts["lock_lost"] + w2.counts["lock_lost"] == 0
     granted = [int(t) for t in r.lrange("granted", 0, -1)]
