@@ -24,7 +24,8 @@ from streamwork.server import RedisServer, find_server_binary
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _no_server(why: str) -> None:
+def no_server(why: str) -> None:
+    """Skip locally, but fail on CI (CI=true): a missing server must not pass silently."""
     if os.environ.get("CI"):
         pytest.fail(f"no Redis server for the tests on CI: {why}")
     pytest.skip(f"no Redis server available: {why}")
@@ -50,7 +51,7 @@ def _session_redis() -> Iterator[str]:
     try:
         from testcontainers.redis import RedisContainer  # type: ignore[import-not-found]
     except ImportError:
-        _no_server("no redis-server on PATH, no 'embedded' extra, no $REDIS_URL, no testcontainers")
+        no_server("no redis-server on PATH, no 'embedded' extra, no $REDIS_URL, no testcontainers")
     with RedisContainer("redis:7") as container:  # pragma: no cover - needs Docker
         host, port = container.get_container_host_ip(), container.get_exposed_port(6379)
         yield f"redis://{host}:{port}/0"
@@ -77,7 +78,7 @@ def _r(redis_url: str) -> Iterator[redis.Redis]:
 def _make_server() -> Iterator[Callable[..., RedisServer]]:
     """Factory of private servers this test may kill and restart; all closed afterwards."""
     if not _have_binary():
-        _no_server("fault tests need a server binary they can kill and restart")
+        no_server("fault tests need a server binary they can kill and restart")
     made: list[RedisServer] = []
 
     def make(**kwargs: Any) -> RedisServer:

@@ -18,6 +18,7 @@ from rich.console import Console
 from streamwork import bench
 from streamwork.errors import StreamworkError
 from streamwork.server import find_server_binary
+from tests.conftest import no_server
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,7 +42,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any],
     try:
         find_server_binary()
     except StreamworkError as exc:
-        pytest.skip(f"the bench starts its own redis-server: {exc}")
+        no_server(f"the bench starts its own redis-server: {exc}")
     plot = tmp_path_factory.mktemp("bench") / "bench.png" if _have_matplotlib() else None
     args = [sys.executable, "-m", "benchmarks", "--quick", "--repeats", "1", "--json"]
     if plot is not None:

@@ -18,6 +18,7 @@ import streamwork as sw
 from streamwork.keys import StreamKeys
 from streamwork.server import RedisServer, find_server_binary, free_port
 from streamwork.testing import run_until_idle, wait_for
+from tests.conftest import no_server
 
 
 def _cli() -> str | None:
@@ -50,7 +51,7 @@ class ClusterLedger(sw.StreamWorker):
 def _cluster(make_server: Any) -> Iterator[redis.cluster.RedisCluster]:
     cli = _cli()
     if cli is None:
-        pytest.skip("no redis-cli/valkey-cli to create a cluster with")
+        no_server("no redis-cli/valkey-cli to create a cluster with")
     servers: list[RedisServer] = []
     for _ in range(3):
         port = free_port()
