@@ -8,9 +8,11 @@ called from any thread. A plain ``def handle`` runs in a bounded thread pool.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import signal
 import threading
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
 from . import connection
@@ -79,6 +81,14 @@ class StreamWorker:
             f"{type(self).__name__} must define `async def handle(self, msg)` (or a plain def)"
         )
 
+    async def on_start(self) -> None:
+        """Called once in ``serve()`` before the first read: open pools and clients here.
+        May be a plain ``def``. If it raises, the worker does not start."""
+
+    async def on_stop(self) -> None:
+        """Called once after the worker drained and closed its connections, also when it
+        stops on an error: close what ``on_start`` opened. May be a plain ``def``."""
+
     @property
     def counts(self) -> Counter[str]:
         """Live counters: consumed, acked, retried, dead_lettered, deduplicated, ..."""
@@ -99,7 +109,11 @@ class StreamWorker:
                 self._loop.add_signal_handler(sig, self.stop)
         self._consumer = Consumer(self, self.config, self.url, self.consumer_name)
         try:
-            await self._consumer.run(self._stop_event)
+            await _call_hook(self.on_start)
+            try:
+                await self._consumer.run(self._stop_event)
+            finally:
+                await _call_hook(self.on_stop)
         finally:
             self._counts = self._consumer.counts
             if install_signal_handlers:
@@ -128,3 +142,10 @@ class StreamWorker:
             f"consumer={self.consumer_name!r} acked={c['acked']} retried={c['retried']} "
             f"dead_lettered={c['dead_lettered']} deduplicated={c['deduplicated']}>"
         )
+
+
+async def _call_hook(hook: Callable[[], Any]) -> None:
+    """Run a lifecycle hook written as ``async def`` or as a plain ``def``."""
+    result = hook()
+    if inspect.isawaitable(result):
+        await result

@@ -311,3 +311,26 @@ def test_three_worker_processes_share_the_work(
         os.kill(proc.pid, signal.SIGTERM)
     for proc in procs:
         assert proc.wait(timeout=30) == 0
+
+
+async def test_lifecycle_hooks_run_once_around_serving(redis_url: str, r: Any) -> None:
+    """on_start runs before the first job, on_stop after the drain, sync or async."""
+    from streamwork.testing import run_until_idle
+    from tests.workers import LedgerWorker
+
+    events: list[str] = []
+
+    class Hooked(LedgerWorker):
+        async def on_start(self) -> None:
+            events.append("start")
+
+        def on_stop(self) -> None:  # type: ignore[override]
+            events.append("stop")
+            super().on_stop()
+
+        async def handle(self, msg: sw.Message) -> None:
+            events.append("job")
+
+    sw.Producer.from_url(redis_url).send_many("jobs", [{}] * 3)
+    await run_until_idle(Hooked.from_url(redis_url), r)
+    assert events == ["start", "job", "job", "job", "stop"]

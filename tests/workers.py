@@ -41,6 +41,11 @@ class LedgerWorker(sw.StreamWorker):
             self._ledger = redis.Redis.from_url(self.url)
         return self._ledger
 
+    def on_stop(self) -> None:  # type: ignore[override]
+        if self._ledger is not None:
+            self._ledger.close()
+            self._ledger = None
+
     def behave(self, msg: sw.Message) -> float:
         p: dict[str, Any] = msg.payload if isinstance(msg.payload, dict) else {}
         if p.get("exit"):

@@ -32,6 +32,11 @@ class _Base(sw.StreamWorker):
             self._client = redis.Redis.from_url(self.url)
         return self._client
 
+    async def on_stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
 
 class StagedLedgerWorker(_Base):
     """Applies its effect (ledger HINCRBY) only through msg.stage: exactly once."""
