@@ -52,7 +52,7 @@ import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Generic, TypeAlias, TypeVar
+from typing import Any, ClassVar, Final, Generic, TypeAlias, TypeVar
 
 import redis
 import redis.asyncio
@@ -93,6 +93,7 @@ VALUE_BYTES: Final = 20  #: random bytes in a lock value
 _FENCE_ROUNDS: Final = 3  #: compare-and-set proposals tried per grant before giving up
 
 _T = TypeVar("_T")
+_C = TypeVar("_C", redis.Redis, redis.asyncio.Redis)  #: the client kind of a Redlock
 Clock: TypeAlias = Callable[[], float]
 
 _HELD: Final = "held"
@@ -551,7 +552,60 @@ def _check_masters(masters: object) -> list[object]:
     return list(masters)
 
 
-class Redlock:
+class _RedlockBase(Generic[_C]):
+    """What `Redlock` and `AsyncRedlock` share: checking the masters, building clients from
+    URLs (socket timeouts of ``node_timeout``, no redis-py retries: a master that does not
+    answer in time counts as down), the quorum rules, the clock."""
+
+    _client_type: ClassVar[Any]  #: redis.Redis or redis.asyncio.Redis
+
+    def _no_retry(self) -> Any:
+        """redis-py's retry policy that never retries, for this client kind."""
+        raise NotImplementedError
+
+    def __init__(
+        self,
+        masters: Sequence[str | _C],
+        *,
+        ttl: float = DEFAULT_TTL,
+        drift_factor: float = DRIFT_FACTOR,
+        retry_delay: float = DEFAULT_RETRY_DELAY,
+        node_timeout: float = DEFAULT_NODE_TIMEOUT,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        checked = _check_masters(masters)
+        self._core = _Core(
+            len(checked), ttl=ttl, drift_factor=drift_factor, retry_delay=retry_delay, clock=clock
+        )
+        timeout = _seconds("node_timeout", node_timeout, positive=True)
+        self._clients: list[_C] = []
+        self._owned: list[_C] = []
+        for master in checked:
+            if isinstance(master, str):
+                client = self._client_type.from_url(
+                    master,
+                    socket_timeout=timeout,
+                    socket_connect_timeout=timeout,
+                    retry=self._no_retry(),
+                )
+                self._owned.append(client)
+            elif isinstance(master, self._client_type):
+                client = master
+            else:
+                kind = f"{self._client_type.__module__}.{self._client_type.__name__}"
+                raise ConfigError("masters", f"expected a URL or {kind}, got {master!r}")
+            self._clients.append(client)
+
+    @property
+    def clock(self) -> Clock:
+        return self._core.clock
+
+    @property
+    def quorum(self) -> int:
+        return self._core.quorum
+
+
+class Redlock(_RedlockBase[redis.Redis]):
     """Distributed lock over N independent Redis masters (blocking I/O, thread-safe).
 
     Redlock improves availability, not correctness: a lock outlives the loss of a minority
@@ -565,45 +619,10 @@ class Redlock:
     timeout for clients built from URLs. ``clock``: monotonic seconds (inject for tests).
     """
 
-    def __init__(
-        self,
-        masters: Sequence[str | redis.Redis],
-        *,
-        ttl: float = DEFAULT_TTL,
-        drift_factor: float = DRIFT_FACTOR,
-        retry_delay: float = DEFAULT_RETRY_DELAY,
-        node_timeout: float = DEFAULT_NODE_TIMEOUT,
-        clock: Clock = time.monotonic,
-    ) -> None:
-        checked = _check_masters(masters)
-        self._core = _Core(
-            len(checked), ttl=ttl, drift_factor=drift_factor, retry_delay=retry_delay, clock=clock
-        )
-        timeout = _seconds("node_timeout", node_timeout, positive=True)
-        self._clients: list[redis.Redis] = []
-        self._owned: list[redis.Redis] = []
-        for master in checked:
-            if isinstance(master, str):
-                client = redis.Redis.from_url(
-                    master,
-                    socket_timeout=timeout,
-                    socket_connect_timeout=timeout,
-                    retry=Retry(NoBackoff(), 0),
-                )
-                self._owned.append(client)
-            elif isinstance(master, redis.Redis):
-                client = master
-            else:
-                raise ConfigError("masters", f"expected a URL or redis.Redis, got {master!r}")
-            self._clients.append(client)
+    _client_type = redis.Redis
 
-    @property
-    def clock(self) -> Clock:
-        return self._core.clock
-
-    @property
-    def quorum(self) -> int:
-        return self._core.quorum
+    def _no_retry(self) -> Any:
+        return Retry(NoBackoff(), 0)
 
     def acquire(
         self,
@@ -665,7 +684,7 @@ class Redlock:
         return result
 
 
-class AsyncRedlock:
+class AsyncRedlock(_RedlockBase[redis.asyncio.Redis]):
     """`Redlock` for asyncio (redis.asyncio), contacting all masters concurrently.
 
     Redlock improves availability, not correctness; correctness needs fencing (see
@@ -675,47 +694,10 @@ class AsyncRedlock:
     propagates.
     """
 
-    def __init__(
-        self,
-        masters: Sequence[str | redis.asyncio.Redis],
-        *,
-        ttl: float = DEFAULT_TTL,
-        drift_factor: float = DRIFT_FACTOR,
-        retry_delay: float = DEFAULT_RETRY_DELAY,
-        node_timeout: float = DEFAULT_NODE_TIMEOUT,
-        clock: Clock = time.monotonic,
-    ) -> None:
-        checked = _check_masters(masters)
-        self._core = _Core(
-            len(checked), ttl=ttl, drift_factor=drift_factor, retry_delay=retry_delay, clock=clock
-        )
-        timeout = _seconds("node_timeout", node_timeout, positive=True)
-        self._clients: list[redis.asyncio.Redis] = []
-        self._owned: list[redis.asyncio.Redis] = []
-        for master in checked:
-            if isinstance(master, str):
-                client = redis.asyncio.Redis.from_url(
-                    master,
-                    socket_timeout=timeout,
-                    socket_connect_timeout=timeout,
-                    retry=AsyncRetry(NoBackoff(), 0),
-                )
-                self._owned.append(client)
-            elif isinstance(master, redis.asyncio.Redis):
-                client = master
-            else:
-                raise ConfigError(
-                    "masters", f"expected a URL or redis.asyncio.Redis, got {master!r}"
-                )
-            self._clients.append(client)
+    _client_type = redis.asyncio.Redis
 
-    @property
-    def clock(self) -> Clock:
-        return self._core.clock
-
-    @property
-    def quorum(self) -> int:
-        return self._core.quorum
+    def _no_retry(self) -> Any:
+        return AsyncRetry(NoBackoff(), 0)
 
     def acquire(
         self,

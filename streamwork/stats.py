@@ -14,6 +14,7 @@ and ``entries-added`` before Redis 7.0) are ``None``.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -61,7 +62,7 @@ class ConsumerStats:
     idle_s: float
 
     def as_json(self) -> dict[str, Any]:
-        return {"name": self.name, "pending": self.pending, "idle_s": self.idle_s}
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,18 +84,9 @@ class GroupStats:
     oldest_pending_id: str | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "consumers": self.consumers,
-            "pending": self.pending,
-            "oldest_pending_age_s": self.oldest_pending_age_s,
-            "oldest_pending_id": self.oldest_pending_id,
-            "lag": self.lag,
-            "entries_read": self.entries_read,
-            "last_delivered_id": self.last_delivered_id,
-            "top_consumers": [{"name": n, "pending": p} for n, p in self.top_consumers],
-            "consumer_list": [c.as_json() for c in self.consumer_list],
-        }
+        out = dataclasses.asdict(self)
+        out["top_consumers"] = [{"name": n, "pending": p} for n, p in self.top_consumers]
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,18 +110,9 @@ class StreamStats:
         return next((g for g in self.groups if g.name == name), None)
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "stream": self.stream,
-            "length": self.length,
-            "entries_added": self.entries_added,
-            "first_id": self.first_id,
-            "last_id": self.last_id,
-            "delayed_total": self.delayed_total,
-            "delayed_due": self.delayed_due,
-            "dead": self.dead,
-            "taken_at_ms": self.taken_at_ms,
-            "groups": [g.as_json() for g in self.groups],
-        }
+        out = dataclasses.asdict(self)
+        out["groups"] = [g.as_json() for g in self.groups]
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,8 +125,7 @@ class StreamRates:
     acked_per_s: dict[str, float | None]
 
     def as_json(self) -> dict[str, Any]:
-        return {"stream": self.stream, "interval_s": self.interval_s,
-                "produced_per_s": self.produced_per_s, "acked_per_s": dict(self.acked_per_s)}
+        return dataclasses.asdict(self)
 
 
 def _s(value: Any) -> str:

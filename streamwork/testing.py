@@ -25,30 +25,33 @@ __all__ = [
 T = TypeVar("T")
 
 
+def _poll(predicate: Callable[[], T], deadline: float, timeout: float, message: str) -> T | None:
+    """One look: the predicate's value if truthy, None to look again, or raise when late."""
+    value = predicate()
+    if value:
+        return value
+    if time.monotonic() > deadline:
+        raise AssertionError(f"timed out after {timeout:g}s waiting for {message}")
+    return None
+
+
 def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02,
              message: str = "condition") -> T:
     """Poll ``predicate`` until it returns something truthy; raise AssertionError on timeout."""
     deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {message}")
+    while (value := _poll(predicate, deadline, timeout, message)) is None:
         time.sleep(interval)
+    return value
 
 
 async def await_for(predicate: Callable[[], T], timeout: float = 30.0,
                     message: str = "condition") -> T:
     """``wait_for`` for async tests: polls without blocking the event loop."""
     deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {message}")
+    # polling on purpose: the state lives in Redis or another process, no event to await
+    while (value := _poll(predicate, deadline, timeout, message)) is None:  # noqa: ASYNC110
         await asyncio.sleep(0.02)
+    return value
 
 
 @dataclass(frozen=True)
