@@ -147,7 +147,6 @@ class Consumer:
         self._flush_needed = asyncio.Event()
         self._empty = asyncio.Event()
         self._failures = 0
-        self._flushing = False  # a flush (scripts + lease releases) is under way
         self._is_async = inspect.iscoroutinefunction(type(worker).handle)
         self._executor = (
             None
@@ -229,11 +228,13 @@ class Consumer:
         return len(self.inflight)
 
     async def _final_flush(self) -> None:
+        """Send the outcomes the drain produced, retrying transport errors for a while."""
         deadline = time.monotonic() + max(self.cfg.drain_timeout, 1.0)
-        while ((self.done_buf or self.fail_buf or self._flushing)
-               and time.monotonic() < deadline):
-            self._flush_needed.set()
-            await asyncio.sleep(0.01)
+        while (self.done_buf or self.fail_buf) and time.monotonic() < deadline:
+            try:
+                await self._flush_once()
+            except TRANSIENT as exc:
+                await self.transport_failed(exc)
 
     async def ensure_group(self) -> None:
         """Create the consumer group at id 0 (so earlier jobs are delivered) if missing."""
@@ -595,23 +596,28 @@ class Consumer:
         while True:
             await self._flush_needed.wait()
             self._flush_needed.clear()
-            done, self.done_buf = self.done_buf, []
-            failed, self.fail_buf = self.fail_buf, []
-            self._flushing = True
-            try:
-                if done:
-                    await self._send_done(done)
-                if failed:
-                    await self.send_failures(failed)
+            try:  # a stop lets a flush under way finish: its scripts already ran
+                await _uninterrupted(self._flush_once())
             except TRANSIENT as exc:
-                self.done_buf[:0] = [d for d in done if d.entry_id in self.inflight]
-                self.fail_buf[:0] = failed
                 await self.transport_failed(exc)
                 self._flush_needed.set()
             else:
                 self.transport_ok()
-            finally:
-                self._flushing = False
+
+    async def _flush_once(self) -> None:
+        """Send what finished so far (complete.lua, fail.lua); on a transport error put it
+        back for the next try and raise."""
+        done, self.done_buf = self.done_buf, []
+        failed, self.fail_buf = self.fail_buf, []
+        try:
+            if done:
+                await self._send_done(done)
+            if failed:
+                await self.send_failures(failed)
+        except TRANSIENT:
+            self.done_buf[:0] = [d for d in done if d.entry_id in self.inflight]
+            self.fail_buf[:0] = failed
+            raise
 
     async def _send_done(self, done: list[Delivery]) -> None:
         live = []

@@ -7,17 +7,13 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Final
-
-#: the structured fields a record may carry, named as in OpenTelemetry attributes
-FIELDS: Final = (
-    "stream", "group", "consumer", "key", "entry_id", "attempt", "duration_ms", "outcome",
-    "error_type", "reason", "count",
-)
+from typing import Any
 
 
 def fields(**values: Any) -> dict[str, Any]:
-    """``extra=`` for a log call: the given structured fields, Nones dropped."""
+    """``extra=`` for a log call: the given structured fields, Nones dropped. The names are
+    those of the OpenTelemetry attributes: stream, group, consumer, key, entry_id, attempt,
+    duration_ms, outcome, error_type, reason, count."""
     return {"sw": {k: v for k, v in values.items() if v is not None}}
 
 
