@@ -20,6 +20,7 @@ from .errors import (
     RedisUnavailable,
     Retry,
     StreamworkError,
+    WorkerFailed,
 )
 from .lock import AsyncHeldLock, AsyncRedlock, HeldLock, Redlock, async_fenced_set, fenced_set
 from .message import Message
@@ -52,6 +53,7 @@ __all__ = [
     "Retry",
     "StreamWorker",
     "StreamworkError",
+    "WorkerFailed",
     "__version__",
     "async_fenced_set",
     "fenced_set",

@@ -44,6 +44,7 @@ class WorkerConfig:
     local_cache_size: int = 100_000
     local_cache_ttl: float = 60.0
     lock_urls: tuple[str, ...] | None = None
+    timeout: float | None = 300.0
 
     def __post_init__(self) -> None:
         check_name("stream", self.stream, allow_tag=True)
@@ -65,6 +66,8 @@ class WorkerConfig:
             _num(self, "reclaim_interval", 0.01)
         if self.retention is not None:
             _num(self, "retention", 0.0)
+        if self.timeout is not None:
+            _num(self, "timeout", 0.001)
         for flag in ("dedup", "heartbeat"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(flag, f"must be True or False, got {getattr(self, flag)!r}")

@@ -6,6 +6,7 @@ The tree, by what the caller does next::
     ├── ConfigError (ValueError)     fix the option named in the message
     ├── PayloadTooLarge (ValueError) send less, or raise max_payload_bytes
     ├── RedisUnavailable             Redis could not be reached within the retry budget
+    ├── WorkerFailed                 a worker stopped on an error it cannot ride out (a bug)
     ├── DecodeError                  an entry did not decode; it went to the dead letters
     ├── LockError
     │   ├── LockNotAcquired          no quorum (or the lock is held): try later
@@ -29,6 +30,7 @@ __all__ = [
     "RedisUnavailable",
     "Retry",
     "StreamworkError",
+    "WorkerFailed",
 ]
 
 
@@ -65,6 +67,22 @@ class RedisUnavailable(StreamworkError):
         super().__init__(
             f"{what}: Redis at {url} is unreachable{detail}. Check that the server runs and "
             "the URL is right (--url or $REDIS_URL), then try again."
+        )
+
+
+class WorkerFailed(StreamworkError):
+    """A worker stopped because one of its internal loops met an error that backing off
+    cannot cure (anything but connection loss, timeouts, LOADING, BUSY, TRYAGAIN,
+    CLUSTERDOWN, MASTERDOWN, READONLY, OOM or a vanished group). It drained first; what it
+    still held stays pending and is reclaimed by other workers."""
+
+    def __init__(self, task: str, cause: BaseException) -> None:
+        self.task = task
+        self.cause = cause
+        super().__init__(
+            f"worker stopped: its {task} failed with {type(cause).__name__}: {cause}. "
+            "Held jobs stay pending for other workers; fix the cause (see the traceback "
+            "in the log) and start the worker again."
         )
 
 

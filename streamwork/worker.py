@@ -56,6 +56,7 @@ class StreamWorker:
     local_cache_size: ClassVar[int] = 100_000
     local_cache_ttl: ClassVar[float] = 60.0
     lock_urls: ClassVar[tuple[str, ...] | None] = None
+    timeout: ClassVar[float | None] = 300.0
 
     def __init__(self, url: str | None = None, *, consumer: str | None = None,
                  **options: Any) -> None:
