@@ -53,6 +53,10 @@ def _text(values: dict[bytes, bytes], name: str) -> str:
     return values.get(name.encode(), b"").decode("utf-8", "replace")
 
 
+def _decode_id(entry_id: bytes | str) -> str:
+    return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+
+
 def _parse(entry_id: bytes, values: dict[bytes, bytes]) -> DeadLetterEntry:
     original = {k[2:].decode("utf-8", "replace"): v for k, v in values.items()
                 if k.startswith(b"f.")}
@@ -93,14 +97,23 @@ def replay_dead(client: Any, stream: str, ids: Sequence[str] | None = None,
             r, s = replay(keys=[keys.stream, keys.dead], args=todo[i:i + batch])
             replayed, skipped = replayed + r, skipped + s
         return replayed, skipped
+    # Only what is dead now: a replayed job that fails again is dead-lettered under a new
+    # id past this one, and must not be replayed again by this same call (no endless loop).
+    last = client.xrevrange(keys.dead, "+", "-", count=1)
+    if not last:
+        return replayed, skipped
+    end = _decode_id(last[0][0])
     start = "-"
     while True:
-        page = client.xrange(keys.dead, start, "+", batch)
+        page = client.xrange(keys.dead, start, end, batch)
         if not page:
             return replayed, skipped
-        r, s = replay(keys=[keys.stream, keys.dead], args=[eid for eid, _ in page])
+        page_ids = [_decode_id(eid) for eid, _ in page]
+        r, s = replay(keys=[keys.stream, keys.dead], args=page_ids)
         replayed, skipped = replayed + r, skipped + s
-        start = "(" + page[-1][0].decode()
+        if page_ids[-1] == end:
+            return replayed, skipped
+        start = "(" + page_ids[-1]
 
 
 def purge_dead(client: Any, stream: str, *, older_than_ms: int | None = None,

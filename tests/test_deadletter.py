@@ -3,8 +3,10 @@ delete exactly what they say."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -12,9 +14,9 @@ from click.testing import CliRunner, Result
 
 from streamwork import Producer
 from streamwork.cli import main
-from streamwork.deadletter import list_dead
+from streamwork.deadletter import list_dead, replay_dead
 from streamwork.keys import StreamKeys
-from streamwork.testing import Ledger, run_until_idle
+from streamwork.testing import Ledger, await_for, run_until_idle, wait_for
 from tests.workers_recovery import RecordingWorker, calls
 
 STREAM, GROUP = "jobs", "testers"
@@ -163,3 +165,57 @@ def test_dlq_purge_on_empty_dead_stream(redis_url: str, args: tuple[str, ...]) -
     res = _cli(redis_url, "purge", STREAM, *args, "--yes")
     assert res.exit_code == 0, res.output
     assert "deleted 0" in res.output
+
+
+class _PacedClient(redis.Redis):
+    """A client whose every read of the dead-letter stream after the first waits until the
+    worker has dead-lettered again every job replayed so far: a replay slower than the
+    worker, made deterministic. Gives up after ``max_pages`` reads, so a replay that keeps
+    following its own re-dead-lettered jobs fails fast instead of running forever."""
+
+    expect_dead = 0
+    max_pages = 10
+    pages = 0
+
+    def xrange(self, name: Any, min: Any = "-", max: Any = "+",
+               count: Any = None) -> Any:
+        if name == KEYS.dead:
+            self.pages += 1
+            if self.pages > self.max_pages:
+                raise AssertionError(f"replay read {self.pages} pages: it is replaying "
+                                     "dead letters added after it started")
+            if self.pages > 1:
+                wait_for(lambda: self.xlen(KEYS.dead) == self.expect_dead, 10,
+                         message="the replayed jobs to be dead-lettered again")
+        return super().xrange(name, min, max, count)
+
+
+async def test_replay_all_replays_only_what_was_dead_when_it_started(
+    r: redis.Redis, redis_url: str
+) -> None:
+    """`replay --all` while a worker dead-letters the replayed jobs again: each of the 300
+    dead letters is replayed once, the call returns, the handler runs each key once more."""
+    n = 300
+    await _make_dead(r, redis_url, n)  # FIX is never set: every replay dies again
+    keys = [f"dl-{i}" for i in range(n)]
+    assert all(len(calls(r, k)) == 1 for k in keys)
+
+    paced = _PacedClient.from_url(redis_url)
+    paced.expect_dead = n
+    worker = RecordingWorker.from_url(redis_url)
+    task = asyncio.create_task(worker.serve())
+    try:
+        replayed, skipped = await asyncio.wait_for(
+            asyncio.to_thread(replay_dead, paced, STREAM, None, 100), timeout=25)
+        assert (replayed, skipped) == (n, 0)
+        assert paced.pages == 3, "three pages of 100, nothing past the last dead id"
+        await await_for(lambda: r.xlen(KEYS.dead) == n
+                        and all(len(calls(r, k)) == 2 for k in keys), 20,
+                        message="every replayed job to be dead-lettered again")
+    finally:
+        worker.stop()
+        await task
+        paced.close()
+    assert {k: [a for a, _ in calls(r, k)] for k in keys} == {k: [1, 1] for k in keys}, \
+        "the handler ran each key exactly once more"
+    assert r.xlen(KEYS.dead) == n
