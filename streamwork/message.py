@@ -2,13 +2,54 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .codec import Payload
-from .errors import LockLost
+from .errors import ConfigError, LockLost
 
 __all__ = ["Message"]
+
+#: what ``Message.stage`` accepts as a key or argument (what redis-py accepts in a command)
+StageValue = str | int | float | bytes | bytearray | memoryview
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _wire(value: object, what: str) -> bytes:
+    """``value`` as the bytes redis-py's ``Encoder.encode`` would send (UTF-8 str, int and
+    float by ``repr``, bytes-likes as they are), so a staged write stores exactly what
+    ``client.set(k, value)`` would. Anything else raises ConfigError."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, bool):  # an int subclass: redis-py refuses it too
+        raise ConfigError("stage", f"{what} {value!r} is a bool, which Redis has no type for; "
+                          "pass 1/0 or the string 'true'/'false' instead")
+    if isinstance(value, (int, float)):
+        return repr(value).encode()
+    if isinstance(value, str):
+        try:
+            return value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ConfigError("stage", f"{what} {_show(value)} is not encodable as UTF-8 ({exc}); "
+                              "pass bytes instead") from None
+    raise ConfigError("stage", f"{what} {_show(value)} has type {type(value).__name__}; pass "
+                      "bytes, str, int or float (encode structured data yourself, e.g. as JSON)")
+
+
+def _wire_all(values: object, what: str) -> tuple[bytes, ...]:
+    """Every key (or arg) of a staged command as wire bytes."""
+    if isinstance(values, (str, bytes, bytearray, memoryview)) or not isinstance(
+            values, Iterable):
+        raise ConfigError("stage", f"the {what}s must be a list or tuple, got "
+                          f"{_show(values)}; wrap a single {what} in a list: [{_show(values)}]")
+    return tuple(_wire(v, f"{what} #{i}") for i, v in enumerate(values))
 
 
 @dataclass(slots=True, eq=False)
@@ -32,11 +73,13 @@ class Message:
     group: str = ""
     consumer: str = ""
     _lost: bool = field(default=False, repr=False)
-    staged: list[tuple[str, tuple[str, ...], tuple[str | int | float | bytes, ...]]] = field(
+    #: the staged writes: (command, keys, args), keys and args as the bytes sent to Redis
+    #: (keys are typed Any only while consumer._staged_ops collects them in a list[str])
+    staged: list[tuple[str, tuple[Any, ...], tuple[bytes, ...]]] = field(
         default_factory=list, repr=False)
 
-    def stage(self, command: str, keys: Sequence[str] = (),
-              args: Sequence[str | int | float | bytes] = ()) -> None:
+    def stage(self, command: str, keys: Sequence[StageValue] = (),
+              args: Sequence[StageValue] = ()) -> None:
         """Stage a Redis write that is applied atomically with this job's acknowledgement
         (and done-marker), so it takes effect exactly once, or not at all if the job's
         outcome is not recorded (crash, lost lease, failure).
@@ -45,10 +88,14 @@ class Message:
         ["{orders}:totals"], ["eur", 250])``. On Redis Cluster every key must share the
         stream's hash tag (``{S}``). A command Redis rejects (e.g. WRONGTYPE) is skipped
         and logged; the job's other staged writes still apply.
+
+        Keys and args are converted here exactly as redis-py would send them (str as UTF-8,
+        int and float by ``repr``, bytes as they are), so numbers reach Redis unrounded;
+        any other type (bool, None, list, dict, ...) raises ConfigError at once.
         """
         if not isinstance(command, str) or not command:
             raise ValueError("stage(): command must be a Redis command name such as 'SET'")
-        self.staged.append((command, tuple(keys), tuple(args)))
+        self.staged.append((command, _wire_all(keys, "key"), _wire_all(args, "arg")))
 
     @property
     def lock_lost(self) -> bool:
