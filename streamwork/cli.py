@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib
 import json
 import os
 import sys
 import time
-from typing import Any
+import types
+import typing
+from typing import Any, Final
 
 import click
 from rich.console import Console
@@ -24,14 +27,84 @@ url_option = click.option(
     "--url", default=None, help="Redis URL (default: $REDIS_URL, else redis://127.0.0.1:6379/0)."
 )
 
-# `streamwork run` options generated from the worker options: (name, click type)
-_RUN_OPTIONS: list[tuple[str, Any]] = [
-    ("concurrency", int), ("visibility_timeout", float), ("max_deliveries", int),
-    ("dedup_window", float), ("retry_delay", float), ("retry_max_delay", float),
-    ("batch_size", int), ("read_block", float), ("drain_timeout", float),
-    ("reclaim_interval", float), ("retention", float), ("consumer_idle_timeout", float),
-    ("max_payload_bytes", int), ("stream", str), ("group", str),
-]
+#: one line of help per worker option (WorkerConfig field) for `streamwork run`
+_OPTION_HELP: dict[str, str] = {
+    "stream": "stream to consume",
+    "group": "consumer-group name",
+    "concurrency": "handlers in flight per process",
+    "visibility_timeout": "s of idle time after which another worker may reclaim a delivery "
+                          "(also the lease TTL)",
+    "max_deliveries": "deliveries before a job goes to the dead letters",
+    "dedup": "once-only effect per job key (done-marker, lease, fencing token)",
+    "dedup_window": "s a done-marker is kept",
+    "retry_delay": "s before the first retry (exponential with jitter after)",
+    "retry_max_delay": "s, cap of one retry's delay",
+    "batch_size": "entries per XREADGROUP/XAUTOCLAIM call",
+    "read_block": "s each read blocks waiting for entries",
+    "drain_timeout": "s a stopping worker waits for the jobs it holds",
+    "heartbeat": "keep live deliveries' idle time and leases fresh",
+    "reclaim_interval": "s between XAUTOCLAIM sweeps (none: min(visibility_timeout/2, 5))",
+    "retention": "trim fully acknowledged entries older than this many s (none: keep all)",
+    "consumer_idle_timeout": "s after which consumers that own nothing are removed",
+    "max_payload_bytes": "largest job body in bytes; larger ones are dead-lettered",
+    "local_cache_size": "keys completed here kept in an in-process cache (0: no cache)",
+    "local_cache_ttl": "s a key stays in the in-process cache",
+    "lock_urls": "take job leases from a Redlock over these masters (repeat)",
+    "timeout": "s a job may run (none: no limit)",
+}
+
+#: what `--timeout none` (and the like) parses to: the option is given, its value is None
+_NONE: Final = object()
+
+
+def _or_none(inner: click.ParamType[Any]) -> Any:
+    """Option callback: a value of type ``inner``, or the word ``none`` (-> _NONE)."""
+
+    def convert(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+        if value is None:
+            return None
+        if value.strip().lower() == "none":
+            return _NONE
+        return inner.convert(value, param, ctx)
+
+    return convert
+
+
+_SCALARS: dict[Any, click.ParamType[Any]] = {int: click.INT, float: click.FLOAT, str: click.STRING}
+
+
+def _option_for(name: str, hint: Any) -> Any | None:
+    """The click option of one WorkerConfig field, from its type; None if it has no CLI
+    form (tests/test_cli.py then fails, so a new option cannot be forgotten)."""
+    flag = "--" + name.replace("_", "-")
+    help_text = _OPTION_HELP.get(name, f"the worker's {name}")
+    args = typing.get_args(hint)
+    optional = type(None) in args and typing.get_origin(hint) in (types.UnionType, typing.Union)
+    inner = next((a for a in args if a is not type(None)), None) if optional else hint
+    if hint is bool:
+        return click.option(f"{flag}/--no-{flag[2:]}", name, default=None, help=help_text)
+    if typing.get_origin(inner) is tuple and typing.get_args(inner)[:1] == (str,):
+        # a list of strings: one repeatable option in the singular (--lock-url a --lock-url b)
+        return click.option(flag.removesuffix("s"), name, multiple=True, help=help_text)
+    if inner in _SCALARS and optional:
+        kind = _SCALARS[inner]
+        return click.option(flag, name, type=click.STRING, default=None, help=help_text,
+                            metavar=f"{kind.name.upper()}|none", callback=_or_none(kind))
+    if inner in _SCALARS:
+        return click.option(flag, name, type=_SCALARS[inner], default=None, help=help_text)
+    return None
+
+
+def _worker_options() -> list[Any]:
+    hints = typing.get_type_hints(WorkerConfig)
+    made = (_option_for(f.name, hints[f.name]) for f in dataclasses.fields(WorkerConfig))
+    return [o for o in made if o is not None]
+
+
+def _overrides(options: dict[str, Any]) -> dict[str, Any]:
+    """Worker options given on the command line (unset ones keep the class attribute)."""
+    given = {k: v for k, v in options.items() if v is not None and v != ()}
+    return {k: None if v is _NONE else v for k, v in given.items()}
 
 
 def _fail(message: str) -> None:
@@ -62,13 +135,10 @@ def main() -> None:
 
 
 def _run_options(fn: Any) -> Any:
-    for name, typ in reversed(_RUN_OPTIONS):
-        fn = click.option(f"--{name.replace('_', '-')}", name, type=typ, default=None,
-                          help=f"override the worker's {name}")(fn)
-    fn = click.option("--lock-url", "lock_urls", multiple=True,
-                      help="take job leases from a Redlock over these masters (repeat)")(fn)
-    return click.option("--dedup/--no-dedup", "dedup", default=None,
-                        help="override the worker's dedup")(fn)
+    """One `streamwork run` option per WorkerConfig field."""
+    for option in reversed(_worker_options()):
+        fn = option(fn)
+    return fn
 
 
 @main.command()
@@ -88,7 +158,7 @@ def run(target: str, url: str | None, log_level: str, log_format: str, otlp: boo
     """Run the worker MODULE:Class until SIGINT/SIGTERM, then drain and exit 0."""
     logs.configure(log_level, log_format)
     cls = load_worker(target)
-    overrides = {k: v for k, v in options.items() if v is not None and v != ()}
+    overrides = _overrides(options)
     try:
         worker = cls.from_url(url, **overrides)
         shutdown = otel.configure(otlp=otel.otlp_requested(otlp), metrics_port=metrics_port)
@@ -101,6 +171,9 @@ def run(target: str, url: str | None, log_level: str, log_format: str, otlp: boo
     gc.freeze()
     try:
         worker.run()
+    except StreamworkError as exc:
+        # e.g. WorkerFailed: its message says what failed and what to do next
+        _fail(f"{type(exc).__name__}: {exc}")
     finally:
         shutdown()
 

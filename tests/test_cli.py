@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
+import gc
+import logging
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, ClassVar
 
+import click
+import pytest
 import redis
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
+import streamwork as sw
+from streamwork import cli as cli_module
 from streamwork.cli import main
 from streamwork.codec import BODY_FIELD, decode_body
+from streamwork.config import WorkerConfig
 from streamwork.server import free_port
 from streamwork.testing import Ledger, wait_for
 from tests.workers import STREAM, LedgerWorker
@@ -73,6 +82,115 @@ def test_run_rejects_a_target_that_is_not_a_worker() -> None:
         code, out = cli("run", target, "--url", "redis://127.0.0.1:1/0")
         assert code != 0, target
         assert "Traceback" not in out
+
+
+class RecordingWorker(sw.StreamWorker):
+    """A worker whose run() only records the config it was built with (no Redis needed)."""
+
+    stream = "cli-options"
+    group = "recorders"
+    timeout = 60.0
+    started: ClassVar[list[WorkerConfig]] = []
+
+    def run(self) -> None:
+        RecordingWorker.started.append(self.config)
+
+
+class FailingWorker(RecordingWorker):
+    """run() fails the way a worker whose reader broke does."""
+
+    def run(self) -> None:
+        raise sw.WorkerFailed("reader", RuntimeError("boom: ERR unknown command 'XFOO'"))
+
+
+@pytest.fixture(name="run_in_process")
+def _run_in_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Result]]:
+    """`streamwork run` through CliRunner in this process: gc.freeze() is a no-op here and
+    the root logger is put back afterwards."""
+    monkeypatch.setattr(gc, "freeze", lambda: None)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    RecordingWorker.started.clear()
+
+    def invoke(worker: str, *args: str) -> Result:
+        return CliRunner().invoke(main, ["run", f"{__name__}:{worker}", "--url",
+                                         "redis://127.0.0.1:1/0", *args])
+
+    yield invoke
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def test_every_worker_option_is_a_run_option() -> None:
+    """Each WorkerConfig field has a `streamwork run` option of the same name, with its own
+    help line: a new worker option without a CLI form fails here."""
+    run_command = main.commands["run"]
+    params = {p.name: p for p in run_command.params}
+    for field in dataclasses.fields(WorkerConfig):
+        assert field.name in params, f"worker option {field.name!r} has no `run` option"
+        param = params[field.name]
+        assert isinstance(param, click.Option)
+        assert param.help and param.help == cli_module._OPTION_HELP.get(field.name), (
+            f"give {field.name!r} a one-line description in cli._OPTION_HELP")
+        assert param.default is None or param.multiple, field.name
+    assert "--lock-url" in params["lock_urls"].opts
+    assert params["lock_urls"].multiple
+    assert params["heartbeat"].secondary_opts == ["--no-heartbeat"]
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    ([], {"timeout": 60.0, "heartbeat": True, "local_cache_size": 100_000,
+          "retention": 86400.0, "lock_urls": None, "dedup": True}),
+    (["--no-heartbeat"], {"heartbeat": False}),
+    (["--timeout", "none"], {"timeout": None}),
+    (["--timeout", "None"], {"timeout": None}),
+    (["--timeout", "2.5"], {"timeout": 2.5}),
+    (["--local-cache-size", "0", "--local-cache-ttl", "5"],
+     {"local_cache_size": 0, "local_cache_ttl": 5.0}),
+    (["--retention", "none", "--reclaim-interval", "0.5"],
+     {"retention": None, "reclaim_interval": 0.5}),
+    (["--no-dedup", "--concurrency", "3", "--stream", "other", "--group", "g2"],
+     {"dedup": False, "concurrency": 3, "stream": "other", "group": "g2"}),
+    (["--lock-url", "redis://127.0.0.1:7001", "--lock-url", "redis://127.0.0.1:7002"],
+     {"lock_urls": ("redis://127.0.0.1:7001", "redis://127.0.0.1:7002")}),
+])
+def test_run_options_reach_the_worker_config(run_in_process: Callable[..., Result],
+                                             args: list[str], expected: dict[str, Any]) -> None:
+    """Options given to `streamwork run` become the worker's config; options not given keep
+    the class attribute (timeout = 60 here, not the default 300)."""
+    result = run_in_process("RecordingWorker", *args)
+    assert result.exit_code == 0, result.output
+    [config] = RecordingWorker.started
+    assert {k: getattr(config, k) for k in expected} == expected
+
+
+@pytest.mark.parametrize(("args", "option"), [
+    (["--timeout", "soon"], "--timeout"),
+    (["--concurrency", "none"], "--concurrency"),
+    (["--timeout", "0"], "timeout"),
+])
+def test_run_rejects_a_bad_option_value(run_in_process: Callable[..., Result],
+                                        args: list[str], option: str) -> None:
+    """A value of the wrong kind, or `none` where None is not allowed, fails naming the
+    option; the worker never runs."""
+    result = run_in_process("RecordingWorker", *args)
+    assert result.exit_code != 0
+    assert option in result.output
+    assert "Traceback" not in result.output
+    assert RecordingWorker.started == []
+
+
+def test_run_reports_a_worker_failure_and_exits_1(
+        run_in_process: Callable[..., Result]) -> None:
+    """When worker.run() raises a StreamworkError (WorkerFailed), `streamwork run` prints
+    its message on stderr, without a traceback, and exits with status 1."""
+    result = run_in_process("FailingWorker")
+    assert result.exit_code == 1
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert "WorkerFailed" in result.stderr
+    assert "boom: ERR unknown command 'XFOO'" in result.stderr
+    assert "Traceback" not in result.output
+    assert result.stdout == ""
 
 
 def test_sigterm_drains_the_job_in_flight(

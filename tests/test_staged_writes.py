@@ -39,7 +39,7 @@ class StagingWorker(sw.StreamWorker):
 
 async def _run(redis_url: str, r: redis.Redis, ops: dict[str, Ops]) -> sw.StreamWorker:
     """Send one job per key of ``ops``, run a worker staging them until all are acked."""
-    worker_cls = type("Staging", (StagingWorker,), {"ops": ops})
+    worker_cls: type[StagingWorker] = type("Staging", (StagingWorker,), {"ops": ops})
     with sw.Producer.from_url(redis_url) as producer:
         for key in ops:
             producer.send(STREAM, {}, key=key)
@@ -118,9 +118,9 @@ def test_stage_refuses_a_bare_string_for_keys_or_args() -> None:
     """stage("SET", "k", ...) would split "k" into characters: refused."""
     msg = _msg()
     with pytest.raises(ConfigError, match="list"):
-        msg.stage("SET", "k", ["v"])  # type: ignore[arg-type]
+        msg.stage("SET", "k", ["v"])
     with pytest.raises(ConfigError, match="list"):
-        msg.stage("SET", ["k"], b"v")  # type: ignore[arg-type]
+        msg.stage("SET", ["k"], b"v")
     with pytest.raises(ConfigError, match="UTF-8"):
         msg.stage("SET", ["k"], ["\ud800"])
     assert msg.staged == []
