@@ -4,7 +4,9 @@ Entry fields (byte strings):
 
 * ``d`` - the body: a MessagePack map ``{"v": 1, "k": key, "t": enqueued_ms, "h": headers,
   "p": payload}`` (``v`` format version, ``k`` job key as str, ``t`` enqueue time in Unix
-  milliseconds as int, ``h`` str->str map incl. W3C ``traceparent``, ``p`` any MessagePack).
+  milliseconds as int, ``h`` str->str map incl. W3C ``traceparent``, ``p`` any MessagePack),
+  optionally ``"l"``: the job's time limit in milliseconds (a positive int; absent: the
+  worker's ``timeout``). Readers ignore keys they do not know.
 * ``a`` - optional ASCII integer: deliveries this job already used in earlier entries
   (written by retries, so attempts keep counting across re-enqueues).
 
@@ -14,6 +16,7 @@ Decoding is strict: anything else is a DecodeError whose ``reason`` is a stable 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from typing import Any, Final, NamedTuple
@@ -37,6 +40,7 @@ class Envelope(NamedTuple):
     enqueued_ms: int
     headers: dict[str, str]
     payload: Payload
+    limit_ms: int | None = None
 
 
 def _reject_ext(code: int, data: bytes) -> object:
@@ -59,19 +63,32 @@ def encode_body(
     *,
     enqueued_ms: int | None = None,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    limit_ms: int | None = None,
 ) -> bytes:
     """Encode one job body; raise before anything is sent if it is not valid."""
     return pack_body(key, payload, check_headers(headers),
                      int(time.time() * 1000) if enqueued_ms is None else enqueued_ms,
-                     max_payload_bytes)
+                     max_payload_bytes, limit_ms)
+
+
+def time_limit_ms(timeout: float | None) -> int | None:
+    """A per-job ``timeout`` (seconds) as the body's ``l`` field; None when not given."""
+    if timeout is None:
+        return None
+    if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+            or not math.isfinite(timeout) or timeout <= 0):
+        raise ConfigError("timeout", f"must be a finite number of seconds > 0, got {timeout!r}")
+    return max(1, round(timeout * 1000))
 
 
 def pack_body(key: str, payload: Payload, headers: dict[str, str], enqueued_ms: int,
-              max_payload_bytes: int) -> bytes:
+              max_payload_bytes: int, limit_ms: int | None = None) -> bytes:
     """``encode_body`` for headers already checked (a producer checks them once a batch)."""
     if type(key) is not str or not key:
         raise ConfigError("key", f"must be a non-empty str, got {key!r}")
     body = {"v": FORMAT_VERSION, "k": key, "t": enqueued_ms, "h": headers, "p": payload}
+    if limit_ms is not None:
+        body["l"] = limit_ms
     try:
         data: bytes = msgpack.packb(body, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
@@ -117,7 +134,7 @@ def decode_body(data: bytes | None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD
     return _validate(body)
 
 
-_FIELDS: Final = frozenset({"v", "k", "t", "h", "p"})
+_FIELDS: Final = frozenset({"v", "k", "t", "h", "p", "l"})
 
 
 def _validate(body: object) -> Envelope:
@@ -128,7 +145,11 @@ def _validate(body: object) -> Envelope:
                 and type(key) is str and key and type(enqueued) is int and enqueued >= 0
                 and "p" in body and type(headers) is dict
                 and all(type(n) is str and type(v) is str for n, v in headers.items())):
-            return Envelope(key, enqueued, headers, body["p"])
+            limit = body.get("l")
+            if limit is None:
+                return Envelope(key, enqueued, headers, body["p"])
+            if type(limit) is int and limit > 0:
+                return Envelope(key, enqueued, headers, body["p"], limit)
     return _validate_strictly(body)
 
 
@@ -155,7 +176,12 @@ def _validate_strictly(body: object) -> Envelope:
         not isinstance(n, str) or not isinstance(v, str) for n, v in headers.items()
     ):
         raise DecodeError("schema:type:h", "'h' must map str to str")
-    return Envelope(key=key, enqueued_ms=enqueued, headers=headers, payload=body["p"])
+    limit = body.get("l")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
+                              or limit <= 0):
+        raise DecodeError("schema:type:l", "'l' must be a positive int (milliseconds)")
+    return Envelope(key=key, enqueued_ms=enqueued, headers=headers, payload=body["p"],
+                    limit_ms=limit)
 
 
 def parse_attempts(raw: bytes | None) -> int:

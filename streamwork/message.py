@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from .codec import Payload
 from .errors import ConfigError, LockLost
@@ -74,8 +73,7 @@ class Message:
     consumer: str = ""
     _lost: bool = field(default=False, repr=False)
     #: the staged writes: (command, keys, args), keys and args as the bytes sent to Redis
-    #: (keys are typed Any only while consumer._staged_ops collects them in a list[str])
-    staged: list[tuple[str, tuple[Any, ...], tuple[bytes, ...]]] = field(
+    staged: list[tuple[str, tuple[bytes, ...], tuple[bytes, ...]]] = field(
         default_factory=list, repr=False)
 
     def stage(self, command: str, keys: Sequence[StageValue] = (),

@@ -21,7 +21,14 @@ from typing import Any, Final, TypeVar
 import tenacity
 
 from . import connection, scripts, telemetry
-from .codec import BODY_FIELD, DEFAULT_MAX_PAYLOAD_BYTES, Payload, check_headers, pack_body
+from .codec import (
+    BODY_FIELD,
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    Payload,
+    check_headers,
+    pack_body,
+    time_limit_ms,
+)
 from .errors import ConfigError, RedisUnavailable
 from .keys import StreamKeys
 from .retry import TRANSIENT, reconnect_wait
@@ -63,10 +70,10 @@ def new_key() -> str:
 
 
 def _prepare(payload: Payload, key: str | None, hdrs: dict[str, str], limit: int,
-             now_ms: int | None = None) -> _Job:
+             now_ms: int | None = None, limit_ms: int | None = None) -> _Job:
     job_key = new_key() if key is None else key
     enqueued = int(time.time() * 1000) if now_ms is None else now_ms
-    return _Job(job_key, pack_body(job_key, payload, hdrs, enqueued, limit))
+    return _Job(job_key, pack_body(job_key, payload, hdrs, enqueued, limit, limit_ms))
 
 
 def _due(delay: float | None, at: dt.datetime | None) -> tuple[str, str] | None:
@@ -163,17 +170,20 @@ class Producer(_BaseProducer):
         headers: Mapping[str, str] | None = None,
         delay: float | None = None,
         at: dt.datetime | None = None,
+        timeout: float | None = None,
     ) -> str:
         """Enqueue one job and return its stream entry id.
 
         ``key`` is the job's identity for dedup (default: a new uuid4 hex). With ``delay``
         (seconds) or ``at`` (aware datetime) the job waits in ``{S}:delayed`` and the
         return value is its key, since its entry id is only assigned when it falls due.
+        ``timeout`` (seconds) is this job's time limit, overriding the worker's ``timeout``.
         """
         keys = _keys(stream)
         due = _due(delay, at)
         with telemetry.producer_span(stream):
-            job = _prepare(payload, key, _headers(headers), self.max_payload_bytes)
+            job = _prepare(payload, key, _headers(headers), self.max_payload_bytes,
+                           limit_ms=time_limit_ms(timeout))
             if due is not None:
                 self._call(f"send to {stream!r}", lambda: self._scripts.schedule(
                     keys=[keys.delayed], args=[*due, _member(job)]))
@@ -191,13 +201,15 @@ class Producer(_BaseProducer):
         keys: Sequence[str] | None = None,
         *,
         headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
     ) -> list[str]:
         """Enqueue many jobs in one pipelined round trip; returns their entry ids in order."""
         _keys(stream)
         with telemetry.producer_span(stream, len(payloads)):
             hdrs, now_ms = _headers(headers), int(time.time() * 1000)
+            limit_ms = time_limit_ms(timeout)
             jobs = [
-                _prepare(p, k, hdrs, self.max_payload_bytes, now_ms)
+                _prepare(p, k, hdrs, self.max_payload_bytes, now_ms, limit_ms)
                 for p, k in zip(payloads, _check_keys(payloads, keys), strict=True)
             ]
         if not jobs:
@@ -262,12 +274,14 @@ class AsyncProducer(_BaseProducer):
         headers: Mapping[str, str] | None = None,
         delay: float | None = None,
         at: dt.datetime | None = None,
+        timeout: float | None = None,
     ) -> str:
         """Enqueue one job; same arguments and result as ``Producer.send``."""
         keys = _keys(stream)
         due = _due(delay, at)
         with telemetry.producer_span(stream):
-            job = _prepare(payload, key, _headers(headers), self.max_payload_bytes)
+            job = _prepare(payload, key, _headers(headers), self.max_payload_bytes,
+                           limit_ms=time_limit_ms(timeout))
             if due is not None:
                 await self._call(f"send to {stream!r}", lambda: self._scripts.schedule(
                     keys=[keys.delayed], args=[*due, _member(job)]))
@@ -285,13 +299,15 @@ class AsyncProducer(_BaseProducer):
         keys: Sequence[str] | None = None,
         *,
         headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
     ) -> list[str]:
         """Enqueue many jobs in one pipelined round trip; returns their entry ids in order."""
         _keys(stream)
         with telemetry.producer_span(stream, len(payloads)):
             hdrs, now_ms = _headers(headers), int(time.time() * 1000)
+            limit_ms = time_limit_ms(timeout)
             jobs = [
-                _prepare(p, k, hdrs, self.max_payload_bytes, now_ms)
+                _prepare(p, k, hdrs, self.max_payload_bytes, now_ms, limit_ms)
                 for p, k in zip(payloads, _check_keys(payloads, keys), strict=True)
             ]
         if not jobs:

@@ -1,11 +1,18 @@
-"""Background loops that keep deliveries safe: heartbeat, reclaim, promote, upkeep.
+"""Background steps that keep deliveries safe: heartbeat, reclaim, promote, upkeep.
+
+Each ``*_once`` / ``*_step`` function is one turn of a loop that the consumer runs under
+supervision (errors are classified and ridden out there, see consumer.py).
 
 * heartbeat - every visibility_timeout/3, one heartbeat.lua call resets the idle time of
   every delivery this process holds (XCLAIM ... JUSTID) and extends its lease; a delivery
-  whose lease could not be confirmed before its deadline is marked lost.
-* reclaim   - XAUTOCLAIM (cursor kept between calls) takes deliveries idle longer than the
-  visibility timeout from crashed or stalled consumers; entries deleted while pending are
-  recorded as dead letters ``deleted_while_pending`` and counted.
+  whose lease could not be confirmed before its deadline is marked lost; one whose entry
+  was deleted meanwhile is adopted (adopt.lua) so its outcome still lands; one the server
+  no longer knows at all (it came back empty) is reported as vanished.
+* reclaim   - deliveries idle longer than the visibility timeout belong to crashed or
+  stalled consumers. They are suspects (one of them may have killed its process), so they
+  are taken over one at a time and run alone: reading pauses, what this process holds
+  finishes, then XAUTOCLAIM ... COUNT 1 claims one, and the next only after it is done. A
+  job that kills its process thus costs only itself, never the jobs read beside it.
 * promote   - moves due retries and delayed jobs from ``{S}:delayed`` onto the stream.
 * upkeep    - trims acknowledged entries older than ``retention`` (never a pending or
   unread one) and removes idle consumers that own nothing.
@@ -20,98 +27,150 @@ import random
 import time
 from typing import TYPE_CHECKING, Any, Final
 
+import redis.exceptions
+
 from . import telemetry
 from .logs import fields
-from .retry import TRANSIENT
 
 if TYPE_CHECKING:
-    from .consumer import Consumer, Entry
+    from .consumer import Consumer, Delivery, Entry
 
 log = logging.getLogger(__name__)
 
 PROMOTE_INTERVAL: Final = 0.1  #: s between delayed-ZSET sweeps when nothing is due sooner
 UPKEEP_INTERVAL: Final = 30.0  #: s between trim/reap rounds (jittered)
 GAUGE_INTERVAL: Final = 5.0  #: s between reads of lag/pending/delayed/dead for the gauges
+ALONE_POLL: Final = 0.02  #: s between looks while waiting for held deliveries to finish
+
+# results of heartbeat.lua
+_KEPT, _DELETED, _VANISHED = 1, 2, 3
 
 
 def _jitter(seconds: float) -> float:
     return seconds * random.uniform(0.8, 1.2)
 
 
-async def heartbeat_loop(c: Consumer) -> None:
-    """Keep held deliveries from being reclaimed while they are alive."""
-    cfg = c.cfg
-    margin = cfg.visibility_timeout * 0.01 + 0.002
-    while True:
-        await asyncio.sleep(cfg.heartbeat_interval)
-        now = time.monotonic()
-        held = []
-        for d in list(c.inflight.values()):
-            if d.msg.lock_lost:
-                continue
-            if now >= d.deadline and not d.finishing:
-                c.lose(d, "no heartbeat was confirmed before the lease deadline")
-            else:
-                held.append(d)
-        if not held:
+async def heartbeat_once(c: Consumer) -> None:
+    """Keep held deliveries from being reclaimed while they are alive (one beat)."""
+    from .consumer import FINISHING, QUEUED, RUNNING, lease_deadline
+
+    cfg, keys = c.cfg, c.keys
+    await asyncio.sleep(cfg.heartbeat_interval)
+    now = time.monotonic()
+    beat: list[Delivery] = []
+    for d in list(c.inflight.values()):
+        if d.dropped:
             continue
-        lease_here = cfg.dedup and c.redlock is None
-        keys = [c.keys.stream]
-        args: list[Any] = [cfg.group, c.name, cfg.visibility_ms, "1" if lease_here else "0",
-                           *(d.entry_id for d in held)]
-        if lease_here:
-            keys += [c.keys.lock(d.msg.key) for d in held]
-            args += [d.lease for d in held]
-        sent = time.monotonic()
-        try:
-            res = await c.scripts.heartbeat(keys=keys, args=args)
-        except TRANSIENT as exc:
-            log.warning("heartbeat failed: %s", exc, extra=fields(stream=cfg.stream))
+        if cfg.dedup and d.state in (QUEUED, RUNNING) and now >= d.deadline:
+            c.lose(d, "no heartbeat was confirmed before the lease deadline")
+        else:
+            beat.append(d)
+    loose = list(c.loose)
+    if not beat and not loose:
+        return
+    leases = [d.lease if c.redlock is None else "" for d in beat]
+    batch = [[d.entry_id for d in beat] + loose,
+             [d.msg.key for d in beat] + [""] * len(loose),
+             leases + [""] * len(loose),
+             [d.member for d in beat] + [b""] * len(loose)]
+    sent = time.monotonic()
+    res = await c.scripts.heartbeat(keys=[keys.stream, keys.delayed], args=[
+        cfg.group, c.name, cfg.visibility_ms, keys.lock_prefix, _pack(batch)])
+    extended = await _extend_redlock(c, beat) if c.redlock else {}
+    deleted = []
+    for d, code in zip(beat, res, strict=False):
+        if d.dropped:
             continue
-        extended = await _extend_redlock(c, held) if c.redlock else {}
-        for d, ok in zip(held, res, strict=True):
-            if ok == 1 and d.held is None:
-                d.deadline = sent + cfg.visibility_timeout - margin
-            elif ok == 1 and extended.get(id(d)):
+        if code == _KEPT:
+            if d.held is None:
+                d.deadline = lease_deadline(sent, cfg.visibility_timeout)
+            elif id(d) in extended:
                 d.deadline = sent + extended[id(d)]
-            elif not d.finishing and c.inflight.get(d.entry_id) is d:
-                c.lose(d, "another worker took the delivery or its lease")
+        elif code == _DELETED:
+            deleted.append(d)
+        elif code == _VANISHED:
+            c.vanish(d)
+        elif d.state != FINISHING:
+            c.lose(d, "another worker took the delivery or its lease")
+    if deleted:
+        await adopt_deleted(c, deleted)
 
 
-async def _extend_redlock(c: Consumer, held: list[Any]) -> dict[int, float]:
+async def _extend_redlock(c: Consumer, held: list[Delivery]) -> dict[int, float]:
     """Extend the Redlock leases of held deliveries; returns their new validity by id()."""
     ds = [d for d in held if d.held is not None]
-    results = await asyncio.gather(*(c.bounded(d.held.extend()) for d in ds),
+    results = await asyncio.gather(*(c.bounded(d.held.extend()) for d in ds if d.held),
                                    return_exceptions=True)
     return {id(d): r for d, r in zip(ds, results, strict=True) if isinstance(r, float) and r > 0}
 
 
-async def reclaim_loop(c: Consumer) -> None:
-    """XAUTOCLAIM deliveries idle past the visibility timeout and process them here."""
-    cfg = c.cfg
-    cursor: Any = b"0-0"
-    await asyncio.sleep(random.uniform(0, min(cfg.reclaim_every, 0.5)))
-    while True:
-        room = c.capacity - len(c.inflight)
-        if room > 0:
-            try:
-                cursor = await reclaim_once(c, cursor, room)
-            except TRANSIENT as exc:
-                await c.transport_failed(exc)
-                continue
-        if cursor in (b"0-0", "0-0") or room <= 0:
-            await asyncio.sleep(_jitter(cfg.reclaim_every))
+async def adopt_deleted(c: Consumer, ds: list[Delivery]) -> None:
+    """Take over deliveries whose stream entry was deleted while we held them (adopt.lua):
+    their body goes to the delayed ZSET as a safety net and their outcome still lands."""
+    cfg, keys = c.cfg, c.keys
+    members = [f"{d.msg.attempt}:{d.msg.id}:".encode() + d.body for d in ds]
+    res = await c.scripts.adopt(keys=[keys.stream, keys.delayed], args=[
+        cfg.group, c.name, cfg.visibility_ms, _pack([[d.entry_id for d in ds], members])])
+    for d, member, ok in zip(ds, members, res, strict=True):
+        if ok:
+            d.member = member
+            c.count("deleted_while_pending", 1)
+            log.warning("the entry of a running job was deleted from the stream; the job "
+                        "is kept and its outcome will still be recorded", extra=fields(
+                            stream=cfg.stream, group=cfg.group, consumer=c.name,
+                            key=d.msg.key, entry_id=d.msg.id))
 
 
-async def reclaim_once(c: Consumer, cursor: Any, room: int) -> Any:
-    """One reclaim.lua call (XAUTOCLAIM + dead letters for deleted entries + delivery
-    counts, atomically); admits what it claimed; returns the next cursor."""
+async def reclaim_once(c: Consumer) -> None:
+    """One reclaim sweep: if deliveries of other consumers sit idle past the visibility
+    timeout, take them over one at a time, each running alone (see the module docstring)."""
     cfg = c.cfg
-    sent = time.monotonic()
+    await asyncio.sleep(_jitter(cfg.reclaim_every))
+    if c.stopping or not await _anything_idle(c):
+        return
+    c.isolating = True
+    try:
+        cursor: Any = b"0-0"
+        while not c.stopping:
+            if not await wait_alone(c, cfg.visibility_timeout):
+                return  # held deliveries wait on leases elsewhere: try again next sweep
+            cursor, claimed = await _reclaim_one(c, cursor)
+            if not claimed and cursor in (b"0-0", "0-0"):
+                return
+    finally:
+        c.isolating = False
+        c.wake_reader()
+
+
+async def _anything_idle(c: Consumer) -> bool:
+    """Whether any delivery of the group sits idle past the visibility timeout."""
+    rows = await c.redis.xpending_range(
+        c.cfg.stream, c.cfg.group, min="-", max="+", count=1, idle=c.cfg.visibility_ms)
+    return bool(rows)
+
+
+async def wait_alone(c: Consumer, patience: float) -> bool:
+    """Wait until this process holds nothing. Deliveries that only wait for a lease held
+    elsewhere are waited for ``patience`` seconds at most; returns whether it got there."""
+    from .consumer import WAITING
+
+    since = time.monotonic()
+    while c.held():
+        if any(d.state != WAITING for d in c.inflight.values()) or c.loose:
+            since = time.monotonic()
+        elif time.monotonic() - since > patience:
+            return False
+        await asyncio.sleep(ALONE_POLL)
+    return True
+
+
+async def _reclaim_one(c: Consumer, cursor: Any) -> tuple[Any, bool]:
+    """One reclaim.lua call claiming at most one delivery (XAUTOCLAIM ... COUNT 1, dead
+    letters for deleted entries, delivery counts, atomically); admits what it claimed."""
+    cfg = c.cfg
     nxt, raw, deleted, counts = await c.scripts.reclaim(
         keys=[c.keys.stream, c.keys.dead],
-        args=[cfg.group, c.name, cfg.visibility_ms, cursor, min(room, cfg.batch_size),
-              c.worker.worker_name])
+        args=[cfg.group, c.name, cfg.visibility_ms, cursor, 1, c.worker.worker_name])
     if deleted:
         c.count("deleted_while_pending", len(deleted))
         log.warning("%d pending entries were deleted from the stream by someone else; "
@@ -122,43 +181,37 @@ async def reclaim_once(c: Consumer, cursor: Any, room: int) -> Any:
     for (eid, flat), n in zip(raw, counts, strict=True):
         if eid in c.inflight:
             continue
-        claimed.append((eid, dict(zip(flat[::2], flat[1::2], strict=True))))
+        claimed.append((eid, dict(zip(flat[::2], flat[1::2], strict=True)) if flat else None))
         claimed_counts.append(int(n))
     if claimed:
         c.count("reclaimed", len(claimed))
-        log.warning("reclaimed %d deliveries idle over %.1fs", len(claimed),
-                    cfg.visibility_timeout, extra=fields(stream=cfg.stream, group=cfg.group,
-                                                         consumer=c.name))
-        await c.admit(claimed, claimed_counts, sent)
-    return nxt
+        log.warning("reclaimed a delivery idle over %.1fs; it runs alone", cfg.visibility_timeout,
+                    extra=fields(stream=cfg.stream, group=cfg.group, consumer=c.name,
+                                 entry_id=claimed[0][0].decode(), attempt=claimed_counts[0]))
+        await c.admit(claimed, claimed_counts)
+    return nxt, bool(claimed)
 
 
-async def promote_loop(c: Consumer) -> None:
-    """Move due jobs from the delayed ZSET onto the stream."""
+async def promote_once(c: Consumer) -> None:
+    """Move due jobs from the delayed ZSET onto the stream; pause until the next is due."""
     cfg = c.cfg
-    while True:
-        try:
-            moved, wait_ms = await c.scripts.promote(
-                keys=[c.keys.delayed, c.keys.stream], args=[cfg.batch_size])
-        except TRANSIENT as exc:
-            await c.transport_failed(exc)
-            continue
-        if moved:
-            c.count("promoted", moved)
-        if moved >= cfg.batch_size:
-            continue
-        pause = PROMOTE_INTERVAL if wait_ms < 0 else min(wait_ms / 1000, PROMOTE_INTERVAL)
-        await asyncio.sleep(max(pause, 0.005) * random.uniform(0.9, 1.1))
+    moved, wait_ms = await c.scripts.promote(
+        keys=[c.keys.delayed, c.keys.stream], args=[cfg.batch_size])
+    if moved:
+        c.count("promoted", moved)
+    if moved >= cfg.batch_size:
+        return
+    pause = PROMOTE_INTERVAL if wait_ms < 0 else min(wait_ms / 1000, PROMOTE_INTERVAL)
+    await asyncio.sleep(max(pause, 0.005) * random.uniform(0.9, 1.1))
 
 
-async def gauge_loop(c: Consumer) -> None:
+async def gauges_step(c: Consumer) -> None:
     """Refresh the stream gauges (lag, pending, delayed, dead) every few seconds."""
-    while True:
-        c.refresh_telemetry()
-        if c.metering:
-            with contextlib.suppress(*TRANSIENT):
-                await read_gauges(c)
-        await asyncio.sleep(_jitter(GAUGE_INTERVAL))
+    c.refresh_telemetry()
+    if c.metering:
+        with contextlib.suppress(redis.exceptions.RedisError, OSError):
+            await read_gauges(c)
+    await asyncio.sleep(_jitter(GAUGE_INTERVAL))
 
 
 async def read_gauges(c: Consumer) -> None:
@@ -176,14 +229,10 @@ async def read_gauges(c: Consumer) -> None:
                              int(delayed), int(dead))
 
 
-async def upkeep_loop(c: Consumer) -> None:
-    """Periodically trim (when retention is set) and reap idle consumers."""
-    while True:
-        await asyncio.sleep(_jitter(UPKEEP_INTERVAL))
-        try:
-            await upkeep_once(c)
-        except TRANSIENT as exc:
-            log.warning("upkeep skipped: %s", exc, extra=fields(stream=c.cfg.stream))
+async def upkeep_step(c: Consumer) -> None:
+    """Wait a jittered interval, then one trim + reap round."""
+    await asyncio.sleep(_jitter(UPKEEP_INTERVAL))
+    await upkeep_once(c)
 
 
 async def upkeep_once(c: Consumer) -> tuple[int, int]:
@@ -200,3 +249,9 @@ async def upkeep_once(c: Consumer) -> tuple[int, int]:
         log.info("upkeep: trimmed %d entries, removed %d idle consumers", trimmed, reaped,
                  extra=fields(stream=cfg.stream, group=cfg.group))
     return int(trimmed), int(reaped)
+
+
+def _pack(value: Any) -> bytes:
+    from .consumer import _pack as pack
+
+    return pack(value)

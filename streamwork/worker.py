@@ -13,6 +13,7 @@ import signal
 import threading
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from . import connection
@@ -22,9 +23,21 @@ from .consumer import Consumer, consumer_name
 from .keys import check_name
 from .message import Message
 
-__all__ = ["StreamWorker"]
+__all__ = ["Health", "StreamWorker"]
 
 W = TypeVar("W", bound="StreamWorker")
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """A worker's health, for probes: ``alive`` - serving, every internal task running;
+    ``ready`` - alive, group joined, Redis answering, not draining."""
+
+    alive: bool
+    ready: bool
+    draining: bool
+    redis_ok: bool
+    dead_tasks: tuple[str, ...]
 
 
 class StreamWorker:
@@ -90,6 +103,15 @@ class StreamWorker:
         """Called once after the worker drained and closed its connections, also when it
         stops on an error: close what ``on_start`` opened. May be a plain ``def``."""
 
+    def health(self) -> Health:
+        """Whether the worker is whole (every internal loop running) and ready for work."""
+        c = self._consumer
+        if c is None:
+            return Health(False, False, False, False, ())
+        alive, ready = c.health()
+        return Health(alive, ready, c.stopping, not c._failures and c.joined,
+                      tuple(c.dead_tasks))
+
     @property
     def counts(self) -> Counter[str]:
         """Live counters: consumed, acked, retried, dead_lettered, deduplicated, ..."""
@@ -100,7 +122,10 @@ class StreamWorker:
         asyncio.run(self.serve(install_signal_handlers=True))
 
     async def serve(self, *, install_signal_handlers: bool = False) -> None:
-        """Serve inside the running event loop until ``stop()``; returns once drained."""
+        """Serve inside the running event loop until ``stop()``; returns once drained.
+
+        Raises `WorkerFailed` (after draining) if an internal loop met an error that
+        backing off cannot cure; transient Redis errors are ridden out."""
         self._loop = asyncio.get_running_loop()
         self._stop_event = asyncio.Event()
         if self._stop_requested.is_set():

@@ -46,6 +46,7 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("lock_urls", "redis://127.0.0.1:1"),
     ("reclaim_interval", 0.0), ("reclaim_interval", -1.0), ("reclaim_interval", "5"),
     ("retention", -1.0), ("retention", "1d"),
+    ("timeout", 0), ("timeout", -1.0), ("timeout", "5m"), ("timeout", math.inf),
     ("dedup", 1), ("dedup", "yes"), ("dedup", None),
     ("heartbeat", 0), ("heartbeat", "no"),
     ("stream", ""), ("stream", "a b"), ("stream", "a{b"), ("stream", 5),
@@ -74,7 +75,8 @@ def test_bad_value_raises_config_error_naming_the_option(option: str, value: Any
 
 
 @pytest.mark.parametrize("option", ["visibility_timeout", "dedup_window", "retry_delay",
-                                    "retry_max_delay", "consumer_idle_timeout", "retention"])
+                                    "retry_max_delay", "consumer_idle_timeout", "retention",
+                                    "timeout"])
 def test_infinite_durations_are_rejected(option: str) -> None:
     """inf is refused where the value is turned into milliseconds (it cannot be)."""
     overrides: dict[str, Any] = {option: math.inf, "dedup": False}

@@ -9,6 +9,7 @@ import pytest
 import redis
 
 import streamwork as sw
+from streamwork.consumer import redlock_resource
 from streamwork.config import WorkerConfig
 from streamwork.keys import StreamKeys
 from streamwork.testing import Ledger, run_until_idle
@@ -68,7 +69,7 @@ async def test_job_waits_while_its_redlock_lease_is_held_elsewhere(
     """A job whose resource is locked by another Redlock holder does not run until released."""
     urls = [m.url for m in masters]
     outside = sw.AsyncRedlock(urls, ttl=30.0)
-    held = await outside.acquire(f"{STREAM}:invoice-7")
+    held = await outside.acquire(redlock_resource(STREAM, "invoice-7"))
     sw.Producer.from_url(redis_url).send(STREAM, {}, key="invoice-7")
     worker = StagedLedgerWorker.from_url(redis_url, lock_urls=urls, visibility_timeout=5.0)
     task = asyncio.create_task(worker.serve())

@@ -32,7 +32,7 @@ for i, id in ipairs(ids) do
     todo[#todo + 1] = i
   end
 end
-if #dups > 0 then redis.call('XACK', stream, group, unpack(dups)) end
+if #dups > 0 then xack_all(stream, group, dups) end
 if #todo > 0 then
   local token = redis.call('INCRBY', KEYS[2], #todo) - #todo
   for _, i in ipairs(todo) do

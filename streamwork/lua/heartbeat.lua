@@ -1,30 +1,49 @@
 -- heartbeat: keep live deliveries from being reclaimed. For each entry this consumer still
 -- owns (and, with dedup, whose lease value still matches), reset its idle time with
 -- XCLAIM ... JUSTID (which does not count a delivery) and extend the lease. Never recreates
--- an expired lease: a lost lease stays lost.
--- KEYS[1] stream; KEYS[1+i] (dedup only) lease key of entry i
--- ARGV[1] group, ARGV[2] consumer, ARGV[3] lease TTL (ms), ARGV[4] "1" when dedup,
--- ARGV[5..4+n] entry ids; with dedup ARGV[5+n..4+2n] lease values
--- Returns per entry: 1 kept, 0 lost
-local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
-local dedup = ARGV[4] == '1'
-local n = dedup and (#ARGV - 4) / 2 or (#ARGV - 4)
+-- an expired lease: a lost lease stays lost. Runs under OOM too (allow-oom: it only
+-- touches existing keys), so a full Redis does not make live jobs look dead.
+-- An entry deleted from the stream is NOT XCLAIMed (that would silently drop it from the
+-- PEL): it is reported, and the worker adopts it (adopt.lua) so its outcome still lands.
+-- KEYS[1] stream, KEYS[2] delayed ZSET (where adopted deliveries are tracked)
+-- ARGV[1] group, ARGV[2] consumer, ARGV[3] lease TTL (ms), ARGV[4] lease key prefix,
+-- ARGV[5] MessagePack [[entry id...], [job key...], [lease value ("": none)...],
+--         [member ("": not adopted)...]]
+-- Returns per entry: 1 kept, 0 lost (another consumer owns it, or the lease is gone),
+-- 2 deleted (ours, but its stream entry was deleted: adopt it), 3 vanished (neither the
+-- stream nor the group knows it any more: the server lost it)
+local stream, delayed, group, consumer = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
+local batch = cmsgpack.unpack(ARGV[5])
+local ids, jobs, leases, members = batch[1], batch[2], batch[3], batch[4]
+local owned = owned_ids(stream, group, consumer, ids)
+local due = now_ms() + tonumber(ARGV[3])
+
 local res = {}
-for i = 1, n do
-  local id = ARGV[4 + i]
-  local p = redis.call('XPENDING', stream, group, id, id, 1)
-  local ok = p[1] ~= nil and p[1][2] == consumer
-  if ok and dedup then
-    ok = redis.call('GET', KEYS[1 + i]) == ARGV[4 + n + i]
-  end
-  if ok then
-    redis.call('XCLAIM', stream, group, consumer, 0, id, 'JUSTID')
-    if dedup then
-      redis.call('PEXPIRE', KEYS[1 + i], ARGV[3])
+for i, id in ipairs(ids) do
+  local lock = ARGV[4] .. jobs[i]
+  local lease_ok = leases[i] == '' or redis.call('GET', lock) == leases[i]
+  if members[i] ~= '' then
+    if lease_ok and redis.call('ZSCORE', delayed, members[i]) then
+      redis.call('ZADD', delayed, 'XX', due, members[i])
+      res[i] = 1
+    else
+      res[i] = 0
     end
-    res[i] = 1
-  else
+  elseif not owned[id] then
     res[i] = 0
+    if not pending_anywhere(stream, group, id) and not entry_exists(stream, id) then
+      res[i] = 3
+    end
+  elseif not entry_exists(stream, id) then
+    res[i] = 2
+  elseif not lease_ok then
+    res[i] = 0
+  else
+    redis.call('XCLAIM', stream, group, consumer, 0, id, 'JUSTID')
+    res[i] = 1
+  end
+  if res[i] == 1 and leases[i] ~= '' then
+    redis.call('PEXPIRE', lock, ARGV[3])
   end
 end
 return res

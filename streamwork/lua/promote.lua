@@ -4,8 +4,7 @@
 -- KEYS[1] delayed ZSET, KEYS[2] stream
 -- ARGV[1] most members to move in this call
 -- Returns: {moved, ms until the next member is due or -1 when none is left}
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
 for _, m in ipairs(due) do
   local c1 = string.find(m, ':', 1, true)

@@ -6,6 +6,7 @@
 -- ARGV[1] group, ARGV[2] idle threshold (ms), ARGV[3] consumer never to remove (the caller)
 -- Returns: number of consumers removed
 local removed = 0
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
   local info = {}
   for i = 1, #c, 2 do info[c[i]] = c[i + 1] end

@@ -10,8 +10,7 @@ local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
 local r = redis.call('XAUTOCLAIM', stream, group, consumer, ARGV[3], ARGV[4], 'COUNT', ARGV[5])
 local deleted = r[3] or {}
 if #deleted > 0 then
-  local t = redis.call('TIME')
-  local now = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  local now = tostring(now_ms())
   for _, id in ipairs(deleted) do
     redis.call('XADD', KEYS[2], '*', 'reason', 'deleted_while_pending', 'error_type', '',
                'detail', 'the entry was deleted or trimmed from the stream while pending',

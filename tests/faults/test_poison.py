@@ -102,7 +102,7 @@ async def test_handler_retry_and_dead_letter_exceptions(r: redis.Redis, redis_ur
         p.send(STREAM, {"retry_until": 2}, key="retry-backoff")
         p.send(STREAM, {"dead": True}, key="doomed")
     worker = RecordingWorker.from_url(redis_url, max_deliveries=5, retry_delay=0.05,
-                                      retry_max_delay=0.1)
+                                      retry_max_delay=0.5)  # Retry(delay=) is capped by it
     await run_until_idle(worker, r, timeout=60)
 
     explicit = calls(r, "retry-explicit")
