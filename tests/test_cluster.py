@@ -3,11 +3,7 @@ dedup on, retries, staged writes under the stream's hash tag (RELIABILITY fault 
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,15 +12,8 @@ import redis.cluster
 
 import streamwork as sw
 from streamwork.keys import StreamKeys
-from streamwork.server import RedisServer, find_server_binary, free_port
-from streamwork.testing import run_until_idle, wait_for
-from tests.conftest import no_server
-
-
-def _cli() -> str | None:
-    """redis-cli (or the valkey-cli beside the server binary) to create the cluster."""
-    sibling = Path(find_server_binary()).with_name("valkey-cli")
-    return shutil.which("redis-cli") or (str(sibling) if sibling.exists() else None)
+from streamwork.testing import run_until_idle
+from tests.cluster_util import local_cluster
 
 
 def _ledger(stream: str) -> str:
@@ -49,24 +38,9 @@ class ClusterLedger(sw.StreamWorker):
 
 @pytest.fixture(name="cluster")
 def _cluster(make_server: Any) -> Iterator[redis.cluster.RedisCluster]:
-    cli = _cli()
-    if cli is None:
-        no_server("no redis-cli/valkey-cli to create a cluster with")
-    servers: list[RedisServer] = []
-    for _ in range(3):
-        port = free_port()
-        servers.append(make_server(port=port, extra_args=[
-            "--cluster-enabled", "yes", "--cluster-port", str(free_port()),
-            "--cluster-config-file", f"nodes-{port}.conf"]))
-    made = subprocess.run(
-        [cli, "--cluster", "create", *[f"127.0.0.1:{s.port}" for s in servers],
-         "--cluster-yes"], capture_output=True, text=True, timeout=60, env=os.environ)
-    assert made.returncode == 0, made.stdout + made.stderr
-    client = redis.cluster.RedisCluster(host="127.0.0.1", port=servers[0].port)
-    wait_for(lambda: client.cluster_info()["cluster_state"] == "ok", 20,
-             message="the cluster to be ok")
-    yield client
-    client.close()
+    """3 masters, yielded only once every node agrees the cluster is whole (cluster_util)."""
+    with local_cluster(make_server, masters=3) as formed:
+        yield formed.client
 
 
 async def test_streams_on_different_masters_process_once(
@@ -89,3 +63,23 @@ async def test_streams_on_different_masters_process_once(
         assert worker.counts["retried"] == 6
         assert int(cluster.xpending(stream, "testers")["pending"]) == 0
     producer.close()
+
+
+def test_local_cluster_with_replicas_is_whole(make_server: Any) -> None:
+    """cluster_util with replicas: 3 masters with one connected replica each, as the cluster
+    itself reports, and a write on each master reaches its replica."""
+    with local_cluster(make_server, masters=3, replicas=1, node_timeout_ms=2000) as formed:
+        assert len(formed.masters) == 3 and len(formed.replicas) == 3
+        for master in formed.masters:
+            [replica] = formed.replicas_of[master.port]
+            node = formed.client.get_node(host="127.0.0.1", port=master.port)
+            key = next(k for i in range(100_000) if formed.client.get_node_from_key(
+                k := f"{{r{i}}}") == node)
+            formed.client.set(key, "v")
+            assert formed.client.wait(1, 5000, target_nodes=node) == 1
+            direct = redis.Redis(host="127.0.0.1", port=replica.port)
+            try:
+                assert direct.info("replication")["role"] == "slave"
+                assert direct.execute_command("READONLY") and direct.get(key) == b"v"
+            finally:
+                direct.close()
