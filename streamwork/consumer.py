@@ -182,6 +182,7 @@ class Consumer:
         self.stopping = False
         self.isolating = False  # a reclaimed suspect runs alone: no reading meanwhile
         self.joined = False
+        self.stopped = False
         self.fatal: WorkerFailed | None = None
         self.tasks: dict[asyncio.Task[None], str] = {}
         self.dead_tasks: list[str] = []
@@ -236,6 +237,7 @@ class Consumer:
             await self._final_flush()
             await _cancel(keepers)
             await self._close()
+            self.stopped = True
             log.info("worker stopped", extra=fields(
                 stream=self.cfg.stream, group=self.cfg.group, consumer=self.name,
                 count=sum(self.counts.values()), outcome=f"left pending: {left}"))
@@ -254,7 +256,8 @@ class Consumer:
     def health(self) -> tuple[bool, bool]:
         """(alive, ready): alive = serving with every internal task running; ready = alive,
         the group joined, the last Redis call answered, and not draining."""
-        alive = self.fatal is None and not self.dead_tasks and bool(self.tasks)
+        alive = (self.fatal is None and not self.dead_tasks and bool(self.tasks)
+                 and not self.stopped)
         ready = alive and self.joined and not self._failures and not self.stopping
         return alive, ready
 

@@ -9,10 +9,10 @@ import pytest
 import redis
 
 import streamwork as sw
-from streamwork.consumer import redlock_resource
 from streamwork.config import WorkerConfig
+from streamwork.consumer import redlock_resource
 from streamwork.keys import StreamKeys
-from streamwork.testing import Ledger, run_until_idle
+from streamwork.testing import Ledger, await_for, run_until_idle
 from tests.workers_dedup import StagedLedgerWorker
 
 STREAM = "jobs"
@@ -127,3 +127,51 @@ async def test_minority_of_lock_masters_down_still_works_majority_down_waits(
         worker.stop()
         await task
     producer.close()
+
+
+async def test_any_job_key_and_tagged_stream_work_with_redlock_leases(
+    redis_url: str, r: redis.Redis, masters: list[Any]
+) -> None:
+    """Job keys with spaces, braces or 300 bytes, on a stream named like '{orders}:eu',
+    all run once with Redlock leases (issue 9 item 8: the resource name is a digest)."""
+    stream = "{orders}:eu"
+    keys = ["a b", "{x}", "k" * 300, "tab\there", "ünï"]
+    sw.Producer.from_url(redis_url).send_many(stream, [{}] * len(keys), keys=keys)
+    worker = StagedLedgerWorker.from_url(redis_url, stream=stream,
+                                         lock_urls=[m.url for m in masters])
+    await run_until_idle(worker, r, timeout=60)
+    assert Ledger(r).report(keys).exactly_once
+    assert not worker.health().alive and not worker.health().dead_tasks  # stopped cleanly
+    assert worker.counts["acked"] == len(keys)
+    assert len({redlock_resource(stream, k) for k in keys}) == len(keys)
+
+
+async def test_jobs_wait_for_a_lock_quorum_instead_of_dying(
+    redis_url: str, r: redis.Redis, masters: list[Any]
+) -> None:
+    """While two of three Redlock masters are down, jobs wait (pending, heartbeated, no
+    attempt used up) for several visibility timeouts; once the quorum is back they run
+    once, and none is dead-lettered as max_deliveries (issue 9 item 6)."""
+    for m in masters[1:]:
+        m.kill()
+    keys = [f"q{i}" for i in range(20)]
+    sw.Producer.from_url(redis_url).send_many(STREAM, [{}] * len(keys), keys=keys)
+    worker = StagedLedgerWorker.from_url(redis_url, lock_urls=[m.url for m in masters],
+                                         max_deliveries=2, visibility_timeout=1.0)
+    task = asyncio.create_task(worker.serve())
+    try:
+        await await_for(lambda: worker.counts["lock_contended"] >= len(keys), timeout=20,
+                        message="every job waiting for the lock quorum")
+        await asyncio.sleep(3.5)  # the outage lasts over three visibility timeouts
+        assert r.hlen("ledger") == 0
+        assert r.xlen(StreamKeys.for_stream(STREAM).dead) == 0
+        for m in masters[1:]:
+            m.start()
+        await await_for(lambda: r.hlen("ledger") == len(keys), timeout=30,
+                        message="every job run once the quorum is back")
+    finally:
+        worker.stop()
+        await task
+    assert Ledger(r).report(keys).exactly_once
+    assert r.xlen(StreamKeys.for_stream(STREAM).dead) == 0
+    assert worker.counts["reclaimed"] == 0

@@ -122,3 +122,41 @@ async def test_handler_retry_and_dead_letter_exceptions(r: redis.Redis, redis_ur
     assert dead[0]["attempts"] == b"1"
     assert worker.counts["retried"] == 3
     assert worker.counts["dead_lettered"] == 1
+
+
+def test_process_killing_poison_costs_only_itself(
+    r: redis.Redis, redis_url: str, spawn_worker: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    """concurrency=1, max_deliveries=3: a job that kills its process, with 20 good jobs
+    sent behind it, and a supervisor that restarts the worker each time it dies. Only the
+    killer is dead-lettered; the 20 others run once (issue 9 item 5): deliveries read but
+    never started do not use up attempts, and reclaimed suspects run alone."""
+    args = ("--max-deliveries", "3", "--visibility-timeout", "1", "--reclaim-interval", "0.2",
+            "--read-block", "0.1", "--concurrency", "1")
+    target = "tests.workers_recovery:RecordingWorker"
+    good = [f"good-{i}" for i in range(20)]
+    with Producer.from_url(redis_url) as p:
+        p.send(STREAM, {"exit": True}, key="killer")
+        p.send_many(STREAM, [{}] * len(good), keys=good)
+    proc = spawn_worker(target, redis_url, *args)
+    deaths = 0
+    while True:  # a tiny supervisor: restart the worker each time it dies
+        wait_for(lambda p=proc: p.poll() is not None or (
+            r.xlen(KEYS.dead) > 0 and r.hlen("ledger") == len(good)), timeout=90,
+            message="the worker to die, or the killer dead and every good job done")
+        if proc.poll() is None:
+            break
+        deaths += 1
+        assert deaths <= 3, "the poison job keeps killing workers"
+        proc = spawn_worker(target, redis_url, *args)
+
+    report = Ledger(r).report(good)
+    assert report.exactly_once, report
+    dead = _dead(r)
+    assert [d["reason"] for d in dead] == [b"max_deliveries"], dead
+    assert b"killer" in dead[0]["f.d"]
+    assert [a for a, _ in calls(r, "killer")] == [1, 2, 3]
+    assert all(len(calls(r, k)) == 1 for k in good), "a good job ran more than once"
+    wait_for(lambda: r.xpending(STREAM, GROUP)["pending"] == 0, timeout=30,
+             message="nothing pending")
+    assert proc.poll() is None, "the last worker serves on"
