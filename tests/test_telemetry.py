@@ -100,12 +100,18 @@ async def test_each_outcome_counts_and_the_duration_is_recorded(
     assert delta == {"produced": 7, "consumed": 8, "acked": 6, "retried": 1,
                      "dead_lettered": 1}, delta
     assert sum(p.count for p in _points("streamwork.handler.duration")) - hist_before == 8
+    # the outcome attribute says how (issue 9: the README lists it)
+    assert _total("streamwork.messages.acked", stream=STREAM, outcome="success") >= 6
+    assert _total("streamwork.messages.retried", stream=STREAM, outcome="error") >= 1
+    assert _total("streamwork.messages.dead_lettered", stream=STREAM,
+                  outcome="dead_letter") >= 1
     outcomes = sorted((s.attributes or {}).get("streamwork.outcome", "")
                       for s in _SPANS.get_finished_spans() if s.name.startswith("process"))
     assert outcomes == ["acked"] * 6 + ["dead_lettered", "retried"]
     failed = [s for s in _SPANS.get_finished_spans()
               if (s.attributes or {}).get("streamwork.outcome") == "retried"]
     assert failed[0].events and failed[0].events[0].name == "exception"
+    assert failed[0].status.status_code == trace.StatusCode.ERROR
     producer.close()
 
 
