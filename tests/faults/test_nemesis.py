@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgpack
 import pytest
 import redis
 
@@ -342,11 +343,52 @@ def _settled(admin: redis.Redis, c: Campaign) -> bool:
             and all(k in s.counts for k in c.good) and all(k in s.dead for k in c.poison))
 
 
-def _verdict(s: State, c: Campaign) -> list[str]:
+def _stream_id(raw: bytes) -> tuple[int, int]:
+    ms, seq = raw.split(b"-")
+    return int(ms), int(seq)
+
+
+def _where(admin: redis.Redis, lost: list[str], dead: dict[str, list[str]]) -> Counter[str]:
+    """Where the entries of jobs that never took effect are: still pending, never read,
+    waiting for a retry, dead-lettered, or acknowledged without their effect."""
+    raw: Any = admin
+    ids: dict[str, list[bytes]] = {}
+    for entry_id, values in raw.xrange(STREAM):
+        try:
+            ids.setdefault(decode_body(values.get(b"d")).key, []).append(entry_id)
+        except DecodeError:
+            continue
+    pel = {p["message_id"] for p in raw.xpending_range(STREAM, GROUP, "-", "+", 1_000_000)}
+    group = {g["name"].decode(): g for g in raw.xinfo_groups(STREAM)}[GROUP]
+    delivered = _stream_id(group["last-delivered-id"])
+    waiting = [m for z in {KEYS.delayed, *_tag_keys(admin, "zset")}
+               for m in raw.zrange(z, 0, -1)]
+    where: Counter[str] = Counter()
+    for key in lost:
+        mine = ids.get(key, [])
+        packed = msgpack.packb(key)
+        if key in dead:
+            where["dead-lettered"] += 1
+        elif any(i in pel for i in mine):
+            where["pending"] += 1
+        elif any(_stream_id(i) > delivered for i in mine):
+            where["never read"] += 1
+        elif any(packed in m for m in waiting):
+            where["waiting for a retry"] += 1
+        elif not mine:
+            where["no entry in the stream"] += 1
+        else:
+            where["ACKED WITHOUT EFFECT"] += 1
+    return where
+
+
+def _verdict(admin: redis.Redis, s: State, c: Campaign) -> list[str]:
     problems = []
     lost = [k for k in c.good if k not in s.counts]
     if lost:
-        problems.append(f"{len(lost)} acknowledged good jobs never applied, e.g. {lost[:8]}")
+        where: dict[str, int] = _safe(lambda: dict(_where(admin, lost, s.dead)), {})
+        problems.append(f"{len(lost)} acknowledged good jobs never applied {where}, "
+                        f"e.g. {lost[:8]}")
     twice = {k: n for k, n in s.counts.items() if n > 1}
     if twice:
         problems.append(f"{len(twice)} jobs applied more than once, e.g. "
@@ -525,7 +567,7 @@ def _campaign(make_server: Callable[..., Any],
             problems.append(f"not settled {SETTLE_TIMEOUT:g}s after the faults stopped")
         problems += c.errors[:10] + ([f"... and {len(c.errors) - 10} more"]
                                      if len(c.errors) > 10 else [])
-        problems += _verdict(_retrying(lambda: _state(admin)), c)
+        problems += _verdict(admin, _retrying(lambda: _state(admin)), c)
         problems += _liveness(admin, server.url, sup)
         problems += [f"worker pid {e.pid} exited ON ITS OWN with code {e.code} at {e.at:.1f}s "
                      f"(log {e.log})" for e in sup.unexpected_exits()]
