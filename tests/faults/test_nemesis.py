@@ -58,7 +58,9 @@ RAISE_EVERY, EXIT_EVERY = 200, 500  #: one job in N is poison of that kind
 RESTART_DELAY = 0.3  #: s the supervisor waits before replacing a dead worker
 SETTLE_TIMEOUT = 120.0  #: s for everything to be handled once faults stop
 FINAL_JOBS = 60  #: jobs of the after-campaign batch every live worker must take part in
-OOM_HEADROOM = 32 * 1024  #: bytes of room left under maxmemory in an OOM window
+#: at most this many bytes of room left under maxmemory in an OOM window: a few jobs' worth,
+#: so the window bites at once, while work is in flight
+OOM_HEADROOM = 2048
 VT = NemesisWorker.visibility_timeout
 
 #: nemesis actions and their weights; STREAMWORK_NEMESIS_ACTIONS="kill,stop" narrows them
@@ -252,6 +254,7 @@ def _nemesis(c: Campaign, sup: Supervisor, server: Any, admin: redis.Redis) -> N
             action = rnd.choices(names, weights)[0]
             slot = rnd.randrange(WORKERS)
             length = rnd.uniform(1.0, 2.0)
+            headroom = rnd.randint(0, OOM_HEADROOM)
             if action == "kill":
                 pid = sup.signal(slot, signal.SIGKILL)
                 c.note(f"SIGKILL worker slot {slot} pid {pid}" if pid else
@@ -278,7 +281,7 @@ def _nemesis(c: Campaign, sup: Supervisor, server: Any, admin: redis.Redis) -> N
                 c.note("CLIENT PAUSE 1000 ms")
                 _retrying(lambda: admin.client_pause(1000))
             elif action == "oom":
-                limit = OOM_HEADROOM + _retrying(
+                limit = headroom + _retrying(
                     lambda: int(admin.info("memory")["used_memory"]))
                 c.note(f"OOM window {length:.1f}s: maxmemory {limit}")
                 try:
