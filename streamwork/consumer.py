@@ -122,6 +122,7 @@ class Delivery:
     waiting_since: float = 0.0  # monotonic time its lease was first found busy
     member: bytes = b""  # adopted (entry deleted while pending): its delayed-ZSET member
     dropped: bool = False  # its outcome must not be written (lease lost, vanished)
+    leasing: bool = False  # a claim for it is under way (admission or the leaser)
     timed_out: bool = False
     held: AsyncHeldLock | None = None  # the Redlock lease, when leases come from lock_urls
     span: Any = None  # the delivery's OpenTelemetry span, ended when Redis has the outcome
@@ -515,6 +516,18 @@ class Consumer:
         """claim.lua for a batch of waiting deliveries: skip done jobs, take leases and
         fencing tokens, queue what may run. Busy ones keep waiting (and being heartbeated):
         waiting behind a live duplicate or for a lock quorum is not a failed delivery."""
+        batch = [d for d in batch if not d.leasing]  # admission and the leaser may overlap
+        if not batch:
+            return
+        for d in batch:
+            d.leasing = True
+        try:
+            await self._lease_batch(batch)
+        finally:
+            for d in batch:
+                d.leasing = False
+
+    async def _lease_batch(self, batch: list[Delivery]) -> None:
         sent = time.monotonic()
         res = await self._claim(batch, 0 if self.redlock else self.cfg.visibility_ms)
         if self.redlock:
@@ -522,7 +535,7 @@ class Consumer:
         now = time.monotonic()
         for d, token in zip(batch, res, strict=True):
             if token > 0:
-                del self.waiting[d.entry_id]
+                self.waiting.pop(d.entry_id, None)
                 d.lease = f"{self.lease_owner}:{token}"
                 if d.held is None:
                     d.deadline = lease_deadline(sent, self.cfg.visibility_timeout)
@@ -537,7 +550,7 @@ class Consumer:
                     log.info("job lease held elsewhere; claiming again shortly", extra=fields(
                         stream=self.cfg.stream, key=d.msg.key, entry_id=d.msg.id))
             else:
-                del self.waiting[d.entry_id]
+                self.waiting.pop(d.entry_id, None)
                 if token == _DUPLICATE:
                     self.count("deduplicated", 1, "duplicate")
                     if self.cache is not None:
