@@ -606,8 +606,10 @@ def test_nemesis_campaign(make_server: Callable[..., Any],
                           spawn_worker: Callable[..., subprocess.Popen[bytes]],
                           tmp_path: Path) -> None:
     """~50 s of random faults under load: exactly-once effects, poison dead-lettered,
-    nothing stranded, and every worker either whole (still serving) or killed by us."""
-    _campaign(make_server, spawn_worker, tmp_path, seconds=50.0, seed=SEED)
+    nothing stranded, and every worker either whole (still serving) or killed by us.
+    ``STREAMWORK_NEMESIS_SECONDS`` shortens it (make test's second pass, on Valkey)."""
+    seconds = float(os.environ.get("STREAMWORK_NEMESIS_SECONDS", "50"))
+    _campaign(make_server, spawn_worker, tmp_path, seconds=seconds, seed=SEED)
 
 
 @pytest.mark.slow
