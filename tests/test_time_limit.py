@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
@@ -20,6 +19,7 @@ import redis
 import streamwork as sw
 from streamwork.keys import StreamKeys
 from streamwork.testing import Ledger, run_until_idle, wait_for
+from tests.workers import ClientWorker
 
 STREAM = "limits"
 KEYS = StreamKeys.for_stream(STREAM)
@@ -27,7 +27,7 @@ LEDGER = KEYS.prefix + ":ledger"
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class _Limited(sw.StreamWorker):
+class _Limited(ClientWorker):
     stream = STREAM
     group = "timers"
     timeout = 0.2
@@ -37,16 +37,6 @@ class _Limited(sw.StreamWorker):
     retry_delay = 0.05
     retry_max_delay = 0.1
     concurrency = 4
-    _client: Any = None
-
-    def client(self) -> Any:
-        if self._client is None:
-            self._client = redis.Redis.from_url(self.url)
-        return self._client
-
-    def on_stop(self) -> None:  # type: ignore[override]
-        if self._client is not None:
-            self._client.close()
 
 
 class AsyncSleeper(_Limited):

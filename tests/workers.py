@@ -20,7 +20,23 @@ import streamwork as sw
 STREAM = os.environ.get("SW_TEST_STREAM", "jobs")
 
 
-class LedgerWorker(sw.StreamWorker):
+class ClientWorker(sw.StreamWorker):
+    """A test worker with one lazily opened sync client on its own Redis, closed on stop."""
+
+    _client: Any = None
+
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = redis.Redis.from_url(self.url)
+        return self._client
+
+    def on_stop(self) -> None:  # type: ignore[override]
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+class LedgerWorker(ClientWorker):
     """Async handler; the ledger write happens after the behaviour steps."""
 
     stream = STREAM
@@ -34,17 +50,8 @@ class LedgerWorker(sw.StreamWorker):
     drain_timeout = 10.0
     dedup = False
 
-    _ledger: Any = None
-
     def ledger(self) -> Any:
-        if self._ledger is None:
-            self._ledger = redis.Redis.from_url(self.url)
-        return self._ledger
-
-    def on_stop(self) -> None:  # type: ignore[override]
-        if self._ledger is not None:
-            self._ledger.close()
-            self._ledger = None
+        return self.client()
 
     def behave(self, msg: sw.Message) -> float:
         p: dict[str, Any] = msg.payload if isinstance(msg.payload, dict) else {}

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
-
-import redis
 
 import streamwork as sw
 from streamwork.lock import fenced_set
+from tests.workers import ClientWorker
 
 STREAM = os.environ.get("SW_TEST_STREAM", "jobs")
 
 
-class _Base(sw.StreamWorker):
+class _Base(ClientWorker):
     stream = STREAM
     group = "billing"
     concurrency = 8
@@ -25,17 +23,6 @@ class _Base(sw.StreamWorker):
     reclaim_interval = 0.2
     dedup = True
     dedup_window = 600.0
-    _client: Any = None
-
-    def client(self) -> Any:
-        if self._client is None:
-            self._client = redis.Redis.from_url(self.url)
-        return self._client
-
-    async def on_stop(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
 
 
 class StagedLedgerWorker(_Base):

@@ -34,23 +34,14 @@ local owned = owned_ids(stream, group, consumer, ids)
 local res, acks = {}, {}
 for i, id in ipairs(ids) do
   local member = members[i] or ''
-  local ok
-  if member ~= '' then
-    ok = redis.call('ZSCORE', delayed, member) ~= false
-  else
-    ok = owned[id] == true
-  end
+  local ok = still_held(owned, delayed, id, member)
   local done, lock = nil, nil
   if dedup then done, lock = ARGV[6] .. jobs[i], ARGV[7] .. jobs[i] end
   if ok and lease_here and redis.call('GET', lock) ~= leases[i] then
     ok = false
   end
   if not ok then
-    res[i] = 0
-    if member == '' and not pending_anywhere(stream, group, id)
-        and not entry_exists(stream, id) then
-      res[i] = 4
-    end
+    res[i] = lost_code(stream, group, id, member)
   elseif dedup and not lease_here and redis.call('EXISTS', done) == 1 then
     res[i] = 3
   else

@@ -24,21 +24,12 @@ local res, acks = {}, {}
 for i, f in ipairs(batch) do
   local id, action, delay, attempts = f[1], f[2], f[3], f[4]
   local lock, lease, member = ARGV[4] .. f[5], f[6], f[7]
-  local ok
-  if member ~= '' then
-    ok = redis.call('ZSCORE', delayed, member) ~= false
-  else
-    ok = owned[id] == true
-  end
+  local ok = still_held(owned, delayed, id, member)
   if ok and lease ~= '' and redis.call('GET', lock) ~= lease then
     ok = false
   end
   if not ok then
-    res[i] = 0
-    if member == '' and not pending_anywhere(stream, group, id)
-        and not entry_exists(stream, id) then
-      res[i] = 4
-    end
+    res[i] = lost_code(stream, group, id, member)
   else
     local e = nil
     if member == '' then e = redis.call('XRANGE', stream, id, id)[1] end

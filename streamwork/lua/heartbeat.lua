@@ -30,10 +30,7 @@ for i, id in ipairs(ids) do
       res[i] = 0
     end
   elseif not owned[id] then
-    res[i] = 0
-    if not pending_anywhere(stream, group, id) and not entry_exists(stream, id) then
-      res[i] = 3
-    end
+    res[i] = lost_code(stream, group, id, '') == 4 and 3 or 0
   elseif not entry_exists(stream, id) then
     res[i] = 2
   elseif not lease_ok then

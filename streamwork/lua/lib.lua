@@ -58,3 +58,20 @@ local function xack_all(stream, group, ids)
   end
 end
 
+-- whether this consumer still holds delivery ``id``: through the PEL (``owned``), or, for a
+-- delivery adopted after its entry was deleted, through its ``member`` in the delayed ZSET
+local function still_held(owned, delayed, id, member)
+  if member ~= '' then return redis.call('ZSCORE', delayed, member) ~= false end
+  return owned[id] == true
+end
+
+-- the code for a delivery we no longer hold: 4 "vanished" when neither the stream nor the
+-- group knows the entry any more (the server lost it), else 0 "lost" (someone else has it)
+local function lost_code(stream, group, id, member)
+  if member == '' and not pending_anywhere(stream, group, id)
+      and not entry_exists(stream, id) then
+    return 4
+  end
+  return 0
+end
+

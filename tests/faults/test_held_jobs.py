@@ -6,20 +6,20 @@ and staged writes refused while Redis is out of memory."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import redis
 
 import streamwork as sw
 from streamwork.keys import StreamKeys
 from streamwork.testing import Ledger, await_for, run_until_idle, stream_idle
+from tests.workers import ClientWorker
 
 STREAM = "held"
 KEYS = StreamKeys.for_stream(STREAM)
 LEDGER = KEYS.prefix + ":ledger"
 
 
-class _Worker(sw.StreamWorker):
+class _Worker(ClientWorker):
     stream = STREAM
     group = "holders"
     visibility_timeout = 1.0
@@ -28,16 +28,6 @@ class _Worker(sw.StreamWorker):
     retry_max_delay = 0.2
     reclaim_interval = 0.2
     dedup_window = 600.0
-    _client: Any = None
-
-    def client(self) -> Any:
-        if self._client is None:
-            self._client = redis.Redis.from_url(self.url)
-        return self._client
-
-    def on_stop(self) -> None:  # type: ignore[override]
-        if self._client is not None:
-            self._client.close()
 
 
 class SlowStaged(_Worker):
