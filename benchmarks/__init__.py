@@ -1,4 +1,14 @@
 """streamwork's benchmark harness: ``python -m benchmarks`` (same as ``streamwork bench``).
 
-The harness lives in :mod:`streamwork.bench`; see ``benchmarks/README.md``.
+It lives outside the library, and only a source checkout has it; see ``benchmarks/README.md``.
+
+    cli.py        the ``bench`` click command (``python -m benchmarks``, ``streamwork bench``)
+    run.py        run_bench(): every scenario in one run, the result dict and the goals
+    harness.py    the scenarios: raw redis-py baselines and streamwork, each timed once
+    measure.py    parameters, timed spans (wall + CPU of both sides), medians, the jobs
+    workers.py    the no-op and latency-recording workers under test
+    pacing.py     a steady offered load from a producer child process (latency run)
+    accounting.py Redis commands per job (commandstats, MONITOR), memory per done-marker
+    report.py     rich tables and the matplotlib plot
+    scenarios/    diagnostic tools built on the harness (profiling, GC pauses)
 """

@@ -1,6 +1,6 @@
 """``python -m benchmarks [--json] [--plot FILE.png] [--repeats N] [--jobs N] [--quick]``."""
 
-from streamwork.bench import cli_main
+from benchmarks.cli import main
 
 if __name__ == "__main__":
-    cli_main()
+    main()

@@ -17,7 +17,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from . import bench, cli_ops, connection, deadletter, logs, otel
+from . import _bench_cli, cli_ops, connection, deadletter, logs, otel
 from .config import WorkerConfig
 from .errors import StreamworkError
 from .producer import Producer
@@ -275,6 +275,6 @@ def dlq_purge(stream: str, older_than: float | None, ids: tuple[str, ...], yes: 
 
 
 cli_ops.register(main)
-bench.register(main)
+_bench_cli.register(main)
 
 __all__ = ["WorkerConfig", "main"]

@@ -8,6 +8,7 @@ The tree, by what the caller does next::
     ├── RedisUnavailable             Redis could not be reached within the retry budget
     ├── WorkerFailed                 a worker stopped on an error it cannot ride out (a bug)
     ├── DecodeError                  an entry did not decode; it went to the dead letters
+    ├── BenchError                   the benchmark could not complete (`streamwork bench`)
     ├── LockError
     │   ├── LockNotAcquired          no quorum (or the lock is held): try later
     │   └── LockLost                 the lease expired or was taken over: stop writing
@@ -19,6 +20,7 @@ The tree, by what the caller does next::
 from __future__ import annotations
 
 __all__ = [
+    "BenchError",
     "ConfigError",
     "DeadLetter",
     "DecodeError",
@@ -94,6 +96,10 @@ class DecodeError(StreamworkError):
         self.detail = detail
         self.fields = fields or {}
         super().__init__(f"{reason}: {detail}")
+
+
+class BenchError(StreamworkError):
+    """The benchmark could not complete (a run stalled, a dependency is missing)."""
 
 
 class LockError(StreamworkError):

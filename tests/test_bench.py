@@ -15,7 +15,10 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from streamwork import bench
+from benchmarks import cli as bench_cli
+from benchmarks.report import render
+from benchmarks.run import GOALS
+from streamwork import _bench_cli
 from streamwork.errors import StreamworkError
 from streamwork.server import find_server_binary
 from tests.conftest import no_server
@@ -94,7 +97,7 @@ def test_quick_run_reports_latency_commands_memory_and_goals(
     mem = result["memory"]
     assert mem["markers"] > 0 and mem["memory_usage_bytes"] > 0
     assert mem["used_memory_per_10k"] > 0
-    assert len(result["goals"]) == len(bench.GOALS)
+    assert len(result["goals"]) == len(GOALS)
     for goal in result["goals"]:
         assert goal["measured"] is not None and goal["measured"] > 0, goal
         assert isinstance(goal["pass"], bool)
@@ -108,7 +111,7 @@ def test_quick_run_writes_the_plot_and_renders_tables(
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert result["plot"] == str(plot)
     console = Console(record=True, width=120)
-    bench.render(result, console)
+    render(result, console)
     text = console.export_text()
     for needle in ("raw naive safety loop", "consume dedup on", "p99", "PASS" if any(
             g["pass"] for g in result["goals"]) else "MISS"):
@@ -122,7 +125,7 @@ def test_register_adds_bench_to_a_cli_group() -> None:
     def group() -> None:
         pass
 
-    bench.register(group)
+    _bench_cli.register(group)
     result = CliRunner().invoke(group, ["bench", "--help"])
     assert result.exit_code == 0, result.output
     for option in ("--json", "--plot", "--repeats", "--jobs", "--quick"):
@@ -140,10 +143,10 @@ def test_plot_without_matplotlib_names_the_install(monkeypatch: pytest.MonkeyPat
             raise ImportError(f"No module named {name!r}")
         return real(name, package)
 
-    monkeypatch.setattr(bench.importlib, "import_module", fake)
-    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: pytest.fail("ran the bench"))
-    result = CliRunner().invoke(bench.bench_command, ["--quick", "--plot",
-                                                      str(tmp_path / "x.png")])
+    monkeypatch.setattr(bench_cli.importlib, "import_module", fake)
+    monkeypatch.setattr(bench_cli, "run_bench", lambda *a, **k: pytest.fail("ran the bench"))
+    result = CliRunner().invoke(bench_cli.bench_command, ["--quick", "--plot",
+                                                          str(tmp_path / "x.png")])
     assert result.exit_code != 0
     assert "pip install matplotlib" in result.output
 
@@ -151,5 +154,59 @@ def test_plot_without_matplotlib_names_the_install(monkeypatch: pytest.MonkeyPat
 def test_bad_parameters_are_refused() -> None:
     """--repeats 0 / --jobs 0 are usage errors, not a crash."""
     for args in (["--repeats", "0"], ["--jobs", "0"]):
-        result = CliRunner().invoke(bench.bench_command, args)
+        result = CliRunner().invoke(bench_cli.bench_command, args)
         assert result.exit_code == 2, result.output
+
+
+def test_streamwork_bench_parses_with_the_harness_options() -> None:
+    """`streamwork bench` hands its arguments to the harness's command: a bad value is a
+    usage error naming the option, with the usage line of `bench`."""
+
+    @click.group()
+    def group() -> None:
+        pass
+
+    _bench_cli.register(group)
+    result = CliRunner().invoke(group, ["bench", "--repeats", "0"])
+    assert result.exit_code == 2, result.output
+    assert "Usage: group bench [OPTIONS]" in result.output
+    assert "'--repeats'" in result.output
+
+
+def test_streamwork_bench_without_a_source_checkout_says_how_to_run_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the top-level `benchmarks` package (an installed wheel), `streamwork bench`
+    fails with a click error that says to run `python -m benchmarks` from a checkout."""
+    real = importlib.import_module
+
+    def fake(name: str, package: str | None = None) -> Any:
+        if name.split(".")[0] == "benchmarks":
+            raise ModuleNotFoundError(f"No module named {name!r}", name="benchmarks")
+        return real(name, package)
+
+    @click.group()
+    def group() -> None:
+        pass
+
+    _bench_cli.register(group)
+    monkeypatch.setattr(_bench_cli.importlib, "import_module", fake)
+    result = CliRunner().invoke(group, ["bench", "--quick"])
+    assert result.exit_code == 1, result.output
+    assert "source checkout" in result.output
+    assert "python -m benchmarks" in result.output
+
+
+def test_importing_streamwork_and_its_cli_help_leave_the_harness_unloaded() -> None:
+    """`import streamwork` and `streamwork --help` never import the `benchmarks` harness."""
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "import streamwork, streamwork.cli\n"
+        "result = CliRunner().invoke(streamwork.cli.main, ['--help'])\n"
+        "assert result.exit_code == 0 and 'bench' in result.output, result.output\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'benchmarks')\n"
+        "assert not loaded, loaded\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]

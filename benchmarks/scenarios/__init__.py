@@ -1,1 +1,1 @@
-"""Extra benchmark scenarios and tools (profiling) built on :mod:`streamwork.bench`."""
+"""Extra benchmark scenarios and tools (profiling) built on :mod:`benchmarks.harness`."""

@@ -18,8 +18,11 @@ import gc
 import time
 from typing import Any
 
-from streamwork.bench import GROUP, Harness, LatencyWorker, Params, _paced, _percentile
-from streamwork.server import RedisServer
+from benchmarks.harness import Harness
+from benchmarks.measure import GROUP, Params, percentile
+from benchmarks.pacing import paced
+from benchmarks.workers import LatencyWorker
+from streamwork.testing import RedisServer
 
 
 def main() -> None:
@@ -49,15 +52,15 @@ def main() -> None:
 
                 gc.callbacks.append(note)
                 try:
-                    asyncio.run(_paced(worker, server.url, stream, n, args.rate))
+                    asyncio.run(paced(worker, server.url, stream, n, args.rate))
                 finally:
                     gc.callbacks.remove(note)
                 starts = [t for t, phase in events if phase == "start"]
                 stops = [t for t, phase in events if phase == "stop"]
                 pauses = [round((b - a) * 1000, 1) for a, b in zip(starts, stops, strict=False)]
                 lat = sorted(worker.latencies)
-                print(f"local_cache_size={cache:>6}: p50 {_percentile(lat, 0.5) * 1000:6.2f} ms"
-                      f"  p99 {_percentile(lat, 0.99) * 1000:6.2f} ms"
+                print(f"local_cache_size={cache:>6}: p50 {percentile(lat, 0.5) * 1000:6.2f} ms"
+                      f"  p99 {percentile(lat, 0.99) * 1000:6.2f} ms"
                       f"  max {lat[-1] * 1000:6.1f} ms  gen-2 GC pauses (ms): {pauses}")
         h.close()
 

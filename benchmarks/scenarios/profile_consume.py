@@ -19,8 +19,10 @@ import asyncio
 import cProfile
 import pstats
 
-from streamwork.bench import GROUP, Harness, NoopWorker, Params, _jobs, _serve_until, _Span
-from streamwork.server import RedisServer
+from benchmarks.harness import Harness, serve_until
+from benchmarks.measure import GROUP, Params, Span, make_jobs
+from benchmarks.workers import NoopWorker
+from streamwork.testing import RedisServer
 
 
 def main() -> None:
@@ -36,7 +38,7 @@ def main() -> None:
     with RedisServer() as server:
         h = Harness(server.url, server.port, Params.make(jobs=args.jobs), print)
         stream = h.fresh_stream("profile")
-        keys, payloads = _jobs(args.jobs)
+        keys, payloads = make_jobs(args.jobs)
         h.prefill(stream, keys, payloads, group=False)
         worker = NoopWorker.from_url(server.url, stream=stream, group=GROUP,
                                      dedup=args.dedup == "on", concurrency=args.concurrency,
@@ -44,7 +46,7 @@ def main() -> None:
         prof = cProfile.Profile()
         if not args.no_cprofile:
             prof.enable()
-        run = asyncio.run(_serve_until(worker, args.jobs, _Span(h.r)))
+        run = asyncio.run(serve_until(worker, args.jobs, Span(h.r)))
         prof.disable()
         h.close()
     print(f"{run.rate:,.0f} jobs/s{'' if args.no_cprofile else ' under cProfile'} (client cpu "

@@ -1,0 +1,61 @@
+"""The ``bench`` click command: ``python -m benchmarks`` runs it, and so does
+``streamwork bench`` from a source checkout (``streamwork/_bench_cli.py`` loads it)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+
+import click
+from rich.console import Console
+
+from benchmarks.measure import Params
+from benchmarks.report import plot, render
+from benchmarks.run import run_bench
+from streamwork import StreamworkError
+
+__all__ = ["bench_command", "main"]
+
+
+@click.command("bench")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Write throughput by concurrency/batch size to FILE.png (needs matplotlib).")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Runs per scenario; figures are medians.")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Jobs per run (default 20000, 600 with --quick).")
+@click.option("--quick", is_flag=True, help="Small runs and a short sweep (for tests).")
+@click.option("--url", default=None, hidden=True,
+              help="A Redis the bench may FLUSHALL, instead of its own redis-server.")
+def bench_command(as_json: bool, plot_path: str | None, repeats: int, jobs: int | None,
+                  quick: bool, url: str | None) -> None:
+    """Benchmark streamwork against raw redis-py on a private redis-server."""
+    if plot_path:
+        try:
+            importlib.import_module("matplotlib")
+        except ImportError:
+            raise click.ClickException("--plot needs matplotlib: pip install matplotlib") from None
+    err = Console(stderr=True)
+    try:
+        params = Params.make(jobs=jobs, repeats=repeats, quick=quick)
+        result = run_bench(params, say=lambda m: err.print(f"[dim]{m}[/dim]"), url=url)
+        if plot_path:
+            plot(result, plot_path)
+            result["plot"] = plot_path
+    except StreamworkError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        render(result, Console(width=None if sys.stdout.isatty() else 110))
+        if plot_path:
+            click.echo(f"plot written to {plot_path}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of ``python -m benchmarks``."""
+    bench_command.main(args=list(argv) if argv is not None else sys.argv[1:],
+                       prog_name="python -m benchmarks")

@@ -1,0 +1,130 @@
+"""What one bench run measures, and how a timed section is measured.
+
+The run's settings (:class:`Params`, batch sizes, the consume sweep, time limits), one timed
+run (:class:`Run`: wall time plus the CPU of both sides, taken by :class:`Span`), the
+median summary of repeated runs, and the jobs every scenario enqueues.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import redis
+
+from streamwork.errors import BenchError
+
+BATCH: Final = 500  #: jobs per pipeline / XREADGROUP COUNT / send_many call of the baselines
+GROUP: Final = "bench"
+LEASE_MS: Final = 30_000  #: lease TTL of the naive safety loop (streamwork's default)
+DONE_MS: Final = 3_600_000  #: done-marker TTL of the naive safety loop (streamwork's default)
+LOAD_FRACTION: Final = 0.2  #: offered load of the latency run, as a fraction of the max
+RUN_TIMEOUT: Final = 300.0  #: seconds one consume run may take before the bench gives up
+#: (concurrency, batch_size) pairs the consume scenarios try; a worker holds at most
+#: 2 x concurrency deliveries, so a read returns at most min(batch_size, 2 x concurrency)
+FULL_SWEEP: Final = ((16, 100), (64, 100), (64, 500), (256, 100), (256, 500), (1024, 100),
+                     (1024, 500))
+QUICK_SWEEP: Final = ((16, 100), (64, 500))
+
+
+@dataclass(frozen=True, slots=True)
+class Params:
+    """What one bench run measures; :meth:`make` fills in the defaults."""
+
+    jobs: int
+    repeats: int
+    quick: bool
+    sweep: tuple[tuple[int, int], ...]
+    latency_seconds: float
+    accounting_jobs: int
+
+    @classmethod
+    def make(cls, *, jobs: int | None = None, repeats: int = 3, quick: bool = False) -> Params:
+        if repeats < 1:
+            raise BenchError("--repeats must be >= 1")
+        n = jobs if jobs is not None else (600 if quick else 20_000)
+        if n < 1:
+            raise BenchError("--jobs must be >= 1")
+        return cls(
+            jobs=n,
+            repeats=repeats,
+            quick=quick,
+            sweep=QUICK_SWEEP if quick else FULL_SWEEP,
+            latency_seconds=0.5 if quick else 4.0,
+            accounting_jobs=min(n, 10_000),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One timed run: wall time and the CPU both sides spent in it."""
+
+    jobs: int
+    seconds: float
+    client_cpu: float  # CPU seconds of this process (all threads)
+    redis_cpu: float  # CPU seconds of redis-server
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.seconds if self.seconds > 0 else 0.0
+
+
+class Span:
+    """Measures wall time, this process's CPU and redis-server's CPU of a timed section."""
+
+    def __init__(self, r: redis.Redis) -> None:
+        self.r = r
+        self._t = self._cpu = self._rcpu = 0.0
+
+    def start(self) -> None:
+        self._rcpu = redis_cpu(self.r)
+        self._cpu = time.process_time()
+        self._t = time.perf_counter()
+
+    def elapsed(self) -> float:
+        """Wall seconds since :meth:`start`."""
+        return time.perf_counter() - self._t
+
+    def stop(self, jobs: int) -> Run:
+        seconds = time.perf_counter() - self._t
+        cpu = time.process_time() - self._cpu
+        return Run(jobs, seconds, cpu, redis_cpu(self.r) - self._rcpu)
+
+
+def redis_cpu(r: redis.Redis) -> float:
+    """CPU seconds redis-server has used so far (system + user)."""
+    info: dict[str, Any] = r.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def summary(runs: Sequence[Run]) -> dict[str, Any]:
+    """The median rate, every run's rate, and the CPU shares of the median run."""
+    ordered = sorted(runs, key=lambda r: r.rate)
+    mid = ordered[(len(ordered) - 1) // 2]
+    return {
+        "jobs_per_s": round(statistics.median(r.rate for r in runs), 1),
+        "runs_jobs_per_s": [round(r.rate, 1) for r in runs],
+        "jobs": mid.jobs,
+        "client_cpu_pct": round(100 * mid.client_cpu / mid.seconds, 1),
+        "redis_cpu_pct": round(100 * mid.redis_cpu / mid.seconds, 1),
+    }
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1) of already sorted values; 0.0 when there are none."""
+    if not sorted_values:
+        return 0.0
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def make_jobs(n: int) -> tuple[list[str], list[dict[str, Any]]]:
+    """n job keys (uuid4 hex, as the producer's default) and small payloads."""
+    keys = [uuid.uuid4().hex for _ in range(n)]
+    payloads: list[dict[str, Any]] = [
+        {"order": i, "amount_cents": 1999, "currency": "EUR"} for i in range(n)
+    ]
+    return keys, payloads

@@ -1,0 +1,134 @@
+"""The result for people: rich tables (:func:`render`) and a throughput plot (:func:`plot`)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from streamwork.errors import BenchError
+
+__all__ = ["plot", "render"]
+
+
+def _fmt_rate(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def render(result: dict[str, Any], console: Console) -> None:
+    """Print the result as rich tables."""
+    sc = result["scenarios"]
+    table = Table(title=f"streamwork bench ({result['date']}, {result['machine']['cpus']} "
+                        f"cpus, Redis {result['machine']['redis_server']}, "
+                        f"{result['params']['jobs']:,} jobs/run, median of "
+                        f"{result['params']['repeats']})")
+    table.add_column("scenario")
+    table.add_column("jobs/s", justify="right")
+    table.add_column("ratio", justify="right")
+    table.add_column("baseline")
+    table.add_column("cpu client/redis", justify="right")
+    rows = (
+        ("raw XADD, pipelined 500", "raw_xadd", ""),
+        ("raw XREADGROUP 500 + XACK", "raw_consume", ""),
+        ("raw naive safety loop", "raw_safety", ""),
+        ("produce (send_many 500)", "produce", "raw XADD"),
+        ("consume dedup off", "consume_dedup_off", "raw XREADGROUP+XACK"),
+        ("consume dedup on", "consume_dedup_on", "naive safety loop"),
+    )
+    for label, key, versus in rows:
+        s = sc[key]
+        if "concurrency" in s:
+            label += f" c={s['concurrency']} b={s['batch_size']}"
+        ratio = f"{s['ratio']:.2f}x" if "ratio" in s else ""
+        table.add_row(label, _fmt_rate(s["jobs_per_s"]), ratio, versus,
+                      f"{s['client_cpu_pct']:.0f}% / {s['redis_cpu_pct']:.0f}%")
+    console.print(table)
+
+    sweep = Table(title="consume sweep (jobs/s, median)")
+    sweep.add_column("concurrency", justify="right")
+    sweep.add_column("batch_size", justify="right")
+    sweep.add_column("dedup off", justify="right")
+    sweep.add_column("dedup on", justify="right")
+    on = {(s["concurrency"], s["batch_size"]): s for s in sc["consume_dedup_on"]["sweep"]}
+    for s in sc["consume_dedup_off"]["sweep"]:
+        other = on.get((s["concurrency"], s["batch_size"]))
+        sweep.add_row(str(s["concurrency"]), str(s["batch_size"]), _fmt_rate(s["jobs_per_s"]),
+                      _fmt_rate(other["jobs_per_s"]) if other else "")
+    console.print(sweep)
+
+    lat = sc["latency"]
+    extra = Table(title=f"latency at {_fmt_rate(lat['offered_per_s'])} jobs/s offered, "
+                        "commands and memory")
+    extra.add_column("what")
+    extra.add_column("dedup off", justify="right")
+    extra.add_column("dedup on", justify="right")
+    extra.add_row("enqueue->start p50 (ms)", f"{lat['dedup_off']['p50_ms']:.2f}",
+                  f"{lat['dedup_on']['p50_ms']:.2f}")
+    extra.add_row("enqueue->start p99 (ms)", f"{lat['dedup_off']['p99_ms']:.2f}",
+                  f"{lat['dedup_on']['p99_ms']:.2f}")
+    cmd = result["commands"]
+    extra.add_row("Redis commands/job (all, incl. in scripts)",
+                  f"{cmd['dedup_off']['total_per_job']:.2f}",
+                  f"{cmd['dedup_on']['total_per_job']:.2f}")
+    extra.add_row("client round trips/job", f"{cmd['dedup_off']['round_trips_per_job']:.4f}",
+                  f"{cmd['dedup_on']['round_trips_per_job']:.4f}")
+    extra.add_row("naive safety loop: commands/job", "",
+                  f"{cmd['raw_safety']['total_per_job']:.2f}")
+    mem = result["memory"]
+    extra.add_row("done-marker MEMORY USAGE (bytes)", "", f"{mem['memory_usage_bytes']:.0f}")
+    extra.add_row("used_memory per 10k markers", "",
+                  f"{mem['used_memory_per_10k'] / 1024:,.0f} KiB")
+    console.print(extra)
+
+    goals = Table(title="goals (issue 5)")
+    goals.add_column("goal")
+    goals.add_column("measured", justify="right")
+    goals.add_column("", justify="center")
+    for g in result["goals"]:
+        measured = "n/a" if g["measured"] is None else f"{g['measured']:.3g}"
+        goals.add_row(g["goal"], measured,
+                      "[green]PASS[/green]" if g["pass"] else "[red]MISS[/red]")
+    console.print(goals)
+    load = result["machine"]
+    console.print(f"load average {load['loadavg_start']} -> {load.get('loadavg_end')}; "
+                  "figures are noisy when other work shares the machine.")
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    """Write throughput by concurrency and batch size to ``path`` (PNG) with matplotlib."""
+    try:
+        matplotlib = importlib.import_module("matplotlib")
+    except ImportError:
+        raise BenchError(
+            "--plot needs matplotlib: pip install matplotlib"
+        ) from None
+    matplotlib.use("Agg")
+    plt = importlib.import_module("matplotlib.pyplot")
+    sc = result["scenarios"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=False)
+    for ax, key, base, base_label in (
+        (axes[0], "consume_dedup_off", "raw_consume", "raw XREADGROUP+XACK"),
+        (axes[1], "consume_dedup_on", "raw_safety", "naive safety loop"),
+    ):
+        by_batch: dict[int, list[tuple[int, float]]] = {}
+        for s in sc[key]["sweep"]:
+            by_batch.setdefault(s["batch_size"], []).append((s["concurrency"], s["jobs_per_s"]))
+        for batch, points in sorted(by_batch.items()):
+            points.sort()
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
+                    label=f"batch_size={batch}")
+        ax.axhline(sc[base]["jobs_per_s"], color="grey", linestyle="--", label=base_label)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("jobs/s")
+        ax.set_title(key.replace("_", " "))
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"streamwork consume throughput ({result['date']}, "
+                 f"{result['machine']['cpus']} cpus)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+

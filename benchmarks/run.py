@@ -1,0 +1,204 @@
+"""The harness's one entry point: :func:`run_bench` measures raw redis-py and streamwork in
+the same run, on one private redis-server, and returns the result with the ratios.
+
+Measured, each as the median of ``repeats`` runs (see ``benchmarks/README.md``):
+
+* raw redis-py baselines (sync ``redis.Redis``, hiredis parser, bytes replies):
+  ``raw_xadd`` pipelined XADD of MessagePack bodies, 500 per pipeline; ``raw_consume``
+  XREADGROUP COUNT 500 plus one XACK per batch; ``raw_safety`` the naive safety loop: per
+  message SET NX PX lock, SET PX done, XACK, DEL lock, pipelined per batch of 500;
+* streamwork: ``produce`` (``Producer.send_many``, 500 per call), ``consume_dedup_off`` and
+  ``consume_dedup_on`` (a no-op async ``StreamWorker`` served in-process, over a sweep of
+  concurrency x batch_size; the best setting is reported), and ``latency``
+  (enqueue -> handler start at a steady offered load of 20 % of the dedup-off maximum);
+* Redis commands per job (INFO commandstats, and MONITOR to tell the commands a client sent
+  from those run inside scripts) and Redis memory per done-marker.
+
+Figures are benchmark figures, not guarantees: they depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import functools
+import os
+import platform
+import socket
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Final
+
+import redis
+
+from benchmarks.accounting import commands_per_job, done_marker_memory
+from benchmarks.harness import Harness
+from benchmarks.measure import BATCH, LOAD_FRACTION, Params
+from streamwork.testing import RedisServer
+
+__all__ = ["GOALS", "run_bench"]
+
+GOALS: Final = (
+    # name, scenario key, comparison, target
+    ("produce >= 0.8x raw pipelined XADD", "produce.ratio", ">=", 0.8),
+    ("consume dedup off >= 0.4x raw XREADGROUP+XACK", "consume_dedup_off.ratio", ">=", 0.4),
+    ("consume dedup on >= 1.5x naive safety loop", "consume_dedup_on.ratio", ">=", 1.5),
+    ("dedup on <= 3 Redis commands/job (all, incl. inside scripts)",
+     "commands.dedup_on.total_per_job", "<=", 3.0),
+    ("dedup on <= 3 Redis commands/job (client round trips)",
+     "commands.dedup_on.round_trips_per_job", "<=", 3.0),
+    ("p99 enqueue->start <= 5 ms at steady load (dedup on)",
+     "latency.dedup_on.p99_ms", "<=", 5.0),
+)
+
+
+def run_bench(params: Params, say: Callable[[str], None] = lambda _: None,
+              url: str | None = None) -> dict[str, Any]:
+    """Run every scenario and return the machine-readable result.
+
+    Starts (and at the end stops) a private redis-server, unless ``url`` names a loopback
+    server (``redis://127.0.0.1:PORT/0``) that the harness may FLUSHALL and MONITOR."""
+    with _server(url) as (server_url, port):
+        h = Harness(server_url, port, params, say)
+        try:
+            return _run(h, params, say)
+        finally:
+            h.close()
+
+
+@contextlib.contextmanager
+def _server(url: str | None) -> Iterator[tuple[str, int]]:
+    if url is not None:
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        yield url, port
+        return
+    server = RedisServer()
+    try:
+        server.start()
+        yield server.url, server.port
+    finally:
+        server.close()
+
+
+def _run(h: Harness, params: Params, say: Callable[[str], None]) -> dict[str, Any]:
+    started = time.time()
+    result: dict[str, Any] = {
+        "date": dt.date.today().isoformat(),
+        "machine": _machine(h.r),
+        "params": {"jobs": params.jobs, "repeats": params.repeats, "quick": params.quick,
+                   "batch": BATCH, "sweep": [list(s) for s in params.sweep],
+                   "latency_seconds": params.latency_seconds,
+                   "load_fraction": LOAD_FRACTION},
+    }
+    sc: dict[str, Any] = {}
+    result["scenarios"] = sc
+    sc["raw_xadd"] = h.repeat("raw XADD", h.raw_xadd_once)
+    sc["raw_consume"] = h.repeat("raw XREADGROUP+XACK", h.raw_consume_once)
+    sc["raw_safety"] = h.repeat("raw naive safety loop", h.raw_safety_once)
+    produce = h.repeat("produce", h.produce_once)
+    sc["produce"] = {**produce, "baseline": "raw_xadd",
+                     "ratio": _ratio(produce["jobs_per_s"], sc["raw_xadd"]["jobs_per_s"])}
+
+    for dedup, key, base in ((False, "consume_dedup_off", "raw_consume"),
+                             (True, "consume_dedup_on", "raw_safety")):
+        sweep = []
+        for conc, batch in params.sweep:
+            label = f"consume dedup {'on' if dedup else 'off'} c={conc} b={batch}"
+            summary = h.repeat(label, functools.partial(h.consume_run, dedup, conc, batch))
+            sweep.append({"concurrency": conc, "batch_size": batch, **summary})
+        best = max(sweep, key=lambda s: s["jobs_per_s"])
+        sc[key] = {**best, "baseline": base,
+                   "ratio": _ratio(best["jobs_per_s"], sc[base]["jobs_per_s"]),
+                   "sweep": sweep}
+
+    best_off = sc["consume_dedup_off"]
+    rate = max(10.0, LOAD_FRACTION * best_off["jobs_per_s"])
+    latency: dict[str, Any] = {"offered_per_s": round(rate, 1)}
+    for dedup in (False, True):
+        best = sc["consume_dedup_on" if dedup else "consume_dedup_off"]
+        runs = []
+        for i in range(params.repeats):
+            one = h.latency_once(dedup, rate, best["concurrency"], best["batch_size"])
+            say(f"latency dedup {'on' if dedup else 'off'} at {rate:,.0f} jobs/s "
+                f"[{i + 1}/{params.repeats}]: p50 {one['p50_ms']} ms, p99 {one['p99_ms']} ms")
+            runs.append(one)
+        latency["dedup_on" if dedup else "dedup_off"] = {
+            "p50_ms": statistics.median(x["p50_ms"] for x in runs),
+            "p99_ms": statistics.median(x["p99_ms"] for x in runs),
+            "max_ms": max(x["max_ms"] for x in runs),
+            "samples": sum(int(x["samples"]) for x in runs),
+            "runs_p99_ms": [x["p99_ms"] for x in runs],
+            "achieved_per_s": statistics.median(x["achieved_per_s"] for x in runs),
+        }
+    sc["latency"] = latency
+
+    commands: dict[str, Any] = {}
+    for dedup in (False, True):
+        mode = "dedup_on" if dedup else "dedup_off"
+        best = sc["consume_" + mode]
+        run, extra = h.consume_once(dedup, best["concurrency"], best["batch_size"], monitor=True)
+        commands[mode] = commands_per_job(extra, run.jobs)
+        say(f"commands/job {mode}: {commands[mode]['total_per_job']} in all, "
+            f"{commands[mode]['round_trips_per_job']} client round trips")
+    h.raw_safety_once(account=True)  # every command of the naive loop is sent by the client
+    commands["raw_safety"] = commands_per_job(
+        {"commandstats": h.last_stats, "client": h.last_stats}, params.jobs)
+    # pipelined: one XREADGROUP and one pipeline (4 commands per job) per batch
+    commands["raw_safety"]["round_trips_per_job"] = round(
+        2 * h.last_stats.get("xreadgroup", 0) / params.jobs, 4)
+    best = sc["consume_dedup_on"]
+    run, extra = h.consume_once(True, best["concurrency"], best["batch_size"], accounting=True)
+    memory = done_marker_memory(h.r, extra, run.jobs)
+    say(f"done-marker: {memory['memory_usage_bytes']} bytes (MEMORY USAGE), "
+        f"{memory['used_memory_bytes_per_marker']} bytes of used_memory")
+    result["commands"] = commands
+    result["memory"] = memory
+    result["goals"] = _goals(result)
+    result["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    result["seconds"] = round(time.time() - started, 1)
+    return result
+
+
+def _ratio(value: float, baseline: float) -> float:
+    return round(value / baseline, 3) if baseline > 0 else 0.0
+
+
+def _lookup(result: dict[str, Any], path: str) -> float | None:
+    node: Any = result["scenarios"] if not path.startswith(("commands", "memory")) else result
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return float(node) if isinstance(node, (int, float)) else None
+
+
+def _goals(result: dict[str, Any]) -> list[dict[str, Any]]:
+    goals = []
+    for name, path, op, target in GOALS:
+        value = _lookup(result, path)
+        ok = value is not None and (value >= target if op == ">=" else value <= target)
+        goals.append({"goal": name, "measured": value, "op": op, "target": target,
+                      "pass": ok})
+    return goals
+
+
+def _machine(r: redis.Redis) -> dict[str, Any]:
+    server: dict[str, Any] = r.info("server")
+    try:
+        import hiredis  # noqa: F401
+
+        parser = "hiredis"
+    except ImportError:  # pragma: no cover - hiredis is a dependency
+        parser = "python"
+    return {
+        "host": socket.gethostname(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "redis_server": str(server.get("redis_version", "?")),
+        "redis_py": redis.__version__,
+        "parser": parser,
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
