@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import importlib
 import json
@@ -17,8 +16,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from . import _bench_cli, cli_ops, connection, deadletter, logs, otel
-from .config import WorkerConfig
+from . import _bench_cli, cli_ops, config, connection, deadletter, logs, otel
 from .errors import StreamworkError
 from .producer import Producer
 from .worker import StreamWorker
@@ -26,32 +24,6 @@ from .worker import StreamWorker
 url_option = click.option(
     "--url", default=None, help="Redis URL (default: $REDIS_URL, else redis://127.0.0.1:6379/0)."
 )
-
-#: one line of help per worker option (WorkerConfig field) for `streamwork run`
-_OPTION_HELP: dict[str, str] = {
-    "stream": "stream to consume",
-    "group": "consumer-group name",
-    "concurrency": "handlers in flight per process",
-    "visibility_timeout": "s of idle time after which another worker may reclaim a delivery "
-                          "(also the lease TTL)",
-    "max_deliveries": "deliveries before a job goes to the dead letters",
-    "dedup": "once-only effect per job key (done-marker, lease, fencing token)",
-    "dedup_window": "s a done-marker is kept",
-    "retry_delay": "s before the first retry (exponential with jitter after)",
-    "retry_max_delay": "s, cap of one retry's delay",
-    "batch_size": "entries per XREADGROUP/XAUTOCLAIM call",
-    "read_block": "s each read blocks waiting for entries",
-    "drain_timeout": "s a stopping worker waits for the jobs it holds",
-    "heartbeat": "keep live deliveries' idle time and leases fresh",
-    "reclaim_interval": "s between XAUTOCLAIM sweeps (none: min(visibility_timeout/2, 5))",
-    "retention": "trim fully acknowledged entries older than this many s (none: keep all)",
-    "consumer_idle_timeout": "s after which consumers that own nothing are removed",
-    "max_payload_bytes": "largest job body in bytes; larger ones are dead-lettered",
-    "local_cache_size": "keys completed here kept in an in-process cache (0: no cache)",
-    "local_cache_ttl": "s a key stays in the in-process cache",
-    "lock_urls": "take job leases from a Redlock over these masters (repeat)",
-    "timeout": "s a job may run (none: no limit)",
-}
 
 #: what `--timeout none` (and the like) parses to: the option is given, its value is None
 _NONE: Final = object()
@@ -77,7 +49,7 @@ def _option_for(name: str, hint: Any) -> Any | None:
     """The click option of one WorkerConfig field, from its type; None if it has no CLI
     form (tests/test_cli.py then fails, so a new option cannot be forgotten)."""
     flag = "--" + name.replace("_", "-")
-    help_text = _OPTION_HELP.get(name, f"the worker's {name}")
+    help_text = config.HELP.get(name, f"the worker's {name}")
     args = typing.get_args(hint)
     optional = type(None) in args and typing.get_origin(hint) in (types.UnionType, typing.Union)
     inner = next((a for a in args if a is not type(None)), None) if optional else hint
@@ -96,8 +68,7 @@ def _option_for(name: str, hint: Any) -> Any | None:
 
 
 def _worker_options() -> list[Any]:
-    hints = typing.get_type_hints(WorkerConfig)
-    made = (_option_for(f.name, hints[f.name]) for f in dataclasses.fields(WorkerConfig))
+    made = (_option_for(name, hint) for name, hint in config.option_types().items())
     return [o for o in made if o is not None]
 
 
@@ -277,4 +248,4 @@ def dlq_purge(stream: str, older_than: float | None, ids: tuple[str, ...], yes: 
 cli_ops.register(main)
 _bench_cli.register(main)
 
-__all__ = ["WorkerConfig", "main"]
+__all__ = ["main"]

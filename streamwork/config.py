@@ -1,4 +1,4 @@
-"""WorkerConfig: the checked, frozen options of a worker, from class attributes + overrides.
+"""Worker options: declared once (WorkerOptions), checked and frozen per worker (WorkerConfig).
 
 Every option is checked when a worker is built; a bad value raises ConfigError naming the
 option and what it accepts, before anything touches Redis.
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
 from .codec import DEFAULT_MAX_PAYLOAD_BYTES
@@ -20,12 +20,14 @@ from .keys import check_name
 HEARTBEAT_FRACTION: Final = 1 / 3
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerConfig:
-    """Options of a StreamWorker; durations are float seconds."""
+class WorkerOptions:
+    """The options of a worker, declared once: `StreamWorker` inherits them as class
+    attributes (their defaults), `WorkerConfig` holds a checked, frozen copy, and
+    ``streamwork run`` gets one ``--option-name`` per option from `HELP`. Durations are
+    float seconds."""
 
-    stream: str
-    group: str
+    stream: str = ""
+    group: str = ""
     concurrency: int = 16
     visibility_timeout: float = 30.0
     max_deliveries: int = 5
@@ -46,7 +48,70 @@ class WorkerConfig:
     lock_urls: tuple[str, ...] | None = None
     timeout: float | None = 300.0
 
-    def __post_init__(self) -> None:
+
+#: one line of help per option (``streamwork run --help``; tests check every option has one)
+HELP: Final[dict[str, str]] = {
+    "stream": "stream to consume",
+    "group": "consumer-group name",
+    "concurrency": "handlers in flight per process",
+    "visibility_timeout": "s of idle time after which another worker may reclaim a delivery "
+                          "(also the lease TTL)",
+    "max_deliveries": "deliveries before a job goes to the dead letters",
+    "dedup": "once-only effect per job key (done-marker, lease, fencing token)",
+    "dedup_window": "s a done-marker is kept",
+    "retry_delay": "s before the first retry (exponential with jitter after)",
+    "retry_max_delay": "s, cap of one retry's delay",
+    "batch_size": "entries per XREADGROUP/XAUTOCLAIM call",
+    "read_block": "s each read blocks waiting for entries",
+    "drain_timeout": "s a stopping worker waits for the jobs it holds",
+    "heartbeat": "keep live deliveries' idle time and leases fresh",
+    "reclaim_interval": "s between XAUTOCLAIM sweeps (none: min(visibility_timeout/2, 5))",
+    "retention": "trim fully acknowledged entries older than this many s (none: keep all)",
+    "consumer_idle_timeout": "s after which consumers that own nothing are removed",
+    "max_payload_bytes": "largest job body in bytes; larger ones are dead-lettered",
+    "local_cache_size": "keys completed here kept in an in-process cache (0: no cache)",
+    "local_cache_ttl": "s a key stays in the in-process cache",
+    "lock_urls": "take job leases from a Redlock over these masters (repeat)",
+    "timeout": "s a job may run (none: no limit)",
+}
+
+
+def option_types() -> dict[str, Any]:
+    """Each option's type, in declaration order."""
+    return typing.get_type_hints(WorkerOptions)
+
+
+class WorkerConfig(WorkerOptions):
+    """The checked, frozen options of one worker; build with `WorkerConfig.build` (or with
+    keywords). A bad value raises ConfigError naming the option and what it accepts."""
+
+    def __init__(self, **values: Any) -> None:
+        names = self.option_names()
+        unknown = sorted(set(values) - set(names))
+        if unknown:
+            raise ConfigError(
+                unknown[0], f"is not a worker option; known options: {', '.join(names)}")
+        for name in names:
+            object.__setattr__(self, name, values.get(name, getattr(WorkerOptions, name)))
+        self._check()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"WorkerConfig is frozen: cannot set {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, WorkerConfig) and self.as_dict() == other.as_dict()
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.as_dict().items()))
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items())
+        return f"WorkerConfig({inner})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.option_names()}
+
+    def _check(self) -> None:
         check_name("stream", self.stream, allow_tag=True)
         check_name("group", self.group)
         _int(self, "concurrency", 1, 10_000)
@@ -101,7 +166,7 @@ class WorkerConfig:
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls))
+        return tuple(option_types())
 
     @classmethod
     def build(cls, source: object, overrides: Mapping[str, Any]) -> WorkerConfig:

@@ -9,6 +9,8 @@ import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
+import tenacity
+from tenacity.wait import wait_base
 
 from .errors import ConfigError
 
@@ -26,30 +28,45 @@ def resolve_url(url: str | None) -> str:
     return chosen
 
 
-def _options(max_connections: int | None) -> dict[str, Any]:
-    opts: dict[str, Any] = {
-        "socket_timeout": SOCKET_TIMEOUT,
-        "socket_connect_timeout": CONNECT_TIMEOUT,
-        "health_check_interval": 0,
-    }
-    if max_connections:
-        opts["max_connections"] = max_connections
-    return opts
+_OPTIONS: Final[dict[str, Any]] = {
+    "socket_timeout": SOCKET_TIMEOUT,
+    "socket_connect_timeout": CONNECT_TIMEOUT,
+    "health_check_interval": 0,
+}
 
 
-def sync_client(url: str, max_connections: int | None = None) -> Any:
+class _Attempt:
+    """The one attribute tenacity's wait strategies read."""
+
+    __slots__ = ("attempt_number",)
+
+    def __init__(self, attempt_number: int) -> None:
+        self.attempt_number = attempt_number
+
+
+def reconnect_wait() -> wait_base:
+    """Wait between attempts while Redis is unavailable: 50 ms doubling to 2 s, jittered."""
+    return tenacity.wait_exponential(multiplier=0.05, max=2.0) + tenacity.wait_random(0, 0.05)
+
+
+def reconnect_delay(failures: int) -> float:
+    """Seconds to wait after ``failures`` consecutive transient errors."""
+    return float(reconnect_wait()(_Attempt(max(failures, 1))))  # type: ignore[arg-type]
+
+
+def sync_client(url: str) -> Any:
     """A thread-safe sync client (redis.Redis or redis.cluster.RedisCluster)."""
     if url.startswith("redis+cluster://"):
         return redis.cluster.RedisCluster.from_url(
-            "redis://" + url[len("redis+cluster://"):], **_options(None)
+            "redis://" + url[len("redis+cluster://"):], **_OPTIONS
         )
-    return redis.Redis.from_url(url, **_options(max_connections))
+    return redis.Redis.from_url(url, **_OPTIONS)
 
 
-def async_client(url: str, max_connections: int | None = None) -> Any:
+def async_client(url: str) -> Any:
     """An asyncio client (redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster)."""
     if url.startswith("redis+cluster://"):
         return redis.asyncio.cluster.RedisCluster.from_url(
-            "redis://" + url[len("redis+cluster://"):], **_options(None)
+            "redis://" + url[len("redis+cluster://"):], **_OPTIONS
         )
-    return redis.asyncio.Redis.from_url(url, **_options(max_connections))
+    return redis.asyncio.Redis.from_url(url, **_OPTIONS)

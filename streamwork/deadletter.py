@@ -89,12 +89,17 @@ def replay_dead(client: Any, stream: str, ids: Sequence[str] | None = None,
     """Re-enqueue dead letters (all when ``ids`` is None) as fresh jobs; each is removed
     from the dead-letter stream in the same atomic step. Returns (replayed, skipped)."""
     keys = StreamKeys.for_stream(stream)
-    replay = scripts.register(client).replay
+    runner = scripts.SyncScripts(client)
+
+    def replay(chunk: Sequence[str]) -> tuple[int, int]:
+        replayed, skipped = runner.run(scripts.replay(keys, chunk))
+        return int(replayed), int(skipped)
+
     replayed = skipped = 0
     if ids is not None:
         todo = list(ids)
         for i in range(0, len(todo), batch):
-            r, s = replay(keys=[keys.stream, keys.dead], args=todo[i:i + batch])
+            r, s = replay(todo[i:i + batch])
             replayed, skipped = replayed + r, skipped + s
         return replayed, skipped
     # Only what is dead now: a replayed job that fails again is dead-lettered under a new
@@ -109,7 +114,7 @@ def replay_dead(client: Any, stream: str, ids: Sequence[str] | None = None,
         if not page:
             return replayed, skipped
         page_ids = [_decode_id(eid) for eid, _ in page]
-        r, s = replay(keys=[keys.stream, keys.dead], args=page_ids)
+        r, s = replay(page_ids)
         replayed, skipped = replayed + r, skipped + s
         if page_ids[-1] == end:
             return replayed, skipped

@@ -6,6 +6,7 @@ The tree, by what the caller does next::
     ├── ConfigError (ValueError)     fix the option named in the message
     ├── PayloadTooLarge (ValueError) send less, or raise max_payload_bytes
     ├── RedisUnavailable             Redis could not be reached within the retry budget
+    ├── StreamNotFound               no such stream: check the name, --url and database
     ├── WorkerFailed                 a worker stopped on an error it cannot ride out (a bug)
     ├── DecodeError                  an entry did not decode; it went to the dead letters
     ├── BenchError                   the benchmark could not complete (`streamwork bench`)
@@ -31,6 +32,7 @@ __all__ = [
     "PayloadTooLarge",
     "RedisUnavailable",
     "Retry",
+    "StreamNotFound",
     "StreamworkError",
     "WorkerFailed",
 ]
@@ -67,8 +69,20 @@ class RedisUnavailable(StreamworkError):
         self.url = url
         detail = f" ({type(cause).__name__}: {cause})" if cause else ""
         super().__init__(
-            f"{what}: Redis at {url} is unreachable{detail}. Check that the server runs and "
+            f"{what}: Redis at {url} is unavailable{detail}. Check that the server runs, has "
+            "memory to spare and takes writes (not a replica), and that "
             "the URL is right (--url or $REDIS_URL), then try again."
+        )
+
+
+class StreamNotFound(StreamworkError):
+    """The stream named does not exist (or is not a stream)."""
+
+    def __init__(self, stream: str, detail: str = "does not exist") -> None:
+        self.stream = stream
+        super().__init__(
+            f"stream {stream!r} {detail}. Run `streamwork inspect` with no STREAM to list "
+            "the streams on this server (check --url / $REDIS_URL, and the database number)."
         )
 
 
@@ -89,12 +103,12 @@ class WorkerFailed(StreamworkError):
 
 
 class DecodeError(StreamworkError):
-    """A stream entry is not a valid streamwork envelope; it keeps the raw fields."""
+    """A stream entry is not a valid streamwork envelope (``reason`` is a stable code); the
+    entry went to the dead letters with its original fields, byte for byte."""
 
-    def __init__(self, reason: str, detail: str, fields: dict[bytes, bytes] | None = None) -> None:
+    def __init__(self, reason: str, detail: str) -> None:
         self.reason = reason
         self.detail = detail
-        self.fields = fields or {}
         super().__init__(f"{reason}: {detail}")
 
 

@@ -7,9 +7,12 @@ single Cluster slot: ``{S}:dead``, ``{S}:delayed``, ``{S}:done:<key>``, ``{S}:lo
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Final
+
+import msgpack
 
 from .errors import ConfigError
 
@@ -52,7 +55,13 @@ class StreamKeys:
 
     @classmethod
     def for_stream(cls, stream: str) -> StreamKeys:
+        """The keys of ``stream``; raises ConfigError for a name streamwork does not accept."""
         check_name("stream", stream, allow_tag=True)
+        return cls.of_any(stream)
+
+    @classmethod
+    def of_any(cls, stream: str) -> StreamKeys:
+        """The keys of any stream name (one streamwork did not create, for inspection)."""
         prefix = stream if _TAG.search(stream) else "{" + stream + "}"
         return cls(stream=stream, prefix=prefix)
 
@@ -86,6 +95,29 @@ class StreamKeys:
     def lock(self, key: str) -> str:
         """Job lease of job ``key``."""
         return f"{self.prefix}:lock:{key}"
+
+
+def is_dead_letter_stream(name: str) -> bool:
+    """True for names of the ``{S}:dead`` form (dead letters of some stream ``S``)."""
+    return name.endswith(":dead") and bool(_TAG.search(name[: -len(":dead")]))
+
+
+def redlock_key(resource: str) -> str:
+    """Key of the Redlock lock on ``resource`` on every master: ``redlock:{resource}``."""
+    check_name("resource", resource)
+    return "redlock:{" + resource + "}"
+
+
+def redlock_fence_key(resource: str) -> str:
+    """Key of the fencing counter of ``resource`` (same hash tag as its lock)."""
+    return redlock_key(resource) + ":fence"
+
+
+def redlock_resource(stream: str, key: str) -> str:
+    """Name of the Redlock resource for job ``key`` of ``stream``: a digest, so that any
+    job key the producer accepts (spaces, braces, any length) and any stream name work."""
+    digest = hashlib.sha256(msgpack.packb([stream, key], use_bin_type=True)).hexdigest()
+    return f"streamwork-{digest[:40]}"
 
 
 def key_slot(key: str | bytes) -> int:

@@ -44,376 +44,51 @@ the other, or all at once with ``asyncio.gather``).
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import importlib.resources
-import random
-import secrets
 import time
-from collections.abc import Awaitable, Callable, Generator, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Generator, Sequence
 from types import TracebackType
-from typing import Any, ClassVar, Final, Generic, TypeAlias, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import redis
 import redis.asyncio
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError
 from redis.retry import Retry
 
-from .errors import ConfigError, LockLost, LockNotAcquired
-from .keys import check_name
+from . import scripts
+from .errors import ConfigError
+from .redlock_core import (
+    DEFAULT_NODE_TIMEOUT,
+    DEFAULT_RETRY_DELAY,
+    DEFAULT_TTL,
+    DRIFT_FACTOR,
+    HELD,
+    Clock,
+    Core,
+    Lease,
+    Request,
+    Result,
+    Round,
+    Sleep,
+    Steps,
+    advance,
+    as_int,
+    seconds,
+)
 
 __all__ = [
-    "DEFAULT_NODE_TIMEOUT",
-    "DEFAULT_RETRY_DELAY",
-    "DEFAULT_TTL",
-    "DRIFT_FACTOR",
-    "VALUE_BYTES",
     "AsyncAcquisition",
     "AsyncHeldLock",
     "AsyncRedlock",
     "HeldLock",
     "Redlock",
     "async_fenced_set",
-    "drift_allowance",
-    "fence_key",
     "fenced_set",
-    "lock_key",
-    "quorum",
-    "validity",
 ]
-
-DEFAULT_TTL: Final = 10.0  #: seconds a lock lives on each master unless extended
-DRIFT_FACTOR: Final = 0.01  #: share of the TTL set aside for clock drift between machines
-DRIFT_FLOOR: Final = 0.002  #: seconds always set aside on top (the spec's "+ 2 ms")
-DEFAULT_RETRY_DELAY: Final = 0.2  #: upper bound of the random wait between attempts, seconds
-DEFAULT_NODE_TIMEOUT: Final = 0.1  #: socket connect/read timeout per master, seconds
-VALUE_BYTES: Final = 20  #: random bytes in a lock value
-_FENCE_ROUNDS: Final = 3  #: compare-and-set proposals tried per grant before giving up
 
 _T = TypeVar("_T")
 _C = TypeVar("_C", redis.Redis, redis.asyncio.Redis)  #: the client kind of a Redlock
-Clock: TypeAlias = Callable[[], float]
-
-_HELD: Final = "held"
-_RELEASED: Final = "released"
-_LOST: Final = "lost"
-
-
-# --------------------------------------------------------------------------------------------
-# Pure helpers: quorum and validity math, key names
-# --------------------------------------------------------------------------------------------
-
-
-def quorum(n: int) -> int:
-    """Masters that must agree out of ``n``: a strict majority, ``n // 2 + 1``."""
-    return n // 2 + 1
-
-
-def drift_allowance(ttl: float, drift_factor: float = DRIFT_FACTOR) -> float:
-    """Seconds set aside for clock drift on a ``ttl``-second lock: ``drift_factor*ttl + 2 ms``."""
-    return drift_factor * ttl + DRIFT_FLOOR
-
-
-def validity(ttl: float, elapsed: float, drift_factor: float = DRIFT_FACTOR) -> float:
-    """Seconds a lock is still safe to use after ``elapsed`` seconds since the first request."""
-    return ttl - elapsed - drift_allowance(ttl, drift_factor)
-
-
-def lock_key(resource: str) -> str:
-    """Key of the lock on ``resource`` on every master: ``redlock:{resource}``."""
-    check_name("resource", resource)
-    return "redlock:{" + resource + "}"
-
-
-def fence_key(resource: str) -> str:
-    """Key of the fencing counter of ``resource`` (same hash tag as its lock)."""
-    return lock_key(resource) + ":fence"
-
-
-def _ttl_ms(option: str, ttl: object, drift_factor: float) -> int:
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
-        raise ConfigError(option, f"must be a number of seconds, got {type(ttl).__name__}")
-    ms = int(ttl * 1000)
-    if ms < 1 or validity(ms / 1000, 0.0, drift_factor) <= 0:
-        raise ConfigError(
-            option,
-            f"{ttl!r} s leaves no validity after the drift allowance "
-            f"({drift_factor} * ttl + {DRIFT_FLOOR * 1000:g} ms); use a longer TTL",
-        )
-    return ms
-
-
-def _seconds(option: str, value: object, *, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(option, f"must be a number of seconds, got {type(value).__name__}")
-    if value < 0 or (positive and value == 0):
-        raise ConfigError(option, f"must be {'>' if positive else '>='} 0 seconds, got {value!r}")
-    return float(value)
-
-
-def _as_int(reply: object) -> int | None:
-    """An integer from a script reply (int, or digits as bytes/str); None if it is not one."""
-    if isinstance(reply, bool):
-        return None
-    if isinstance(reply, int):
-        return reply
-    if isinstance(reply, (bytes, str)):
-        try:
-            return int(reply)
-        except ValueError:
-            return None
-    return None
-
-
-def _pair(reply: object) -> tuple[int, int] | None:
-    """``(flag, number)`` from a ``{flag, number}`` script reply; None for a failed master."""
-    if isinstance(reply, list) and len(reply) == 2:
-        flag, number = _as_int(reply[0]), _as_int(reply[1])
-        if flag is not None and number is not None:
-            return flag, number
-    return None
-
-
-def _first_error(replies: Sequence[object]) -> BaseException | None:
-    return next((r for r in replies if isinstance(r, BaseException)), None)
-
-
-# --------------------------------------------------------------------------------------------
-# Lua scripts (streamwork/lua/redlock_*.lua)
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Lua:
-    name: str
-    source: str
-    sha: str
-
-    @classmethod
-    def load(cls, name: str) -> _Lua:
-        source = (importlib.resources.files("streamwork") / "lua" / name).read_text("utf-8")
-        return cls(name, source, hashlib.sha1(source.encode("utf-8")).hexdigest())
-
-
-_ACQUIRE: Final = _Lua.load("redlock_acquire.lua")
-_FENCE: Final = _Lua.load("redlock_fence.lua")
-_EXTEND: Final = _Lua.load("redlock_extend.lua")
-_RELEASE: Final = _Lua.load("redlock_release.lua")
-_FENCED_SET: Final = _Lua.load("redlock_fenced_set.lua")
-
-_ScriptArg: TypeAlias = "str | bytes | int | float"
-
-
-def _eval(client: redis.Redis, lua: _Lua, keys: Sequence[str], args: Sequence[_ScriptArg]) -> Any:
-    try:
-        return client.evalsha(lua.sha, len(keys), *keys, *args)
-    except NoScriptError:  # a master restarted (or SCRIPT FLUSH): send the source once
-        return client.eval(lua.source, len(keys), *keys, *args)
-
-
-async def _aeval(
-    client: redis.asyncio.Redis, lua: _Lua, keys: Sequence[str], args: Sequence[_ScriptArg]
-) -> Any:
-    try:
-        return await client.evalsha(lua.sha, len(keys), *keys, *args)
-    except NoScriptError:
-        return await client.eval(lua.source, len(keys), *keys, *args)
-
-
-# --------------------------------------------------------------------------------------------
-# The protocol, without I/O: generators that yield the rounds the shells must perform
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Round:
-    """Run ``lua`` on every master; the reply is one entry per master (an exception if failed)."""
-
-    lua: _Lua
-    keys: tuple[str, ...]
-    args: tuple[_ScriptArg, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class _Sleep:
-    """Wait ``seconds`` before the next attempt; the reply is an empty list."""
-
-    seconds: float
-
-
-@dataclass(frozen=True)
-class _Result(Generic[_T]):
-    value: _T
-
-
-_Request: TypeAlias = "_Round | _Sleep"
-_Steps: TypeAlias = Generator[_Request, list[object], _T]
-
-
-def _advance(
-    steps: _Steps[_T], reply: list[object] | None, error: BaseException | None
-) -> _Request | _Result[_T]:
-    """Feed the protocol the outcome of its last request; get its next request or its result.
-
-    ``error`` is thrown into it (so it can release what it may already hold, then re-raise).
-    """
-    try:
-        if error is not None:
-            return steps.throw(error)
-        return next(steps) if reply is None else steps.send(reply)
-    except StopIteration as stop:
-        return _Result(stop.value)
-
-
-@dataclass(slots=True)
-class _Lease:
-    """The state of one granted lock, shared by its sync and async handles."""
-
-    resource: str
-    key: str
-    value: str
-    token: int
-    ttl: float
-    deadline: float
-    state: str = _HELD
-
-
-@dataclass(frozen=True, slots=True)
-class _Refusal:
-    granted: int
-    answered: int
-    cause: BaseException | None
-
-
-class _Core:
-    """The Redlock rules for N masters. Every method is a generator of `_Round`/`_Sleep`."""
-
-    def __init__(
-        self,
-        n: int,
-        *,
-        ttl: float,
-        drift_factor: float,
-        retry_delay: float,
-        clock: Clock,
-    ) -> None:
-        if n < 1:
-            raise ConfigError("masters", "need at least one Redis master (five is usual)")
-        if isinstance(drift_factor, bool) or not isinstance(drift_factor, (int, float)):
-            raise ConfigError("drift_factor", f"must be a number, got {drift_factor!r}")
-        if not 0 <= drift_factor < 1:
-            raise ConfigError("drift_factor", f"must be in [0, 1), got {drift_factor!r}")
-        if not callable(clock):
-            raise ConfigError("clock", "must be a callable returning monotonic seconds")
-        self.n = n
-        self.quorum = quorum(n)
-        self.drift_factor = float(drift_factor)
-        self.ttl_ms = _ttl_ms("ttl", ttl, self.drift_factor)
-        self.retry_delay = _seconds("retry_delay", retry_delay)
-        self.clock = clock
-        self._rng = random.Random()
-
-    def _jitter(self) -> float:
-        """A random wait in [retry_delay/2, retry_delay], so contending clients desynchronise."""
-        return self._rng.uniform(self.retry_delay / 2, self.retry_delay)
-
-    def check_acquire(
-        self, resource: str, ttl: float | None, blocking_timeout: float | None
-    ) -> tuple[int, float | None]:
-        """Validate acquire's arguments up front (so a bad one raises before any I/O)."""
-        check_name("resource", resource)
-        ttl_ms = self.ttl_ms if ttl is None else _ttl_ms("ttl", ttl, self.drift_factor)
-        if blocking_timeout is not None:
-            blocking_timeout = _seconds("blocking_timeout", blocking_timeout)
-        return ttl_ms, blocking_timeout
-
-    def acquire(self, resource: str, ttl_ms: int, blocking_timeout: float | None) -> _Steps[_Lease]:
-        """Attempt until granted; refused -> retry after jitter until ``blocking_timeout``."""
-        give_up_at = None if blocking_timeout is None else self.clock() + blocking_timeout
-        while True:
-            outcome = yield from self._attempt(resource, ttl_ms)
-            if isinstance(outcome, _Lease):
-                return outcome
-            now = self.clock()
-            if give_up_at is None or now >= give_up_at:
-                raise LockNotAcquired(
-                    resource, outcome.granted, outcome.answered, self.n, self.quorum
-                ) from outcome.cause
-            yield _Sleep(min(self._jitter(), give_up_at - now))
-
-    def _attempt(self, resource: str, ttl_ms: int) -> _Steps[_Lease | _Refusal]:
-        key, fence = lock_key(resource), fence_key(resource)
-        value = secrets.token_hex(VALUE_BYTES)
-        release = _Round(_RELEASE, (key,), (value,))
-        ttl = ttl_ms / 1000
-        started = self.clock()  # before the first SET is sent: validity counts from here
-        deadline = started + validity(ttl, 0.0, self.drift_factor)
-        try:
-            replies = yield _Round(_ACQUIRE, (key, fence), (value, ttl_ms))
-            answered = [p for p in map(_pair, replies) if p is not None]
-            granted = sum(1 for flag, _ in answered if flag == 1)
-            if granted >= self.quorum and self.clock() < deadline:
-                proposal = 1 + max(counter for _, counter in answered)
-                token = yield from self._next_token(fence, proposal)
-                if token is not None and self.clock() < deadline:
-                    return _Lease(resource, key, value, token, ttl, deadline)
-        except GeneratorExit:
-            raise
-        except BaseException:
-            # Interrupted (KeyboardInterrupt, task cancelled) after SETs may have landed:
-            # never leave a lock behind that nobody will use.
-            yield release
-            raise
-        yield release  # refused, too slow, or no token: give back every master we got
-        return _Refusal(granted, len(answered), _first_error(replies))
-
-    def _next_token(self, fence: str, proposal: int) -> _Steps[int | None]:
-        """Quorum max+1 compare-and-set of the fencing counter; None if no quorum accepts."""
-        for _ in range(_FENCE_ROUNDS):
-            replies = yield _Round(_FENCE, (fence,), (proposal,))
-            answered = [p for p in map(_pair, replies) if p is not None]
-            if sum(1 for flag, _ in answered if flag == 1) >= self.quorum:
-                return proposal
-            if len(answered) < self.quorum:
-                return None
-            # Lost a race (someone else got this number on some masters): go above them all.
-            proposal = 1 + max(proposal, *(current for _, current in answered))
-        return None
-
-    def extend(self, lease: _Lease, ttl: float | None) -> _Steps[float]:
-        """Compare-and-PEXPIRE on every master; on success return the new local deadline."""
-        if lease.state != _HELD:
-            raise LockLost(f"lock {lease.resource!r} was already {lease.state}", lease.resource)
-        ttl_ms = _ttl_ms("ttl", lease.ttl if ttl is None else ttl, self.drift_factor)
-        sent = self.clock()  # the new deadline counts from when the extension is sent
-        if sent < lease.deadline:
-            replies = yield _Round(_EXTEND, (lease.key,), (lease.value, ttl_ms))
-            extended = sum(1 for r in replies if _as_int(r) == 1)
-            deadline = sent + validity(ttl_ms / 1000, 0.0, self.drift_factor)
-            if extended >= self.quorum and self.clock() < deadline:
-                lease.deadline = deadline
-                lease.ttl = ttl_ms / 1000
-                return deadline
-            reason = f"only {extended} of {self.n} masters still held it (quorum is {self.quorum})"
-        else:
-            reason = "its validity ran out before the extension was sent"
-        lease.state = _LOST  # final: a lost lease is never revived
-        yield _Round(_RELEASE, (lease.key,), (lease.value,))  # free the minority we still hold
-        raise LockLost(
-            f"lock {lease.resource!r} lost: {reason}. Stop writing under fencing token "
-            f"{lease.token}; acquire it again to continue.",
-            lease.resource,
-        )
-
-    def release(self, lease: _Lease) -> _Steps[bool]:
-        """Compare-and-delete on every master; True if a quorum still held our value."""
-        if lease.state != _HELD:
-            return False
-        lease.state = _RELEASED
-        replies = yield _Round(_RELEASE, (lease.key,), (lease.value,))
-        return sum(1 for r in replies if _as_int(r) == 1) >= self.quorum
 
 
 # --------------------------------------------------------------------------------------------
@@ -421,12 +96,12 @@ class _Core:
 # --------------------------------------------------------------------------------------------
 
 
-class _LeaseView:
+class LeaseView:
     """Read-only view of a granted lock (shared by `HeldLock` and `AsyncHeldLock`)."""
 
     __slots__ = ("_clock", "_lease")
 
-    def __init__(self, lease: _Lease, clock: Clock) -> None:
+    def __init__(self, lease: Lease, clock: Clock) -> None:
         self._lease = lease
         self._clock = clock
 
@@ -453,7 +128,7 @@ class _LeaseView:
     @property
     def valid_for(self) -> float:
         """Seconds left before the local (monotonic) deadline; 0 once released or lost."""
-        if self._lease.state != _HELD:
+        if self._lease.state != HELD:
             return 0.0
         return max(0.0, self._lease.deadline - self._clock())
 
@@ -469,12 +144,12 @@ class _LeaseView:
         )
 
 
-class HeldLock(_LeaseView):
+class HeldLock(LeaseView):
     """A lock granted by `Redlock`; a context manager that releases it on exit."""
 
     __slots__ = ("_redlock",)
 
-    def __init__(self, redlock: Redlock, lease: _Lease) -> None:
+    def __init__(self, redlock: Redlock, lease: Lease) -> None:
         super().__init__(lease, redlock.clock)
         self._redlock = redlock
 
@@ -508,12 +183,12 @@ class HeldLock(_LeaseView):
         self.release()
 
 
-class AsyncHeldLock(_LeaseView):
+class AsyncHeldLock(LeaseView):
     """A lock granted by `AsyncRedlock`; an async context manager that releases it on exit."""
 
     __slots__ = ("_redlock",)
 
-    def __init__(self, redlock: AsyncRedlock, lease: _Lease) -> None:
+    def __init__(self, redlock: AsyncRedlock, lease: Lease) -> None:
         super().__init__(lease, redlock.clock)
         self._redlock = redlock
 
@@ -558,6 +233,7 @@ class _RedlockBase(Generic[_C]):
     answer in time counts as down), the quorum rules, the clock."""
 
     _client_type: ClassVar[Any]  #: redis.Redis or redis.asyncio.Redis
+    _scripts_type: ClassVar[Any]  #: scripts.SyncScripts or scripts.AsyncScripts
 
     def _no_retry(self) -> Any:
         """redis-py's retry policy that never retries, for this client kind."""
@@ -574,10 +250,10 @@ class _RedlockBase(Generic[_C]):
         clock: Clock = time.monotonic,
     ) -> None:
         checked = _check_masters(masters)
-        self._core = _Core(
+        self._core = Core(
             len(checked), ttl=ttl, drift_factor=drift_factor, retry_delay=retry_delay, clock=clock
         )
-        timeout = _seconds("node_timeout", node_timeout, positive=True)
+        timeout = seconds("node_timeout", node_timeout, positive=True)
         self._clients: list[_C] = []
         self._owned: list[_C] = []
         for master in checked:
@@ -595,14 +271,11 @@ class _RedlockBase(Generic[_C]):
                 kind = f"{self._client_type.__module__}.{self._client_type.__name__}"
                 raise ConfigError("masters", f"expected a URL or {kind}, got {master!r}")
             self._clients.append(client)
+        self._masters = [self._scripts_type(c) for c in self._clients]
 
     @property
     def clock(self) -> Clock:
         return self._core.clock
-
-    @property
-    def quorum(self) -> int:
-        return self._core.quorum
 
 
 class Redlock(_RedlockBase[redis.Redis]):
@@ -620,6 +293,7 @@ class Redlock(_RedlockBase[redis.Redis]):
     """
 
     _client_type = redis.Redis
+    _scripts_type = scripts.SyncScripts
 
     def _no_retry(self) -> Any:
         return Retry(NoBackoff(), 0)
@@ -657,28 +331,28 @@ class Redlock(_RedlockBase[redis.Redis]):
     ) -> None:
         self.close()
 
-    def _run(self, steps: _Steps[_T]) -> _T:
-        step = _advance(steps, None, None)
-        while not isinstance(step, _Result):
+    def _run(self, steps: Steps[_T]) -> _T:
+        step = advance(steps, None, None)
+        while not isinstance(step, Result):
             reply: list[object] | None = None
             error: BaseException | None = None
             try:
                 reply = self._perform(step)
             except BaseException as exc:
                 error = exc
-            step = _advance(steps, reply, error)
+            step = advance(steps, reply, error)
         return step.value
 
-    def _perform(self, request: _Request) -> list[object]:
-        if isinstance(request, _Sleep):
+    def _perform(self, request: Request) -> list[object]:
+        if isinstance(request, Sleep):
             time.sleep(request.seconds)
             return []
-        return [self._call(client, request) for client in self._clients]
+        return [self._call(master, request) for master in self._masters]
 
     @staticmethod
-    def _call(client: redis.Redis, request: _Round) -> object:
+    def _call(master: scripts.SyncScripts, request: Round) -> object:
         try:
-            result: object = _eval(client, request.lua, request.keys, request.args)
+            result: object = master.run(request.call)
         except (RedisError, OSError) as exc:  # this master does not answer
             return exc
         return result
@@ -695,6 +369,7 @@ class AsyncRedlock(_RedlockBase[redis.asyncio.Redis]):
     """
 
     _client_type = redis.asyncio.Redis
+    _scripts_type = scripts.AsyncScripts
 
     def _no_retry(self) -> Any:
         return AsyncRetry(NoBackoff(), 0)
@@ -726,28 +401,28 @@ class AsyncRedlock(_RedlockBase[redis.asyncio.Redis]):
     ) -> None:
         await self.aclose()
 
-    async def _run(self, steps: _Steps[_T]) -> _T:
-        step = _advance(steps, None, None)
-        while not isinstance(step, _Result):
+    async def _run(self, steps: Steps[_T]) -> _T:
+        step = advance(steps, None, None)
+        while not isinstance(step, Result):
             reply: list[object] | None = None
             error: BaseException | None = None
             try:
                 reply = await self._perform(step)
             except BaseException as exc:
                 error = exc
-            step = _advance(steps, reply, error)
+            step = advance(steps, reply, error)
         return step.value
 
-    async def _perform(self, request: _Request) -> list[object]:
-        if isinstance(request, _Sleep):
+    async def _perform(self, request: Request) -> list[object]:
+        if isinstance(request, Sleep):
             await asyncio.sleep(request.seconds)
             return []
-        return list(await asyncio.gather(*(self._call(c, request) for c in self._clients)))
+        return list(await asyncio.gather(*(self._call(m, request) for m in self._masters)))
 
     @staticmethod
-    async def _call(client: redis.asyncio.Redis, request: _Round) -> object:
+    async def _call(master: scripts.AsyncScripts, request: Round) -> object:
         try:
-            result: object = await _aeval(client, request.lua, request.keys, request.args)
+            result: object = await master.run(request.call)
         except (RedisError, OSError) as exc:  # this master does not answer
             return exc
         return result
@@ -803,7 +478,7 @@ def _check_fenced(key: str, token: int) -> None:
         raise ConfigError("token", f"must be an int >= 0 (a fencing token), got {token!r}")
 
 
-def fenced_set(client: redis.Redis, key: str, token: int, value: _ScriptArg) -> bool:
+def fenced_set(client: redis.Redis, key: str, token: int, value: scripts.Arg) -> bool:
     """Write ``value`` to the resource at ``key`` unless a higher fencing token wrote before.
 
     ``key`` is a hash with fields ``token`` (highest token seen) and ``value``; read it with
@@ -813,12 +488,13 @@ def fenced_set(client: redis.Redis, key: str, token: int, value: _ScriptArg) -> 
     WHERE id = :id AND last_token <= :t`` and checking the row count.
     """
     _check_fenced(key, token)
-    return _as_int(_eval(client, _FENCED_SET, (key,), (token, value))) == 1
+    return as_int(scripts.SyncScripts(client).run(scripts.fenced_set(key, token, value))) == 1
 
 
 async def async_fenced_set(
-    client: redis.asyncio.Redis, key: str, token: int, value: _ScriptArg
+    client: redis.asyncio.Redis, key: str, token: int, value: scripts.Arg
 ) -> bool:
     """As `fenced_set`, for redis.asyncio clients."""
     _check_fenced(key, token)
-    return _as_int(await _aeval(client, _FENCED_SET, (key,), (token, value))) == 1
+    reply = await scripts.AsyncScripts(client).run(scripts.fenced_set(key, token, value))
+    return as_int(reply) == 1

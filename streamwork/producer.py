@@ -1,7 +1,8 @@
 """Producer (sync, thread-safe) and AsyncProducer: enqueue jobs onto a stream.
 
-Both are thin I/O shells over the same pure steps (validate, encode, pick keys); only the
-awaits differ. A transport failure is retried with backoff for ``retry_timeout`` seconds,
+Both are thin I/O shells over one core that does no I/O: it checks and encodes a send and
+says which round trip it needs (an `_Op`); the shells perform it, the sync one blocking,
+the async one awaiting. A transport failure is retried with backoff for ``retry_timeout`` seconds,
 then raised as RedisUnavailable. A send retried after a lost reply may enqueue the job
 twice: give jobs a ``key`` and run the worker with ``dedup`` to make that harmless.
 """
@@ -30,8 +31,8 @@ from .codec import (
     time_limit_ms,
 )
 from .errors import ConfigError, RedisUnavailable
+from .faults import is_transient
 from .keys import StreamKeys
-from .retry import TRANSIENT, reconnect_wait
 
 __all__ = ["AsyncProducer", "Producer"]
 
@@ -115,8 +116,27 @@ def _ids(raw: Iterable[Any]) -> list[str]:
     return [r.decode() if isinstance(r, bytes) else str(r) for r in raw]
 
 
-class _BaseProducer:
-    """What the sync and async producers share: the client, its scripts, the options."""
+@dataclass(frozen=True, slots=True)
+class _Op:
+    """The one round trip a send needs: a script call, or XADDs of encoded bodies (one,
+    or a pipeline of many); ``result`` turns the reply into what the send returns."""
+
+    what: str
+    stream: str
+    count: int
+    call: scripts.Call | None = None
+    bodies: Sequence[bytes] = ()
+    key: str | None = None  # a delayed send returns its key
+
+    def result(self, reply: Any) -> Any:
+        if self.key is not None:
+            return self.key
+        return _ids(reply if isinstance(reply, list) else [reply])
+
+
+class _Core:
+    """What the sync and async producers share: the options and every step that does no
+    I/O (checking, encoding, choosing the round trip)."""
 
     def __init__(
         self,
@@ -128,38 +148,52 @@ class _BaseProducer:
     ) -> None:
         _check_options(max_payload_bytes, retry_timeout)
         self._redis = client
-        self._scripts = scripts.register(client)
         self.url = url
         self.max_payload_bytes = max_payload_bytes
         self.retry_timeout = retry_timeout
 
+    def _plan_send(self, stream: str, payload: Payload, key: str | None,
+                   headers: Mapping[str, str] | None, delay: float | None,
+                   at: dt.datetime | None, timeout: float | None) -> _Op:
+        keys = _keys(stream)
+        due = _due(delay, at)
+        job = _prepare(payload, key, _headers(headers), self.max_payload_bytes,
+                       limit_ms=time_limit_ms(timeout))
+        what = f"send to {stream!r}"
+        if due is not None:
+            return _Op(what, stream, 1, call=scripts.schedule(keys, *due, [_member(job)]),
+                       key=job.key)
+        return _Op(what, stream, 1, bodies=[job.body])
 
-class Producer(_BaseProducer):
+    def _plan_send_many(self, stream: str, payloads: Sequence[Payload],
+                        keys: Sequence[str] | None, headers: Mapping[str, str] | None,
+                        timeout: float | None) -> _Op:
+        _keys(stream)
+        hdrs, now_ms = _headers(headers), int(time.time() * 1000)
+        limit_ms = time_limit_ms(timeout)
+        bodies = [_prepare(p, k, hdrs, self.max_payload_bytes, now_ms, limit_ms).body
+                  for p, k in zip(payloads, _check_keys(payloads, keys), strict=True)]
+        return _Op(f"send_many to {stream!r}", stream, len(bodies), bodies=bodies)
+
+    def _unavailable(self, what: str, exc: BaseException) -> RedisUnavailable:
+        return RedisUnavailable(what, self.url, exc)
+
+
+_RETRY = tenacity.retry_if_exception(is_transient)
+
+
+class Producer(_Core):
     """Enqueue jobs from synchronous code; one instance is safe to share between threads."""
+
+    def __init__(self, client: Any, **options: Any) -> None:
+        super().__init__(client, **options)
+        self._scripts = scripts.SyncScripts(client)
 
     @classmethod
     def from_url(cls, url: str | None = None, **options: Any) -> Producer:
         """A producer for ``url`` (default ``$REDIS_URL``, else redis://127.0.0.1:6379/0)."""
         resolved = connection.resolve_url(url)
         return cls(connection.sync_client(resolved), url=resolved, **options)
-
-    def _call(self, what: str, fn: Any) -> Any:
-        try:
-            return fn()  # the usual case: no retry machinery built at all
-        except TRANSIENT:
-            pass
-        try:
-            for attempt in tenacity.Retrying(
-                stop=tenacity.stop_after_delay(self.retry_timeout),
-                wait=reconnect_wait(),
-                retry=tenacity.retry_if_exception_type(TRANSIENT),
-                reraise=True,
-            ):
-                with attempt:
-                    return fn()
-        except TRANSIENT as exc:
-            raise RedisUnavailable(what, self.url, exc) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def send(
         self,
@@ -179,18 +213,10 @@ class Producer(_BaseProducer):
         return value is its key, since its entry id is only assigned when it falls due.
         ``timeout`` (seconds) is this job's time limit, overriding the worker's ``timeout``.
         """
-        keys = _keys(stream)
-        due = _due(delay, at)
         with telemetry.producer_span(stream):
-            job = _prepare(payload, key, _headers(headers), self.max_payload_bytes,
-                           limit_ms=time_limit_ms(timeout))
-            if due is not None:
-                self._call(f"send to {stream!r}", lambda: self._scripts.schedule(
-                    keys=[keys.delayed], args=[*due, _member(job)]))
-                result = job.key
-            else:
-                result = _ids([self._call(f"send to {stream!r}", lambda: self._redis.xadd(
-                    stream, {BODY_FIELD: job.body}))])[0]
+            op = self._plan_send(stream, payload, key, headers, delay, at, timeout)
+            reply = self._perform(op)
+            result: str = op.key if op.key is not None else op.result(reply)[0]
         telemetry.count("produced", 1, stream)
         return result
 
@@ -204,26 +230,43 @@ class Producer(_BaseProducer):
         timeout: float | None = None,
     ) -> list[str]:
         """Enqueue many jobs in one pipelined round trip; returns their entry ids in order."""
-        _keys(stream)
         with telemetry.producer_span(stream, len(payloads)):
-            hdrs, now_ms = _headers(headers), int(time.time() * 1000)
-            limit_ms = time_limit_ms(timeout)
-            jobs = [
-                _prepare(p, k, hdrs, self.max_payload_bytes, now_ms, limit_ms)
-                for p, k in zip(payloads, _check_keys(payloads, keys), strict=True)
-            ]
-        if not jobs:
+            op = self._plan_send_many(stream, payloads, keys, headers, timeout)
+        if not op.count:
             return []
-
-        def run() -> list[Any]:
-            pipe = self._redis.pipeline(transaction=False)
-            for job in jobs:
-                pipe.xadd(stream, {BODY_FIELD: job.body})
-            return list(pipe.execute())
-
-        ids = _ids(self._call(f"send_many to {stream!r}", run))
+        ids: list[str] = op.result(self._perform(op))
         telemetry.count("produced", len(ids), stream)
         return ids
+
+    def _perform(self, op: _Op) -> Any:
+        """Run ``op``, retrying transient errors for ``retry_timeout`` seconds."""
+        try:
+            return self._once(op)  # the usual case: no retry machinery built at all
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+        try:
+            for attempt in tenacity.Retrying(
+                stop=tenacity.stop_after_delay(self.retry_timeout),
+                wait=connection.reconnect_wait(), retry=_RETRY, reraise=True,
+            ):
+                with attempt:
+                    return self._once(op)
+        except Exception as exc:
+            if is_transient(exc):
+                raise self._unavailable(op.what, exc) from exc
+            raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _once(self, op: _Op) -> Any:
+        if op.call is not None:
+            return self._scripts.run(op.call)
+        if len(op.bodies) == 1:
+            return self._redis.xadd(op.stream, {BODY_FIELD: op.bodies[0]})
+        pipe = self._redis.pipeline(transaction=False)
+        for body in op.bodies:
+            pipe.xadd(op.stream, {BODY_FIELD: body})
+        return list(pipe.execute())
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -238,32 +281,18 @@ class Producer(_BaseProducer):
         self.close()
 
 
-class AsyncProducer(_BaseProducer):
+class AsyncProducer(_Core):
     """Enqueue jobs from asyncio code (FastAPI, aiohttp, ...); use ``async with``."""
+
+    def __init__(self, client: Any, **options: Any) -> None:
+        super().__init__(client, **options)
+        self._scripts = scripts.AsyncScripts(client)
 
     @classmethod
     def from_url(cls, url: str | None = None, **options: Any) -> AsyncProducer:
         """An async producer for ``url`` (default ``$REDIS_URL``, else the local default)."""
         resolved = connection.resolve_url(url)
         return cls(connection.async_client(resolved), url=resolved, **options)
-
-    async def _call(self, what: str, fn: Any) -> Any:
-        try:
-            return await fn()  # the usual case: no retry machinery built at all
-        except TRANSIENT:
-            pass
-        try:
-            async for attempt in tenacity.AsyncRetrying(
-                stop=tenacity.stop_after_delay(self.retry_timeout),
-                wait=reconnect_wait(),
-                retry=tenacity.retry_if_exception_type(TRANSIENT),
-                reraise=True,
-            ):
-                with attempt:
-                    return await fn()
-        except TRANSIENT as exc:
-            raise RedisUnavailable(what, self.url, exc) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
 
     async def send(
         self,
@@ -277,18 +306,10 @@ class AsyncProducer(_BaseProducer):
         timeout: float | None = None,
     ) -> str:
         """Enqueue one job; same arguments and result as ``Producer.send``."""
-        keys = _keys(stream)
-        due = _due(delay, at)
         with telemetry.producer_span(stream):
-            job = _prepare(payload, key, _headers(headers), self.max_payload_bytes,
-                           limit_ms=time_limit_ms(timeout))
-            if due is not None:
-                await self._call(f"send to {stream!r}", lambda: self._scripts.schedule(
-                    keys=[keys.delayed], args=[*due, _member(job)]))
-                result = job.key
-            else:
-                result = _ids([await self._call(f"send to {stream!r}", lambda: self._redis.xadd(
-                    stream, {BODY_FIELD: job.body}))])[0]
+            op = self._plan_send(stream, payload, key, headers, delay, at, timeout)
+            reply = await self._perform(op)
+            result: str = op.key if op.key is not None else op.result(reply)[0]
         telemetry.count("produced", 1, stream)
         return result
 
@@ -302,26 +323,43 @@ class AsyncProducer(_BaseProducer):
         timeout: float | None = None,
     ) -> list[str]:
         """Enqueue many jobs in one pipelined round trip; returns their entry ids in order."""
-        _keys(stream)
         with telemetry.producer_span(stream, len(payloads)):
-            hdrs, now_ms = _headers(headers), int(time.time() * 1000)
-            limit_ms = time_limit_ms(timeout)
-            jobs = [
-                _prepare(p, k, hdrs, self.max_payload_bytes, now_ms, limit_ms)
-                for p, k in zip(payloads, _check_keys(payloads, keys), strict=True)
-            ]
-        if not jobs:
+            op = self._plan_send_many(stream, payloads, keys, headers, timeout)
+        if not op.count:
             return []
-
-        async def run() -> list[Any]:
-            pipe = self._redis.pipeline(transaction=False)
-            for job in jobs:
-                pipe.xadd(stream, {BODY_FIELD: job.body})
-            return list(await pipe.execute())
-
-        ids = _ids(await self._call(f"send_many to {stream!r}", run))
+        ids: list[str] = op.result(await self._perform(op))
         telemetry.count("produced", len(ids), stream)
         return ids
+
+    async def _perform(self, op: _Op) -> Any:
+        """As `Producer._perform`, awaiting."""
+        try:
+            return await self._once(op)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+        try:
+            async for attempt in tenacity.AsyncRetrying(
+                stop=tenacity.stop_after_delay(self.retry_timeout),
+                wait=connection.reconnect_wait(), retry=_RETRY, reraise=True,
+            ):
+                with attempt:
+                    return await self._once(op)
+        except Exception as exc:
+            if is_transient(exc):
+                raise self._unavailable(op.what, exc) from exc
+            raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _once(self, op: _Op) -> Any:
+        if op.call is not None:
+            return await self._scripts.run(op.call)
+        if len(op.bodies) == 1:
+            return await self._redis.xadd(op.stream, {BODY_FIELD: op.bodies[0]})
+        pipe = self._redis.pipeline(transaction=False)
+        for body in op.bodies:
+            pipe.xadd(op.stream, {BODY_FIELD: body})
+        return list(await pipe.execute())
 
     async def aclose(self) -> None:
         """Close the connection pool."""

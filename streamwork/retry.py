@@ -1,26 +1,14 @@
-"""Backoff policies: job retry delays, and the reconnect policy for Redis outages.
-
-Both come from tenacity's wait strategies, so their shapes are the well-known ones.
-"""
+"""The job retry policy: how long a failed job waits before it runs again (tenacity's
+wait strategies, so the shape is the well-known one). The reconnect policy for Redis
+outages belongs to connections and lives in connection.py."""
 
 from __future__ import annotations
 
 import math
 from typing import Final
 
-import redis.exceptions
 import tenacity
 from tenacity.wait import wait_base
-
-#: transport failures that a retry may cure (the server restarting, a dropped socket)
-TRANSIENT: Final = (
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-    redis.exceptions.BusyLoadingError,
-    ConnectionError,
-    TimeoutError,
-    OSError,
-)
 
 JITTER_FRACTION: Final = 0.25  #: retry jitter is up to this fraction of retry_delay
 
@@ -67,13 +55,3 @@ def retry_delay_for(attempt: int, retry_delay: float, retry_max_delay: float, *,
     delay = job_wait(retry_delay, retry_max_delay)(_State(max(attempt, 1)))  # type: ignore[arg-type]
     # the sum of the two parts is at most the cap but for float rounding (one ulp)
     return float(min(delay, retry_max_delay))
-
-
-def reconnect_wait() -> wait_base:
-    """Wait between reconnect attempts: 50 ms doubling to 2 s, with jitter."""
-    return tenacity.wait_exponential(multiplier=0.05, max=2.0) + tenacity.wait_random(0, 0.05)
-
-
-def reconnect_delay(failures: int) -> float:
-    """Seconds to wait after ``failures`` consecutive transport errors."""
-    return float(reconnect_wait()(_State(max(failures, 1))))  # type: ignore[arg-type]

@@ -1,8 +1,14 @@
-"""Load the Lua scripts in ``lua/`` once and register them on a client (EVALSHA).
+"""Every Lua script of streamwork: loaded once, registered per client (EVALSHA), one typed
+method per script.
 
-redis-py's Script objects run EVALSHA and reload on NOSCRIPT (e.g. after a server
-restart), so callers never send script bodies on the hot path.
+The only loader: workers, producers, the dead-letter tools and Redlock all call their
+scripts through here. One ARGV convention: scalar arguments first, then (where a script
+works on a batch) ONE MessagePack argument holding the per-entry lists, so the client
+encodes one value per call instead of one per entry. redis-py's Script objects run EVALSHA
+and reload on NOSCRIPT (e.g. after a server restart).
 
+Preludes (Lua has no includes): ``fields`` (the wire field names, generated from codec.py)
+goes before every script, ``lib`` (time, ownership, chunked XACK) before the worker scripts.
 Where the server understands script flags (Redis 7+, Valkey), each worker script starts
 with a ``#!lua`` line: scripts that add data are refused *whole* while Redis is out of
 memory, before they write anything (so staged writes, done-markers and acks land together
@@ -13,24 +19,23 @@ adopt, trim, reap) carry ``allow-oom`` so live jobs stay alive and acks still fr
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Final
 
-import redis
-import redis.asyncio
+import msgpack
 import redis.exceptions
 
-#: the worker/producer scripts; Redlock loads its own ``redlock_*`` files
-NAMES: Final = (
-    "ack", "adopt", "claim", "complete", "fail", "heartbeat", "promote", "reap", "reclaim",
-    "replay", "schedule", "trim",
-)
+from .codec import ATTEMPTS_FIELD, BODY_FIELD
+from .keys import StreamKeys
+
 #: scripts registered from another script's file (with other flags)
 _FILES: Final = {"ack": "complete"}
-#: shared Lua functions prepended to the scripts that use them (Lua has no includes)
-PRELUDES: Final = {name: ("lib",) for name in (
-    "ack", "adopt", "claim", "complete", "fail", "heartbeat", "promote", "reclaim")}
+_WORKER: Final = ("ack", "adopt", "claim", "complete", "fail", "heartbeat", "promote",
+                  "reclaim", "schedule")
+#: shared Lua prepended to each script, in order
+PRELUDES: Final = {name: ("fields", "lib") for name in _WORKER}
 #: script flags on servers that have them; scripts not named here get no ``#!lua`` line
 FLAGS: Final = {
     "claim": "", "complete": "", "fail": "", "promote": "", "reclaim": "",
@@ -40,45 +45,177 @@ FLAGS: Final = {
 #: a script that compiles only where the server understands flags
 _PROBE: Final = "#!lua flags=no-writes\nreturn 1"
 
+Arg = str | bytes | int | float
+
 
 def _read(name: str) -> str:
+    if name == "fields":  # the wire field names, from the one place that defines them
+        return (f"local BODY, ATTEMPTS = '{BODY_FIELD.decode()}', "
+                f"'{ATTEMPTS_FIELD.decode()}'\n")
     return (resources.files("streamwork") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
 
 
 @functools.cache
 def source(name: str, flags: bool = False) -> str:
-    """Text of script ``name``: its ``#!lua`` line (with ``flags``), then the shared
-    preludes it uses, then ``lua/<file>.lua``."""
+    """Text of script ``name``: its ``#!lua`` line (with ``flags``), then the preludes it
+    uses, then ``lua/<file>.lua``."""
     header = ""
     if flags and name in FLAGS:
         header = "#!lua" + (f" flags={FLAGS[name]}" if FLAGS[name] else "") + "\n"
-    body = "".join(_read(lib) for lib in PRELUDES.get(name, ()))
-    return header + body + _read(_FILES.get(name, name))
+    preludes = PRELUDES.get(name, ("fields",))
+    return header + "".join(_read(p) for p in preludes) + _read(_FILES.get(name, name))
+
+
+def pack(value: Any) -> bytes:
+    """MessagePack for Redis's Lua cmsgpack, which reads str but not bin: bytes go as str."""
+    data: bytes = msgpack.packb(value, use_bin_type=False)
+    return data
 
 
 @dataclass(frozen=True, slots=True)
-class Scripts:
-    """The registered scripts of one client; each attribute is callable as
-    ``script(keys=[...], args=[...])`` (awaitable on an asyncio client)."""
+class Call:
+    """One script invocation: which script, its KEYS and its ARGV."""
 
-    ack: Any
-    adopt: Any
-    claim: Any
-    complete: Any
-    fail: Any
-    heartbeat: Any
-    promote: Any
-    reap: Any
-    reclaim: Any
-    replay: Any
-    schedule: Any
-    trim: Any
+    script: str
+    keys: Sequence[Arg]
+    args: Sequence[Arg]
 
 
-def register(client: redis.Redis | redis.asyncio.Redis | Any, *, flags: bool = False) -> Scripts:
-    """Register every script on ``client`` (no round trip until first use); ``flags``:
-    the server understands script flags (see `supports_flags`)."""
-    return Scripts(**{name: client.register_script(source(name, flags)) for name in NAMES})
+# ---- the scripts' calling conventions (pure: each builds the KEYS and ARGV of one script)
+
+
+def claim(k: StreamKeys, group: str, consumer: str, ttl_ms: int, owner: str,
+          ids: Sequence[bytes], jobs: Sequence[str]) -> Call:
+    """claim.lua: take job leases (``ttl_ms`` 0: only check done-markers and ownership)."""
+    return Call("claim", [k.stream, k.fence], [group, consumer, ttl_ms, owner, k.done_prefix,
+                                              k.lock_prefix, pack([ids, jobs])])
+
+
+def complete(k: StreamKeys, group: str, consumer: str, mode: int, done_ttl_ms: int,
+             staged: bytes, staged_keys: Sequence[str | bytes], batch: list[list[Any]],
+             *, oom_ok: bool = False) -> Call:
+    """complete.lua (``oom_ok``: its ``ack`` twin, allowed under OOM): record successes."""
+    return Call("ack" if oom_ok else "complete", [k.stream, k.delayed, *staged_keys],
+                [group, consumer, int(mode), done_ttl_ms, staged, k.done_prefix, k.lock_prefix,
+                 pack(batch)])
+
+
+def fail(k: StreamKeys, group: str, consumer: str, worker: str,
+         entries: list[list[Any]]) -> Call:
+    """fail.lua: schedule retries or dead-letter, one list of fields per entry."""
+    return Call("fail", [k.stream, k.delayed, k.dead],
+                [group, consumer, worker, k.lock_prefix, pack(entries)])
+
+
+def heartbeat(k: StreamKeys, group: str, consumer: str, ttl_ms: int,
+              batch: list[list[Any]]) -> Call:
+    """heartbeat.lua: reset idle times and extend leases of held deliveries."""
+    return Call("heartbeat", [k.stream, k.delayed],
+                [group, consumer, ttl_ms, k.lock_prefix, pack(batch)])
+
+
+def adopt(k: StreamKeys, group: str, consumer: str, ttl_ms: int, ids: Sequence[bytes],
+          members: Sequence[bytes]) -> Call:
+    """adopt.lua: take over deliveries whose entry was deleted while held."""
+    return Call("adopt", [k.stream, k.delayed], [group, consumer, ttl_ms, pack([ids, members])])
+
+
+def reclaim(k: StreamKeys, group: str, consumer: str, min_idle_ms: int, cursor: Arg,
+            count: int, worker: str) -> Call:
+    """reclaim.lua: XAUTOCLAIM idle deliveries, dead-letter deleted ones."""
+    return Call("reclaim", [k.stream, k.dead],
+                [group, consumer, min_idle_ms, cursor, count, worker])
+
+
+def promote(k: StreamKeys, count: int) -> Call:
+    """promote.lua: move due members of the delayed ZSET onto the stream."""
+    return Call("promote", [k.delayed, k.stream], [count])
+
+
+def trim(k: StreamKeys, cutoff_ms: int) -> Call:
+    """trim.lua: drop entries every group acknowledged, older than the cutoff."""
+    return Call("trim", [k.stream], [cutoff_ms])
+
+
+def reap(k: StreamKeys, group: str, idle_ms: int, keep: str) -> Call:
+    """reap.lua: remove idle consumers that own nothing (never ``keep``)."""
+    return Call("reap", [k.stream], [group, idle_ms, keep])
+
+
+def schedule(k: StreamKeys, delay_ms: str, at_ms: str, members: Sequence[bytes]) -> Call:
+    """schedule.lua: add members to the delayed ZSET, due after a delay or at a time."""
+    return Call("schedule", [k.delayed], [delay_ms, at_ms, pack(list(members))])
+
+
+def replay(k: StreamKeys, ids: Sequence[str]) -> Call:
+    """replay.lua: put dead letters back on the stream."""
+    return Call("replay", [k.stream, k.dead], [pack(list(ids))])
+
+
+def redlock_acquire(key: str, fence: str, value: str, ttl_ms: int) -> Call:
+    """redlock_acquire.lua on one master: SET NX PX, and report the fencing counter."""
+    return Call("redlock_acquire", [key, fence], [value, ttl_ms])
+
+
+def redlock_fence(fence: str, proposal: int) -> Call:
+    """redlock_fence.lua on one master: set the counter if the proposal is greater."""
+    return Call("redlock_fence", [fence], [proposal])
+
+
+def redlock_extend(key: str, value: str, ttl_ms: int) -> Call:
+    """redlock_extend.lua on one master: compare-and-PEXPIRE."""
+    return Call("redlock_extend", [key], [value, ttl_ms])
+
+
+def redlock_release(key: str, value: str) -> Call:
+    """redlock_release.lua on one master: compare-and-delete."""
+    return Call("redlock_release", [key], [value])
+
+
+def fenced_set(key: str, token: int, value: Arg) -> Call:
+    """redlock_fenced_set.lua: store a value unless a newer fencing token was seen."""
+    return Call("redlock_fenced_set", [key], [token, value])
+
+
+# ---- running them
+
+
+class _Registry:
+    """Script objects of one client (EVALSHA, reloaded on NOSCRIPT)."""
+
+    def __init__(self, client: Any, flags: bool = False) -> None:
+        self._client = client
+        self._flags = flags
+        self._scripts: dict[str, Any] = {}
+
+    def use_flags(self, flags: bool) -> None:
+        """Register the scripts with (or without) ``#!lua`` flags from now on."""
+        if flags != self._flags:
+            self._flags = flags
+            self._scripts.clear()
+
+    def _script(self, name: str) -> Any:
+        script = self._scripts.get(name)
+        if script is None:
+            script = self._client.register_script(source(name, self._flags))
+            self._scripts[name] = script
+        return script
+
+
+class AsyncScripts(_Registry):
+    """The scripts on an asyncio client; ``flags``: the server understands script flags."""
+
+    async def run(self, call: Call, client: Any = None) -> Any:
+        """Run ``call`` (on ``client`` instead of the registered one, if given)."""
+        return await self._script(call.script)(keys=call.keys, args=call.args, client=client)
+
+
+class SyncScripts(_Registry):
+    """The scripts on a sync client."""
+
+    def run(self, call: Call, client: Any = None) -> Any:
+        """Run ``call`` (on ``client`` instead of the registered one, if given)."""
+        return self._script(call.script)(keys=call.keys, args=call.args, client=client)
 
 
 async def supports_flags(client: Any) -> bool:

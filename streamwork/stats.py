@@ -15,42 +15,27 @@ and ``entries-added`` before Redis 7.0) are ``None``.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import redis
 
-from .errors import ConfigError, StreamworkError
-from .keys import StreamKeys
+from .errors import StreamNotFound
+from .keys import StreamKeys, is_dead_letter_stream
 
 __all__ = [
     "ConsumerStats",
     "GroupStats",
-    "StreamNotFound",
     "StreamRates",
     "StreamStats",
     "compute_rates",
     "discover_streams",
-    "is_dead_letter_stream",
     "sample",
     "stream_stats",
 ]
 
 TOP_CONSUMERS: Final = 3  #: consumers listed in ``GroupStats.top_consumers``
-_TAG: Final = re.compile(r"\{[^{}]+\}")
-
-
-class StreamNotFound(StreamworkError):
-    """The stream named does not exist (or is not a stream)."""
-
-    def __init__(self, stream: str, detail: str = "does not exist") -> None:
-        self.stream = stream
-        super().__init__(
-            f"stream {stream!r} {detail}. Run `streamwork inspect` with no STREAM to list "
-            "the streams on this server (check --url / $REDIS_URL, and the database number)."
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,14 +144,6 @@ def _entry_id(entry: Any) -> str | None:
     return _s(entry[0])
 
 
-def _keys(stream: str) -> StreamKeys:
-    try:
-        return StreamKeys.for_stream(stream)
-    except ConfigError:  # a stream streamwork did not create; derive keys the same way
-        prefix = stream if _TAG.search(stream) else "{" + stream + "}"
-        return StreamKeys(stream=stream, prefix=prefix)
-
-
 def _now_ms(client: Any) -> int:
     secs, micros = client.time()
     return int(secs) * 1000 + int(micros) // 1000
@@ -228,7 +205,7 @@ def stream_stats(client: Any, stream: str) -> StreamStats:
         raise
     groups = [g for g in (_group_stats(client, stream, _norm(x)) for x in groups_raw) if g]
     groups.sort(key=lambda g: g.name)
-    keys = _keys(stream)
+    keys = StreamKeys.of_any(stream)
     last = info.get("last-generated-id") or _entry_id(info.get("last-entry")) or "0-0"
     return StreamStats(
         stream=stream,
@@ -242,11 +219,6 @@ def stream_stats(client: Any, stream: str) -> StreamStats:
         entries_added=_opt_int(info.get("entries-added")),
         taken_at_ms=now_ms,
     )
-
-
-def is_dead_letter_stream(name: str) -> bool:
-    """True for names of the ``{S}:dead`` form (dead letters of some stream ``S``)."""
-    return name.endswith(":dead") and bool(_TAG.search(name[: -len(":dead")]))
 
 
 def discover_streams(client: Any, *, include_dead: bool = False) -> list[str]:

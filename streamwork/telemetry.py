@@ -18,8 +18,6 @@ from typing import Any, Final
 from opentelemetry import context, metrics, propagate, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from . import __name__ as _package
-
 SYSTEM: Final = "redis"  #: messaging.system of every span
 COUNTERS: Final = (
     "produced", "consumed", "acked", "retried", "dead_lettered", "deduplicated", "reclaimed",
@@ -27,8 +25,9 @@ COUNTERS: Final = (
 LOCK_COUNTERS: Final = ("contended", "lost")
 GAUGES: Final = ("lag", "pending", "delayed", "dead")
 
-_tracer = trace.get_tracer(_package)
-_meter = metrics.get_meter(_package)
+_PACKAGE: Final = "streamwork"
+_tracer = trace.get_tracer(_PACKAGE)
+_meter = metrics.get_meter(_PACKAGE)
 _counters = {
     name: _meter.create_counter(f"streamwork.messages.{name}", unit="{message}",
                                 description=f"messages {name.replace('_', ' ')}")

@@ -14,11 +14,10 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 from . import connection
-from .codec import DEFAULT_MAX_PAYLOAD_BYTES
-from .config import WorkerConfig
+from .config import WorkerConfig, WorkerOptions
 from .consumer import Consumer, consumer_name
 from .keys import check_name
 from .message import Message
@@ -40,7 +39,7 @@ class Health:
     dead_tasks: tuple[str, ...]
 
 
-class StreamWorker:
+class StreamWorker(WorkerOptions):
     """Base class of job workers; class attributes are the defaults of its options.
 
     Delivery is at-least-once: a job is acknowledged only after ``handle`` returned. With
@@ -49,27 +48,8 @@ class StreamWorker:
     README's "Guarantees" for what that covers and what it does not).
     """
 
-    stream: ClassVar[str] = ""
-    group: ClassVar[str] = ""
-    concurrency: ClassVar[int] = 16
-    visibility_timeout: ClassVar[float] = 30.0
-    max_deliveries: ClassVar[int] = 5
-    dedup: ClassVar[bool] = True
-    dedup_window: ClassVar[float] = 3600.0
-    retry_delay: ClassVar[float] = 1.0
-    retry_max_delay: ClassVar[float] = 300.0
-    batch_size: ClassVar[int] = 100
-    read_block: ClassVar[float] = 1.0
-    drain_timeout: ClassVar[float] = 30.0
-    heartbeat: ClassVar[bool] = True
-    reclaim_interval: ClassVar[float | None] = None
-    retention: ClassVar[float | None] = 86400.0
-    consumer_idle_timeout: ClassVar[float] = 3600.0
-    max_payload_bytes: ClassVar[int] = DEFAULT_MAX_PAYLOAD_BYTES
-    local_cache_size: ClassVar[int] = 100_000
-    local_cache_ttl: ClassVar[float] = 60.0
-    lock_urls: ClassVar[tuple[str, ...] | None] = None
-    timeout: ClassVar[float | None] = 300.0
+    # the options (stream, group, concurrency, visibility_timeout, ...) and their defaults
+    # are declared once, in config.WorkerOptions; a subclass overrides them as attributes
 
     def __init__(self, url: str | None = None, *, consumer: str | None = None,
                  **options: Any) -> None:
@@ -109,8 +89,8 @@ class StreamWorker:
         if c is None:
             return Health(False, False, False, False, ())
         alive, ready = c.health()
-        return Health(alive, ready, c.stopping, not c._failures and c.joined,
-                      tuple(c.dead_tasks))
+        return Health(alive, ready, c.stopping, not c.sup.failures and c.joined,
+                      tuple(c.sup.dead_tasks))
 
     @property
     def counts(self) -> Counter[str]:
@@ -133,7 +113,8 @@ class StreamWorker:
         if install_signal_handlers:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._loop.add_signal_handler(sig, self.stop)
-        self._consumer = Consumer(self, self.config, self.url, self.consumer_name)
+        self._consumer = Consumer(self.handle, self.config, self.url, self.consumer_name,
+                                  self.worker_name)
         try:
             await _call_hook(self.on_start)
             try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
 import os
@@ -21,10 +20,9 @@ import redis
 from click.testing import CliRunner, Result
 
 import streamwork as sw
-from streamwork import cli as cli_module
 from streamwork.cli import main
 from streamwork.codec import BODY_FIELD, decode_body
-from streamwork.config import WorkerConfig
+from streamwork.config import HELP, WorkerConfig
 from streamwork.server import free_port
 from streamwork.testing import Ledger, wait_for
 from tests.workers import STREAM, LedgerWorker
@@ -126,13 +124,13 @@ def test_every_worker_option_is_a_run_option() -> None:
     help line: a new worker option without a CLI form fails here."""
     run_command = main.commands["run"]
     params = {p.name: p for p in run_command.params}
-    for field in dataclasses.fields(WorkerConfig):
-        assert field.name in params, f"worker option {field.name!r} has no `run` option"
-        param = params[field.name]
+    for name in WorkerConfig.option_names():
+        assert name in params, f"worker option {name!r} has no `run` option"
+        param = params[name]
         assert isinstance(param, click.Option)
-        assert param.help and param.help == cli_module._OPTION_HELP.get(field.name), (
-            f"give {field.name!r} a one-line description in cli._OPTION_HELP")
-        assert param.default is None or param.multiple, field.name
+        assert param.help and param.help == HELP.get(name), (
+            f"give {name!r} a one-line description in config.HELP")
+        assert param.default is None or param.multiple, name
     assert "--lock-url" in params["lock_urls"].opts
     assert params["lock_urls"].multiple
     assert params["heartbeat"].secondary_opts == ["--no-heartbeat"]

@@ -165,7 +165,7 @@ def test_missing_stream_and_unreachable_redis_exit_1(redis_url: str) -> None:
     assert "'nope' does not exist" in result.output
     assert "`streamwork inspect` with no STREAM" in result.output
     down = cli("inspect", "--url", "redis://127.0.0.1:1/0")
-    assert down.exit_code == 1 and "unreachable" in down.output
+    assert down.exit_code == 1 and "unavailable" in down.output
     assert "Traceback" not in result.output + down.output
     assert cli("top", "nope", "--once", "--interval", "0.1", "--url", redis_url).exit_code == 1
 

@@ -16,18 +16,10 @@ import redis
 import redis.asyncio
 
 from streamwork.errors import ConfigError, LockLost, LockNotAcquired
-from streamwork.lock import (
-    DEFAULT_NODE_TIMEOUT,
-    AsyncRedlock,
-    Redlock,
-    async_fenced_set,
-    drift_allowance,
-    fence_key,
-    fenced_set,
-    lock_key,
-    quorum,
-    validity,
-)
+from streamwork.keys import redlock_fence_key as fence_key
+from streamwork.keys import redlock_key as lock_key
+from streamwork.lock import AsyncRedlock, Redlock, async_fenced_set, fenced_set
+from streamwork.redlock_core import DEFAULT_NODE_TIMEOUT, drift_allowance, quorum, validity
 from streamwork.server import RedisServer
 
 N = 5

@@ -10,8 +10,7 @@ import redis
 
 import streamwork as sw
 from streamwork.config import WorkerConfig
-from streamwork.consumer import redlock_resource
-from streamwork.keys import StreamKeys
+from streamwork.keys import StreamKeys, redlock_resource
 from streamwork.testing import Ledger, await_for, run_until_idle
 from tests.workers_dedup import StagedLedgerWorker
 

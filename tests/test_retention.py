@@ -14,8 +14,8 @@ import redis
 from streamwork import Producer
 from streamwork.consumer import Consumer
 from streamwork.keys import StreamKeys
-from streamwork.recovery import upkeep_once
 from streamwork.testing import Ledger, await_for
+from streamwork.upkeep import upkeep_once
 from tests.workers import LedgerWorker
 
 STREAM, GROUP, OTHER, LAGGARD = "jobs", "testers", "auditors", "laggards"
@@ -25,7 +25,7 @@ KEYS = StreamKeys.for_stream(STREAM)
 async def _upkeep(url: str, name: str = "upkeeper", **options: Any) -> tuple[int, int]:
     """One upkeep round (trim + reap) by a consumer of LedgerWorker built with ``options``."""
     worker = LedgerWorker.from_url(url, **options)
-    consumer = Consumer(worker, worker.config, url, name)
+    consumer = Consumer(worker.handle, worker.config, url, name)
     try:
         return await upkeep_once(consumer)
     finally:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import msgpack
 import redis
 
 from streamwork import scripts
@@ -24,10 +23,9 @@ def test_complete_acks_only_what_the_caller_owns_even_past_the_listing_limit(
     is still acked exactly for the owned ids; an id another consumer owns is refused."""
     ids = _held(r, 500)
     r.xclaim("s", "g", "other", 0, [ids[250]])
-    complete = scripts.register(r).complete
     batch = [ids[0], ids[250], ids[499]]
-    res = complete(keys=["s"], args=["g", "me", "0", 0, "", "", "",
-                                     msgpack.packb([batch], use_bin_type=False)])
+    res = scripts.SyncScripts(r).run(scripts.complete(
+        StreamKeys.for_stream("s"), "g", "me", 0, 0, b"", [], [batch]))
     assert res == [1, 0, 1]
     pending = {row["message_id"]: row["consumer"] for row in
                r.xpending_range("s", "g", min="-", max="+", count=1000)}
@@ -41,9 +39,8 @@ def test_claim_tokens_increase_in_batch_order_and_same_key_copies_are_busy(
     """claim.lua grants increasing tokens; a second copy of a key in one batch is busy."""
     ids = _held(r, 3)
     k = StreamKeys.for_stream("s")
-    batch = msgpack.packb([ids, ["a", "b", "a"]], use_bin_type=False)
-    res = scripts.register(r).claim(keys=["s", k.fence], args=[
-        "g", "me", 10_000, "owner", k.done_prefix, k.lock_prefix, batch])
+    res = scripts.SyncScripts(r).run(scripts.claim(k, "g", "me", 10_000, "owner", ids,
+                                                   ["a", "b", "a"]))
     assert res[0] > 0 and res[1] > res[0] and res[2] == -2
     assert r.get(k.lock("a")) == f"owner:{res[0]}".encode()
 

@@ -11,15 +11,10 @@ import pytest
 import redis
 
 from streamwork import connection
+from streamwork.errors import StreamNotFound
+from streamwork.keys import is_dead_letter_stream
 from streamwork.producer import Producer
-from streamwork.stats import (
-    StreamNotFound,
-    compute_rates,
-    discover_streams,
-    is_dead_letter_stream,
-    sample,
-    stream_stats,
-)
+from streamwork.stats import compute_rates, discover_streams, sample, stream_stats
 
 STREAM = "orders"
 

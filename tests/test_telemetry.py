@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import streamwork as sw
-from streamwork import recovery
+from streamwork import upkeep
 from streamwork.keys import StreamKeys
 from streamwork.server import free_port
 from streamwork.testing import run_until_idle, wait_for
@@ -128,8 +128,8 @@ async def test_gauges_read_real_lag_pending_delayed_dead(redis_url: str, r: redi
     worker = LedgerWorker.from_url(redis_url, stream=stream)
     from streamwork.consumer import Consumer
 
-    consumer = Consumer(worker, worker.config, worker.url, "probe")
-    await recovery.read_gauges(consumer)
+    consumer = Consumer(worker.handle, worker.config, worker.url, "probe")
+    await upkeep.read_gauges(consumer)
     await consumer.redis.aclose()
 
     def gauge(what: str) -> float:

@@ -36,7 +36,7 @@ for i, f in ipairs(batch) do
     local body = f[11]
     if e then
       for j = 1, #e[2], 2 do
-        if e[2][j] == 'd' then body = e[2][j + 1] end
+        if e[2][j] == BODY then body = e[2][j + 1] end
       end
     end
     if action == 'r' and e and body ~= '' then
@@ -55,7 +55,7 @@ for i, f in ipairs(batch) do
           fields[#fields + 1] = e[2][j + 1]
         end
       elseif body ~= '' then
-        fields[#fields + 1] = 'f.d'
+        fields[#fields + 1] = 'f.' .. BODY
         fields[#fields + 1] = body
       end
       redis.call('XADD', dead, '*', unpack(fields))

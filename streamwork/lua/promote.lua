@@ -12,9 +12,9 @@ for _, m in ipairs(due) do
   local attempts = string.sub(m, 1, c1 - 1)
   local body = string.sub(m, c2 + 1)
   if attempts == '0' then
-    redis.call('XADD', KEYS[2], '*', 'd', body)
+    redis.call('XADD', KEYS[2], '*', BODY, body)
   else
-    redis.call('XADD', KEYS[2], '*', 'd', body, 'a', attempts)
+    redis.call('XADD', KEYS[2], '*', BODY, body, ATTEMPTS, attempts)
   end
   redis.call('ZREM', KEYS[1], m)
 end

@@ -184,7 +184,7 @@ async def test_staged_writes_and_ack_are_all_or_nothing_under_oom(
         await asyncio.wait_for(worker.entered.wait(), 20)
         r.config_set("maxmemory", 1)
         worker.gate.set()
-        await await_for(lambda: worker._consumer._failures > 0,  # type: ignore[union-attr]
+        await await_for(lambda: worker._consumer.sup.failures > 0,  # type: ignore[union-attr]
                         timeout=20, message="the completion refused while out of memory")
         assert r.hget(LEDGER, "oom") is None
         assert r.xpending(STREAM, "holders")["pending"] == 1, "not acked without its write"

@@ -1,0 +1,97 @@
+"""What a worker holds: deliveries, their states, outcomes on their way to Redis, and the
+small interface the background loops see of the consumer that holds them."""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .config import WorkerConfig
+    from .keys import StreamKeys
+    from .leases import Lease
+    from .lock import AsyncHeldLock
+    from .message import Message
+    from .scripts import AsyncScripts
+
+Entry = tuple[bytes, dict[bytes, bytes] | None]  #: a stream entry as redis-py returns it
+
+
+class State(enum.IntEnum):
+    """Where a held delivery is."""
+
+    WAITING = 0  #: needs a lease first (or its job runs elsewhere right now)
+    QUEUED = 1  #: may run; waits for a free runner
+    RUNNING = 2  #: its handler runs
+    FINISHING = 3  #: outcome decided, waiting to be written to Redis
+
+
+@dataclass(slots=True, eq=False)
+class Delivery:
+    """A delivery this process holds, from admission until Redis has its outcome."""
+
+    entry_id: bytes
+    msg: Message
+    body: bytes  # the raw body: kept to adopt an entry deleted while pending
+    limit: float | None  # the job's time limit, s
+    lease: str = ""  # lease value "<owner>:<token>" when dedup is on, else ""
+    deadline: float = 0.0  # monotonic time after which the lease counts as lost
+    state: State = State.WAITING
+    started: float = 0.0  # monotonic time the handler began
+    waiting_since: float = 0.0  # monotonic time its lease was first found busy
+    member: bytes = b""  # adopted (entry deleted while pending): its delayed-ZSET member
+    dropped: bool = False  # its outcome must not be written (lease lost, vanished)
+    leasing: bool = False  # a claim for it is under way (admission or the leaser)
+    timed_out: bool = False
+    held: AsyncHeldLock | None = None  # the Redlock lease, when leases come from lock_urls
+    span: Any = None  # the delivery's OpenTelemetry span, ended when Redis has the outcome
+
+
+@dataclass(slots=True)
+class Failure:
+    """A failed delivery (or one that can never run) on its way to fail.lua."""
+
+    delivery: Delivery | None
+    entry_id: bytes
+    action: str  # "r" retry, "d" dead letter
+    delay_ms: int
+    attempts: int
+    reason: str
+    error_type: str
+    detail: str
+    job_key: str = ""
+    body: bytes = b""
+    error: BaseException | None = None
+
+
+class Holder(Protocol):
+    """What the background loops (heartbeat, reclaim, outcomes, upkeep) need of the
+    consumer: its settings, its scripts, and the deliveries it holds."""
+
+    cfg: WorkerConfig
+    keys: StreamKeys
+    name: str
+    worker_name: str
+    redis: Any
+    scripts: AsyncScripts
+    lease: Lease
+    counts: Counter[str]
+    isolating: bool
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def held_deliveries(self) -> Iterable[Delivery]: ...
+    def loose_ids(self) -> Iterable[bytes]: ...
+    def held(self) -> int: ...
+    def count(self, what: str, n: int = 1, outcome: str | None = None) -> None: ...
+    def lose(self, d: Delivery, why: str) -> None: ...
+    def vanish(self, d: Delivery) -> None: ...
+    def forget(self, d: Delivery, outcome: str = "lost") -> None: ...
+    def release_loose(self, entry_id: bytes) -> None: ...
+    def remember_done(self, key: str) -> None: ...
+    def wake_reader(self) -> None: ...
+    async def admit(self, entries: list[Entry], deliveries: list[int] | None) -> None: ...

@@ -1,0 +1,93 @@
+"""The heartbeat: keeps the deliveries a worker holds from being reclaimed while alive.
+
+Every visibility_timeout/3 one heartbeat.lua call resets the idle time of every held
+delivery (XCLAIM ... JUSTID, which does not count a delivery) and extends its lease. A
+delivery whose lease could not be confirmed before its deadline is marked lost; one whose
+entry was deleted meanwhile is adopted (adopt.lua) so its outcome still lands; one the
+server no longer knows at all (it came back empty) is reported as vanished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from typing import Any
+
+from . import scripts
+from .delivery import Delivery, Holder, State
+from .logs import fields
+
+log = logging.getLogger("streamwork.consumer")
+
+
+class Beat(enum.IntEnum):
+    """heartbeat.lua's answer per delivery."""
+
+    LOST = 0  #: another consumer owns it, or its lease is gone
+    KEPT = 1
+    DELETED = 2  #: ours, but its stream entry was deleted: adopt it
+    VANISHED = 3  #: neither the stream nor the group knows it any more
+
+
+async def beat_once(h: Holder) -> None:
+    """Sleep one heartbeat interval, then beat (one turn of the heartbeat loop)."""
+    await asyncio.sleep(h.cfg.heartbeat_interval)
+    await beat(h)
+
+
+async def beat(h: Holder) -> None:
+    """One heartbeat over everything ``h`` holds."""
+    cfg, lease = h.cfg, h.lease
+    now = time.monotonic()
+    held: list[Delivery] = []
+    for d in list(h.held_deliveries()):
+        if d.dropped:
+            continue
+        if d.state in (State.QUEUED, State.RUNNING) and lease.expired(d, now):
+            h.lose(d, "no heartbeat was confirmed before the lease deadline")
+        else:
+            held.append(d)
+    loose = list(h.loose_ids())
+    if not held and not loose:
+        return
+    batch: list[list[Any]] = [[d.entry_id for d in held] + loose,
+             [d.msg.key for d in held] + [""] * len(loose),
+             [lease.value(d) for d in held] + [""] * len(loose),
+             [d.member for d in held] + [b""] * len(loose)]
+    sent = time.monotonic()
+    res = await h.scripts.run(scripts.heartbeat(h.keys, cfg.group, h.name, cfg.visibility_ms,
+                                                batch))
+    kept, deleted = [], []
+    for d, code in zip(held, res, strict=False):
+        if d.dropped:
+            continue
+        if code == Beat.KEPT:
+            kept.append(d)
+        elif code == Beat.DELETED:
+            deleted.append(d)
+        elif code == Beat.VANISHED:
+            h.vanish(d)
+        elif d.state != State.FINISHING:
+            h.lose(d, "another worker took the delivery or its lease")
+    await lease.extended(kept, sent)
+    if deleted:
+        await adopt_deleted(h, deleted)
+
+
+async def adopt_deleted(h: Holder, ds: list[Delivery]) -> None:
+    """Take over deliveries whose stream entry was deleted while we held them (adopt.lua):
+    their body goes to the delayed ZSET as a safety net and their outcome still lands."""
+    cfg = h.cfg
+    members = [f"{d.msg.attempt}:{d.msg.id}:".encode() + d.body for d in ds]
+    res = await h.scripts.run(scripts.adopt(h.keys, cfg.group, h.name, cfg.visibility_ms,
+                                            [d.entry_id for d in ds], members))
+    for d, member, ok in zip(ds, members, res, strict=True):
+        if ok:
+            d.member = member
+            h.count("deleted_while_pending", 1)
+            log.warning("the entry of a running job was deleted from the stream; the job "
+                        "is kept and its outcome will still be recorded", extra=fields(
+                            stream=cfg.stream, group=cfg.group, consumer=h.name,
+                            key=d.msg.key, entry_id=d.msg.id))

@@ -1,0 +1,212 @@
+"""Outcomes on their way to Redis: successes (complete.lua, with the writes handlers staged),
+failures (fail.lua: retry or dead letter) and acks of known duplicates, in batches.
+
+The flusher sends whatever finished as soon as the previous flush returned, so latency
+stays low under load and batches grow by themselves. An outcome that could not be written
+(Redis down, out of memory, failing over) is put back and sent again after the caller's
+backoff: a finished job is never dropped because a write failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from typing import Any, Final
+
+from . import scripts, telemetry
+from .delivery import Delivery, Failure, Holder, State
+from .logs import fields
+from .supervisor import uninterrupted
+
+log = logging.getLogger("streamwork.consumer")
+
+FLUSH_CHUNK: Final = 500  #: outcomes per script call (keeps one call around a millisecond)
+
+
+class Done(enum.IntEnum):
+    """complete.lua's answer per delivery."""
+
+    LOST = 0  #: not ours any more: nothing written
+    ACKED = 1
+    STAGED_REJECTED = 2  #: acked, but Redis rejected a staged command (others applied)
+    DUPLICATE = 3  #: acked as a duplicate (done-marker already there): staged writes skipped
+    VANISHED = 4  #: neither the stream nor the group knows the entry: the server lost it
+
+
+class Failed(enum.IntEnum):
+    """fail.lua's answer per delivery."""
+
+    LOST = 0
+    RETRIED = 1
+    DEAD = 2
+    VANISHED = 4
+
+
+class Outcomes:
+    """The outcome buffers of one consumer and the step that flushes them."""
+
+    def __init__(self, host: Holder) -> None:
+        self.host = host
+        self.acks: list[bytes] = []  # duplicates the local cache knows are done
+        self.done: list[Delivery] = []
+        self.failed: list[Failure] = []
+        self.needed = asyncio.Event()
+
+    def succeeded(self, d: Delivery) -> None:
+        d.state = State.FINISHING
+        self.done.append(d)
+        self.needed.set()
+
+    def add_failure(self, f: Failure) -> None:
+        if f.delivery is not None:
+            f.delivery.state = State.FINISHING
+        self.failed.append(f)
+        self.needed.set()
+
+    def add_ack(self, entry_id: bytes) -> None:
+        self.acks.append(entry_id)
+        self.needed.set()
+
+    def pending(self) -> bool:
+        return bool(self.acks or self.done or self.failed)
+
+    async def step(self) -> None:
+        """Wait for something to flush, then flush it (one turn of the flusher loop). A
+        stop lets a flush under way finish: its scripts already ran."""
+        await self.needed.wait()
+        self.needed.clear()
+        await uninterrupted(self.flush())
+
+    async def flush(self) -> None:
+        """Send what finished so far; on an error put back what was not written (for the
+        next try, after the caller's backoff) and raise."""
+        acks, self.acks = self.acks, []
+        done, self.done = self.done, []
+        failed, self.failed = self.failed, []
+        try:
+            while acks:
+                await self._send_acks(acks[:FLUSH_CHUNK])
+                del acks[:FLUSH_CHUNK]
+            while done:
+                await self._send_done(done[:FLUSH_CHUNK])
+                del done[:FLUSH_CHUNK]
+            while failed:
+                await self._send_failures(failed[:FLUSH_CHUNK])
+                del failed[:FLUSH_CHUNK]
+        except BaseException:
+            self.acks[:0] = acks
+            self.done[:0] = [d for d in done if not d.dropped]
+            self.failed[:0] = failed
+            self.needed.set()
+            raise
+
+    async def _send_acks(self, entry_ids: list[bytes]) -> None:
+        h = self.host
+        res = await h.scripts.run(scripts.complete(
+            h.keys, h.cfg.group, h.name, 0, 0, b"", [], [entry_ids], oom_ok=True))
+        for entry_id in entry_ids:
+            h.release_loose(entry_id)
+        h.count("deduplicated", sum(1 for r in res if r == Done.ACKED), "duplicate")
+
+    async def _send_done(self, done: list[Delivery]) -> None:
+        h = self.host
+        lease = h.lease
+        live = []
+        for d in done:
+            if lease.spent(d):
+                h.lose(d, "the Redlock lease expired before completion")
+            if d.dropped:
+                h.forget(d)
+            else:
+                live.append(d)
+        await lease.release([d for d in done if d.dropped])
+        if not live:
+            return
+        cfg = h.cfg
+        staged_keys: list[str | bytes] = []
+        staged = staged_ops(live, staged_keys, first_key=3)
+        batch: list[list[Any]] = [[d.entry_id for d in live]]
+        if cfg.dedup:
+            batch += [[d.msg.key for d in live], [d.lease for d in live]]
+        if any(d.member for d in live):
+            if not cfg.dedup:
+                batch += [[], []]
+            batch.append([d.member for d in live])
+        res = await h.scripts.run(scripts.complete(
+            h.keys, cfg.group, h.name, lease.mode, round(cfg.dedup_window * 1000), staged,
+            staged_keys, batch, oom_ok=not cfg.dedup and not staged))
+        acked = 0
+        for d, code in zip(live, res, strict=True):
+            if code in (Done.ACKED, Done.STAGED_REJECTED, Done.DUPLICATE):
+                acked += 1
+                h.remember_done(d.msg.key)
+                if code == Done.DUPLICATE:
+                    h.count("deduplicated", 1, "duplicate")
+                elif code == Done.STAGED_REJECTED:
+                    h.count("staged_rejected", 1)
+                    log.error("a staged write was rejected by Redis; the others applied",
+                              extra=fields(stream=cfg.stream, key=d.msg.key, entry_id=d.msg.id))
+                h.forget(d, "acked")
+            elif code == Done.VANISHED:
+                h.vanish(d)
+                h.forget(d, "vanished")
+            else:
+                h.lose(d, "not the owner at completion (reclaimed by another worker)")
+                h.forget(d, "lost")
+        h.count("acked", acked, "success")
+        await lease.release(live)
+
+    async def _send_failures(self, failed: list[Failure]) -> None:
+        h = self.host
+        live = [f for f in failed if f.delivery is None or not f.delivery.dropped]
+        for f in failed:
+            if f.delivery is not None and f.delivery.dropped:
+                h.forget(f.delivery)
+        entries = [[f.entry_id, f.action, f.delay_ms, f.attempts, f.job_key,
+                    h.lease.value(f.delivery) if f.delivery else "",
+                    f.delivery.member if f.delivery else b"",
+                    f.reason, f.error_type, f.detail, f.body] for f in live]
+        res = await h.scripts.run(scripts.fail(h.keys, h.cfg.group, h.name, h.worker_name,
+                                               entries)) if live else []
+        for f, code in zip(live, res, strict=True):
+            self._failed(f, code)
+        await h.lease.release([f.delivery for f in failed if f.delivery is not None])
+
+    def _failed(self, f: Failure, code: int) -> None:
+        h, d = self.host, f.delivery
+        if code == Failed.RETRIED:
+            h.count("retried", 1, "timeout" if f.reason == "timeout" else "error")
+        elif code == Failed.DEAD:
+            h.count("dead_lettered", 1, f.reason.split(":", 1)[0])
+            log.error("job dead-lettered", extra=fields(
+                stream=h.cfg.stream, group=h.cfg.group, consumer=h.name,
+                entry_id=f.entry_id.decode(), attempt=f.attempts, reason=f.reason,
+                error_type=f.error_type))
+        elif d is not None and code == Failed.VANISHED:
+            h.vanish(d)
+        elif d is not None:
+            h.lose(d, "not the owner when recording a failure")
+        if d is None:
+            h.release_loose(f.entry_id)
+            return
+        outcome = {Failed.RETRIED: "retried", Failed.DEAD: "dead_lettered",
+                   Failed.VANISHED: "vanished"}.get(Failed(code), "lost")
+        if d.span is not None and f.error is not None:
+            telemetry.end_span(d.span, outcome, f.error)
+            d.span = None
+        h.forget(d, outcome)
+
+
+def staged_ops(live: list[Delivery], staged_keys: list[str | bytes], first_key: int) -> bytes:
+    """Encode the staged writes of a batch for complete.lua, collecting the keys they touch
+    into ``staged_keys`` (which the script gets as KEYS[first_key..])."""
+    ops: dict[int, list[list[Any]]] = {}
+    for i, d in enumerate(live, start=1):
+        for command, cmd_keys, cmd_args in d.msg.staged:
+            index = []
+            for key in cmd_keys:
+                staged_keys.append(key)
+                index.append(first_key + len(staged_keys) - 1)
+            ops.setdefault(i, []).append([command, index, list(cmd_args)])
+    return scripts.pack(ops) if ops else b""

@@ -1,0 +1,85 @@
+"""Housekeeping loops of a worker: promote due retries, trim and reap, refresh gauges.
+
+* promote - moves due retries and delayed jobs from ``{S}:delayed`` onto the stream;
+* upkeep  - trims acknowledged entries older than ``retention`` (never a pending or
+  unread one) and removes idle consumers that own nothing;
+* gauges  - reads lag, pending, delayed and dead for the OpenTelemetry gauges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from typing import Final
+
+import redis.exceptions
+
+from . import scripts, telemetry
+from .delivery import Holder
+from .logs import fields
+from .reclaim import jitter
+
+log = logging.getLogger("streamwork.consumer")
+
+PROMOTE_INTERVAL: Final = 0.1  #: s between delayed-ZSET sweeps when nothing is due sooner
+UPKEEP_INTERVAL: Final = 30.0  #: s between trim/reap rounds (jittered)
+GAUGE_INTERVAL: Final = 5.0  #: s between reads of lag/pending/delayed/dead for the gauges
+
+
+async def promote_once(h: Holder) -> None:
+    """Move due jobs from the delayed ZSET onto the stream; pause until the next is due."""
+    batch = h.cfg.batch_size
+    moved, wait_ms = await h.scripts.run(scripts.promote(h.keys, batch))
+    if moved:
+        h.count("promoted", moved)
+    if moved >= batch:
+        return
+    pause = PROMOTE_INTERVAL if wait_ms < 0 else min(wait_ms / 1000, PROMOTE_INTERVAL)
+    await asyncio.sleep(max(pause, 0.005) * random.uniform(0.9, 1.1))
+
+
+async def upkeep_step(h: Holder) -> None:
+    """Wait a jittered interval, then one trim + reap round."""
+    await asyncio.sleep(jitter(UPKEEP_INTERVAL))
+    await upkeep_once(h)
+
+
+async def upkeep_once(h: Holder) -> tuple[int, int]:
+    """One trim + reap round; returns (entries trimmed, consumers removed)."""
+    cfg = h.cfg
+    trimmed = 0
+    if cfg.retention is not None:
+        cutoff = int((time.time() - cfg.retention) * 1000)
+        trimmed = await h.scripts.run(scripts.trim(h.keys, max(cutoff, 0)))
+    reaped = await h.scripts.run(scripts.reap(
+        h.keys, cfg.group, round(cfg.consumer_idle_timeout * 1000), h.name))
+    if trimmed or reaped:
+        log.info("upkeep: trimmed %d entries, removed %d idle consumers", trimmed, reaped,
+                 extra=fields(stream=cfg.stream, group=cfg.group))
+    return int(trimmed), int(reaped)
+
+
+async def gauges_step(h: Holder, metering: bool) -> None:
+    """Refresh the stream gauges (lag, pending, delayed, dead), then wait a few seconds."""
+    if metering:
+        with contextlib.suppress(redis.exceptions.RedisError, OSError):
+            await read_gauges(h)
+    await asyncio.sleep(jitter(GAUGE_INTERVAL))
+
+
+async def read_gauges(h: Holder) -> None:
+    """One pipelined read of the figures behind the gauges."""
+    pipe = h.redis.pipeline(transaction=False)
+    pipe.xinfo_groups(h.cfg.stream)
+    pipe.zcard(h.keys.delayed)
+    pipe.xlen(h.keys.dead)
+    groups, delayed, dead = await pipe.execute(raise_on_error=False)
+    if isinstance(groups, Exception):
+        return
+    for g in groups:
+        name = g["name"].decode() if isinstance(g["name"], bytes) else str(g["name"])
+        telemetry.set_gauges(h.cfg.stream, name, g.get("lag"), int(g["pending"]),
+                             int(delayed), int(dead))
