@@ -23,7 +23,7 @@ lint: $(STAMP)
 # with a shorter randomized fault campaign and another seed, to stay in the CI budget).
 test: lint
 	$(BIN)/pytest -q
-	VK="$$($(BIN)/python -c 'from streamwork.server import embedded_binary as e; print(e() or "")')"; \
+	VK="$$($(BIN)/python -c 'from streamwork._server import embedded_binary as e; print(e() or "")')"; \
 	if [ -n "$$VK" ]; then STREAMWORK_REDIS_SERVER="$$VK" STREAMWORK_NEMESIS_SECONDS=20 \
 	  STREAMWORK_NEMESIS_SEED=$${STREAMWORK_NEMESIS_SEED:-7} $(BIN)/pytest -q -p no:cacheprovider; \
 	else echo "embedded extra missing: Valkey pass skipped"; fi

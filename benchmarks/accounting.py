@@ -10,8 +10,8 @@ from typing import Any, Final
 
 import redis
 
+from streamwork._keys import StreamKeys
 from streamwork.errors import BenchError
-from streamwork.keys import StreamKeys
 
 #: commands the harness itself sends while it watches a worker (not counted)
 OWN_COMMANDS: Final = frozenset({"info", "echo", "config|resetstat", "monitor", "client|info"})

@@ -33,9 +33,9 @@ from benchmarks.measure import (
 from benchmarks.pacing import paced
 from benchmarks.workers import LatencyWorker, NoopWorker
 from streamwork import Producer, StreamWorker
-from streamwork.codec import BODY_FIELD, encode_body
+from streamwork._codec import BODY_FIELD, encode_body
+from streamwork._keys import StreamKeys
 from streamwork.errors import BenchError
-from streamwork.keys import StreamKeys
 
 
 def _entries(reply: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:

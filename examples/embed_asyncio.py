@@ -7,7 +7,7 @@ import asyncio
 import sys
 
 import streamwork as sw
-from streamwork.server import RedisServer
+from streamwork._server import RedisServer
 
 
 class Thumbnails(sw.StreamWorker):

@@ -3,7 +3,7 @@
 import sys
 
 import streamwork as sw
-from streamwork.server import RedisServer
+from streamwork._server import RedisServer
 
 
 class Emails(sw.StreamWorker):

@@ -1,13 +1,19 @@
 """streamwork: distributed job workers on Redis Streams.
 
 Nothing lost (acknowledge after success, reclaim after a visibility timeout), nothing done
-twice (done-markers, leases and fencing tokens), retries with backoff, dead letters.
+twice (job records, leases and fencing tokens), retries with backoff, dead letters.
+
+The public names are exported here (and the errors from ``streamwork.errors``); every
+other module is private (underscored). The classes that need redis-py are imported on
+first use, so ``import streamwork`` stays cheap for a process that only handles errors or
+reads ``__version__``.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
-from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
 from .errors import (
     ConfigError,
@@ -22,17 +28,50 @@ from .errors import (
     StreamworkError,
     WorkerFailed,
 )
-from .lock import AsyncHeldLock, AsyncRedlock, HeldLock, Redlock, async_fenced_set, fenced_set
-from .message import Message
-from .producer import AsyncProducer, Producer
-from .worker import StreamWorker
+
+if TYPE_CHECKING:
+    from ._lock import (
+        AsyncHeldLock,
+        AsyncRedlock,
+        HeldLock,
+        Redlock,
+        async_fenced_set,
+        fenced_set,
+    )
+    from ._message import Message
+    from ._producer import AsyncProducer, Producer
+    from ._worker import Health, StreamWorker
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
-try:
-    __version__ = version("streamwork")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0.0.0"
+#: public names defined in private modules, imported when first used
+_LAZY = {
+    "AsyncHeldLock": "_lock", "AsyncRedlock": "_lock", "HeldLock": "_lock", "Redlock": "_lock",
+    "async_fenced_set": "_lock", "fenced_set": "_lock", "Message": "_message",
+    "AsyncProducer": "_producer", "Producer": "_producer", "Health": "_worker",
+    "StreamWorker": "_worker",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            value: Any = version("streamwork")
+        except PackageNotFoundError:  # pragma: no cover - running from a source tree
+            value = "0.0.0"
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    else:
+        raise AttributeError(f"module 'streamwork' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "AsyncHeldLock",
@@ -41,6 +80,7 @@ __all__ = [
     "ConfigError",
     "DeadLetter",
     "DecodeError",
+    "Health",
     "HeldLock",
     "LockError",
     "LockLost",

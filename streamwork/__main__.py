@@ -1,5 +1,5 @@
 """``python -m streamwork`` runs the CLI."""
 
-from .cli import main
+from ._cli import main
 
 main()

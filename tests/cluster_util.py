@@ -33,7 +33,7 @@ import redis
 import redis.cluster
 import redis.exceptions
 
-from streamwork.server import RedisServer, find_server_binary, free_port
+from streamwork._server import RedisServer, find_server_binary, free_port
 from tests.conftest import no_server
 
 SLOTS = 16384

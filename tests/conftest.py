@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import redis
 
+from streamwork._server import RedisServer, find_server_binary
 from streamwork.errors import StreamworkError
-from streamwork.server import RedisServer, find_server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 

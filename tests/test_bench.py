@@ -19,8 +19,8 @@ from benchmarks import cli as bench_cli
 from benchmarks.report import render
 from benchmarks.run import GOALS
 from streamwork import _bench_cli
+from streamwork._server import find_server_binary
 from streamwork.errors import StreamworkError
-from streamwork.server import find_server_binary
 from tests.conftest import no_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -201,8 +201,8 @@ def test_importing_streamwork_and_its_cli_help_leave_the_harness_unloaded() -> N
     code = (
         "import sys\n"
         "from click.testing import CliRunner\n"
-        "import streamwork, streamwork.cli\n"
-        "result = CliRunner().invoke(streamwork.cli.main, ['--help'])\n"
+        "import streamwork, streamwork._cli\n"
+        "result = CliRunner().invoke(streamwork._cli.main, ['--help'])\n"
         "assert result.exit_code == 0 and 'bench' in result.output, result.output\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'benchmarks')\n"
         "assert not loaded, loaded\n"

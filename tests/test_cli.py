@@ -20,10 +20,10 @@ import redis
 from click.testing import CliRunner, Result
 
 import streamwork as sw
-from streamwork.cli import main
-from streamwork.codec import BODY_FIELD, decode_body
-from streamwork.config import HELP, WorkerConfig
-from streamwork.server import free_port
+from streamwork._cli import main
+from streamwork._codec import BODY_FIELD, decode_body
+from streamwork._config import HELP, WorkerConfig
+from streamwork._server import free_port
 from streamwork.testing import Ledger, wait_for
 from tests.workers import STREAM, LedgerWorker
 

@@ -10,8 +10,8 @@ import pytest
 import redis
 from click.testing import CliRunner, Result
 
-from streamwork.cli import main
-from streamwork.cli_ops import (
+from streamwork._cli import main
+from streamwork._cli_ops import (
     FAIL_EXIT_CODE,
     Threshold,
     check_thresholds,
@@ -19,7 +19,7 @@ from streamwork.cli_ops import (
     parse_threshold,
     register,
 )
-from streamwork.stats import StreamStats
+from streamwork._stats import StreamStats
 from tests.test_stats import STREAM, prepare
 
 if "inspect" not in main.commands or "top" not in main.commands:

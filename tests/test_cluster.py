@@ -11,7 +11,7 @@ import redis
 import redis.cluster
 
 import streamwork as sw
-from streamwork.keys import StreamKeys
+from streamwork._keys import StreamKeys
 from streamwork.testing import run_until_idle
 from tests.cluster_util import local_cluster
 

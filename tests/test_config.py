@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import streamwork as sw
-from streamwork.config import WorkerConfig
+from streamwork._config import WorkerConfig
 from streamwork.errors import ConfigError
 
 DEAD_URL = "redis://127.0.0.1:1/0"  # never contacted: building a worker must not connect

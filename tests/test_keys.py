@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import redis
 
+from streamwork._keys import MAX_NAME_BYTES, StreamKeys, check_name, key_slot
+from streamwork._server import free_port
 from streamwork.errors import ConfigError
-from streamwork.keys import MAX_NAME_BYTES, StreamKeys, check_name, key_slot
-from streamwork.server import free_port
 
 
 def derived(keys: StreamKeys, job_key: str) -> list[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streamwork.dedup import RecentKeys
+from streamwork._recent import RecentKeys
 
 
 class _Clock:

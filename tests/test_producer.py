@@ -12,9 +12,9 @@ import pytest
 import redis
 
 import streamwork as sw
-from streamwork.codec import BODY_FIELD, decode_body
+from streamwork._codec import BODY_FIELD, decode_body
+from streamwork._server import free_port
 from streamwork.errors import ConfigError, PayloadTooLarge, RedisUnavailable
-from streamwork.server import free_port
 
 STREAM = "orders"
 

@@ -18,8 +18,8 @@ import redis
 
 import streamwork as sw
 from streamwork import AsyncProducer, Producer
-from streamwork.keys import StreamKeys
-from streamwork.retry import JITTER_FRACTION
+from streamwork._keys import StreamKeys
+from streamwork._retry import JITTER_FRACTION
 from streamwork.testing import Ledger, await_for, run_until_idle, wait_for
 from tests.workers import LedgerWorker
 from tests.workers_recovery import RecordingWorker, calls

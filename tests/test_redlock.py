@@ -15,12 +15,12 @@ import pytest
 import redis
 import redis.asyncio
 
+from streamwork._keys import redlock_fence_key as fence_key
+from streamwork._keys import redlock_key as lock_key
+from streamwork._lock import AsyncRedlock, Redlock, async_fenced_set, fenced_set
+from streamwork._redlock_core import DEFAULT_NODE_TIMEOUT, drift_allowance, quorum, validity
+from streamwork._server import RedisServer
 from streamwork.errors import ConfigError, LockLost, LockNotAcquired
-from streamwork.keys import redlock_fence_key as fence_key
-from streamwork.keys import redlock_key as lock_key
-from streamwork.lock import AsyncRedlock, Redlock, async_fenced_set, fenced_set
-from streamwork.redlock_core import DEFAULT_NODE_TIMEOUT, drift_allowance, quorum, validity
-from streamwork.server import RedisServer
 
 N = 5
 TTL = 10.0

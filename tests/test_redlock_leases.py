@@ -9,8 +9,8 @@ import pytest
 import redis
 
 import streamwork as sw
-from streamwork.config import WorkerConfig
-from streamwork.keys import StreamKeys, redlock_resource
+from streamwork._config import WorkerConfig
+from streamwork._keys import StreamKeys, redlock_resource
 from streamwork.testing import Ledger, await_for, run_until_idle
 from tests.workers_dedup import StagedLedgerWorker
 

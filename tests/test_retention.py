@@ -12,10 +12,10 @@ from typing import Any
 import redis
 
 from streamwork import Producer
-from streamwork.consumer import Consumer
-from streamwork.keys import StreamKeys
+from streamwork._consumer import Consumer
+from streamwork._keys import StreamKeys
+from streamwork._upkeep import upkeep_once
 from streamwork.testing import Ledger, await_for
-from streamwork.upkeep import upkeep_once
 from tests.workers import LedgerWorker
 
 STREAM, GROUP, OTHER, LAGGARD = "jobs", "testers", "auditors", "laggards"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import redis
 
-from streamwork import scripts
-from streamwork.keys import StreamKeys, key_slot
+from streamwork import _scripts as scripts
+from streamwork._keys import StreamKeys, key_slot
 
 
 def _held(r: redis.Redis, n: int, consumer: str = "me") -> list[bytes]:

@@ -1,4 +1,4 @@
-"""streamwork.stats on a real server: figures match XINFO/XPENDING, discovery, rates."""
+"""streamwork._stats on a real server: figures match XINFO/XPENDING, discovery, rates."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from streamwork import connection
+from streamwork import _connection as connection
+from streamwork._keys import is_dead_letter_stream
+from streamwork._producer import Producer
+from streamwork._stats import compute_rates, discover_streams, sample, stream_stats
 from streamwork.errors import StreamNotFound
-from streamwork.keys import is_dead_letter_stream
-from streamwork.producer import Producer
-from streamwork.stats import compute_rates, discover_streams, sample, stream_stats
 
 STREAM = "orders"
 

@@ -25,9 +25,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import streamwork as sw
-from streamwork import upkeep
-from streamwork.keys import StreamKeys
-from streamwork.server import free_port
+from streamwork import _upkeep as upkeep
+from streamwork._keys import StreamKeys
+from streamwork._server import free_port
 from streamwork.testing import run_until_idle, wait_for
 from tests.workers import LedgerWorker
 
@@ -126,7 +126,7 @@ async def test_gauges_read_real_lag_pending_delayed_dead(redis_url: str, r: redi
     r.xreadgroup("testers", "someone", {stream: ">"}, count=2)
     r.xadd(keys.dead, {"reason": "x"})
     worker = LedgerWorker.from_url(redis_url, stream=stream)
-    from streamwork.consumer import Consumer
+    from streamwork._consumer import Consumer
 
     consumer = Consumer(worker.handle, worker.config, worker.url, "probe")
     await upkeep.read_gauges(consumer)

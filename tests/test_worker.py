@@ -17,8 +17,8 @@ import pytest
 import redis
 
 import streamwork as sw
-from streamwork.codec import encode_body
-from streamwork.keys import StreamKeys
+from streamwork._codec import encode_body
+from streamwork._keys import StreamKeys
 from streamwork.testing import Ledger, run_until_idle, stream_idle, wait_for
 from tests.workers import STREAM, LedgerWorker, SyncLedgerWorker
 from tests.workers_foundation import AsyncProbeWorker, FirstAttemptSlowWorker, SyncProbeWorker

@@ -33,9 +33,9 @@ import pytest
 import redis
 
 import streamwork as sw
+from streamwork._keys import StreamKeys
+from streamwork._server import RedisServer
 from streamwork.errors import WorkerFailed
-from streamwork.keys import StreamKeys
-from streamwork.server import RedisServer
 from streamwork.testing import Ledger, await_for, stream_idle, wait_for
 from tests.workers_faults import LEDGER, STREAM, FaultLedgerWorker
 

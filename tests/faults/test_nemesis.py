@@ -41,9 +41,9 @@ import pytest
 import redis
 
 import streamwork as sw
-from streamwork.codec import decode_body
+from streamwork._codec import decode_body
+from streamwork._keys import StreamKeys
 from streamwork.errors import DecodeError
-from streamwork.keys import StreamKeys
 from streamwork.testing import Ledger, wait_for
 from tests.workers_nemesis import GROUP, LEDGER, POISON_EXIT, SERVED_BY, STREAM, NemesisWorker
 

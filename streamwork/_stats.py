@@ -21,8 +21,8 @@ from typing import Any, Final
 
 import redis
 
+from ._keys import StreamKeys, is_dead_letter_stream
 from .errors import StreamNotFound
-from .keys import StreamKeys, is_dead_letter_stream
 
 __all__ = [
     "ConsumerStats",

@@ -16,10 +16,16 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from . import _bench_cli, cli_ops, config, connection, deadletter, logs, otel
+from . import _bench_cli
+from . import _cli_ops as cli_ops
+from . import _config as config
+from . import _connection as connection
+from . import _deadletter as deadletter
+from . import _logs as logs
+from . import _otel as otel
+from ._producer import Producer
+from ._worker import StreamWorker
 from .errors import StreamworkError
-from .producer import Producer
-from .worker import StreamWorker
 
 url_option = click.option(
     "--url", default=None, help="Redis URL (default: $REDIS_URL, else redis://127.0.0.1:6379/0)."
@@ -174,7 +180,7 @@ def send(stream: str, payload: str, key: str | None, delay: float | None,
 @click.option("--orders", default=2000, show_default=True, help="how many orders to bill")
 def demo(url: str | None, orders: int) -> None:
     """Bill a batch of orders with three workers; a private Redis is used if none answers."""
-    from .demo import run_demo
+    from ._demo import run_demo
 
     result = run_demo(connection.resolve_url(url), orders)
     if not result.ok:

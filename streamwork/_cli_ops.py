@@ -1,7 +1,7 @@
 """``streamwork inspect`` and ``streamwork top``: what operators look at (read-only).
 
 ``register(main)`` adds both commands to the ``streamwork`` click group. The figures come
-from :mod:`streamwork.stats`; see the README's "Operating streamwork" for what they mean.
+from :mod:`streamwork._stats`; see the README's "Operating streamwork" for what they mean.
 
 Exit codes of ``inspect``: 0 fine, 1 error (Redis unreachable, no such stream), 2 a
 ``--fail-if`` threshold was crossed (click also uses 2 for a usage error, such as a bad
@@ -25,9 +25,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from . import connection, stats
+from . import _connection as connection
+from . import _stats as stats
+from ._stats import GroupStats, StreamRates, StreamStats
 from .errors import RedisUnavailable, StreamworkError
-from .stats import GroupStats, StreamRates, StreamStats
 
 __all__ = [
     "FAIL_EXIT_CODE",
@@ -347,7 +348,7 @@ def _frame(before: Sequence[StreamStats], after: Sequence[StreamStats],
 
 def register(main: click.Group) -> None:
     """Add ``inspect`` and ``top`` to the ``streamwork`` command group (idempotent)."""
-    from .cli import url_option  # here, not at import: cli.py may import this module early
+    from ._cli import url_option  # here, not at import: cli.py may import this module early
 
     @click.command("inspect")
     @click.argument("stream", required=False)

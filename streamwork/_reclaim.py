@@ -15,11 +15,11 @@ import random
 import time
 from typing import Any, Final
 
-from . import scripts
-from .delivery import Entry, Holder, State
-from .logs import fields
+from . import _scripts as scripts
+from ._delivery import Entry, Holder, State
+from ._logs import WORKER_LOGGER, fields
 
-log = logging.getLogger("streamwork.consumer")
+log = logging.getLogger(WORKER_LOGGER)
 
 ALONE_POLL: Final = 0.02  #: s between looks while waiting for held deliveries to finish
 

@@ -13,12 +13,12 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from .connection import reconnect_delay
+from ._connection import reconnect_delay
+from ._faults import Fault, classify
+from ._logs import WORKER_LOGGER, fields
 from .errors import WorkerFailed
-from .faults import Fault, classify
-from .logs import fields
 
-log = logging.getLogger("streamwork.consumer")
+log = logging.getLogger(WORKER_LOGGER)
 
 T = TypeVar("T")
 

@@ -35,23 +35,29 @@ from typing import Any, Final
 
 from opentelemetry import trace
 
-from . import connection, heartbeat, leases, reclaim, scripts, telemetry, upkeep
-from .codec import ATTEMPTS_FIELD, BODY_FIELD, decode_body, parse_attempts
-from .config import WorkerConfig
-from .connection import reconnect_delay
-from .dedup import RecentKeys
-from .delivery import Delivery, Entry, Failure, State
+from . import _connection as connection
+from . import _heartbeat as heartbeat
+from . import _leases as leases
+from . import _reclaim as reclaim
+from . import _scripts as scripts
+from . import _telemetry as telemetry
+from . import _upkeep as upkeep
+from ._codec import ATTEMPTS_FIELD, BODY_FIELD, decode_body, parse_attempts
+from ._config import WorkerConfig
+from ._connection import reconnect_delay
+from ._delivery import Delivery, Entry, Failure, State
+from ._keys import StreamKeys
+from ._leases import Claim
+from ._logs import WORKER_LOGGER, fields
+from ._message import Message, revoke
+from ._outcomes import Outcomes
+from ._pool import DaemonPool
+from ._recent import RecentKeys
+from ._retry import retry_delay_for
+from ._supervisor import Supervisor, cancel, uninterrupted
 from .errors import DeadLetter, DecodeError, Retry
-from .keys import StreamKeys
-from .leases import Claim
-from .logs import fields
-from .message import Message
-from .outcomes import Outcomes
-from .pool import DaemonPool
-from .retry import retry_delay_for
-from .supervisor import Supervisor, cancel, uninterrupted
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(WORKER_LOGGER)
 
 TRACEBACK_LIMIT: Final = 2000  #: characters of traceback kept in a dead letter
 WAIT_RETRY: Final = 0.2  #: s before a waiting delivery's lease is tried again (first time)
@@ -222,7 +228,7 @@ class Consumer:
 
     async def _final_flush(self) -> None:
         """Send the outcomes the drain produced, riding out transient errors for a while."""
-        from .faults import Fault, classify
+        from ._faults import Fault, classify
 
         deadline = time.monotonic() + FINAL_FLUSH
         while self.outcomes.pending() and time.monotonic() < deadline:
@@ -274,12 +280,25 @@ class Consumer:
         if not self.inflight and not self.loose:
             self._empty.set()
 
+    def _drop(self, d: Delivery, outcome: str) -> bool:
+        """Give up a delivery's outcome for good (its handler, if running, is told through
+        ``msg.lock_lost``); one that waits or whose outcome waits leaves at once. Returns
+        False if it was already dropped."""
+        if d.dropped:
+            return False
+        d.dropped = True
+        revoke(d.msg)
+        if d.state == State.WAITING:
+            self.waiting.pop(d.entry_id, None)
+            self.forget(d, outcome)
+        elif d.state == State.FINISHING and self.outcomes.discard(d):
+            self.forget(d, outcome)
+        return True
+
     def lose(self, d: Delivery, why: str) -> None:
         """Mark a delivery's lease lost: its outcome will never be written by us."""
-        if d.dropped:
+        if not self._drop(d, "lost"):
             return
-        d.dropped = True
-        d.msg._lost = True
         self.count("lock_lost", 1)
         log.error("lease lost: %s; the job will be completed elsewhere", why, extra=fields(
             stream=self.cfg.stream, group=self.cfg.group, consumer=self.name, key=d.msg.key,
@@ -288,18 +307,13 @@ class Consumer:
     def vanish(self, d: Delivery) -> None:
         """The server no longer knows a delivery we hold (it came back empty, or the group
         was deleted): say so loudly; its outcome cannot be recorded."""
-        if d.dropped:
+        if not self._drop(d, "vanished"):
             return
-        d.dropped = True
-        d.msg._lost = True
         self.count("vanished", 1)
         log.error("job vanished from Redis while held (the server lost its data?); its "
                   "outcome cannot be recorded", extra=fields(
                       stream=self.cfg.stream, group=self.cfg.group, consumer=self.name,
                       key=d.msg.key, entry_id=d.msg.id, attempt=d.msg.attempt))
-        if d.state == State.WAITING:
-            self.waiting.pop(d.entry_id, None)
-            self.forget(d, "vanished")
 
     # ---- reading and admission --------------------------------------------------------
 
@@ -423,9 +437,6 @@ class Consumer:
         """Try again to lease deliveries that wait, pausing longer while nothing gets
         through (0.2 s doubling to 2 s)."""
         await asyncio.sleep(self._wait_pause)
-        for d in [d for d in self.waiting.values() if d.dropped]:
-            del self.waiting[d.entry_id]
-            self.forget(d)
         if not self.waiting:
             self._wait_pause = WAIT_RETRY
             return
@@ -506,7 +517,7 @@ class Consumer:
         await; a sync one's thread cannot be stopped, so its delivery is let go)."""
         if d.state == State.RUNNING and not d.timed_out:
             d.timed_out = True
-            d.msg._lost = True  # msg.check() now raises: the job is someone else's again
+            revoke(d.msg)  # msg.check() now raises: the job is someone else's again
             runner.cancel()
 
     def _timed_out(self, d: Delivery, debug: bool) -> None:

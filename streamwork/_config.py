@@ -12,9 +12,9 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Final
 
-from .codec import DEFAULT_MAX_PAYLOAD_BYTES
+from ._codec import DEFAULT_MAX_PAYLOAD_BYTES
+from ._keys import check_name
 from .errors import ConfigError
-from .keys import check_name
 
 #: heartbeat every visibility_timeout/3, so two missed beats still leave margin
 HEARTBEAT_FRACTION: Final = 1 / 3

@@ -14,12 +14,13 @@ import enum
 import logging
 from typing import Any, Final
 
-from . import scripts, telemetry
-from .delivery import Delivery, Failure, Holder, State
-from .logs import fields
-from .supervisor import uninterrupted
+from . import _scripts as scripts
+from . import _telemetry as telemetry
+from ._delivery import Delivery, Failure, Holder, State
+from ._logs import WORKER_LOGGER, fields
+from ._supervisor import uninterrupted
 
-log = logging.getLogger("streamwork.consumer")
+log = logging.getLogger(WORKER_LOGGER)
 
 FLUSH_CHUNK: Final = 500  #: outcomes per script call (keeps one call around a millisecond)
 
@@ -68,6 +69,17 @@ class Outcomes:
         self.acks.append(entry_id)
         self.needed.set()
 
+    def discard(self, d: Delivery) -> bool:
+        """Take a delivery's outcome back before it is written; True if it was waiting."""
+        if d in self.done:
+            self.done.remove(d)
+            return True
+        for f in self.failed:
+            if f.delivery is d:
+                self.failed.remove(f)
+                return True
+        return False
+
     def pending(self) -> bool:
         return bool(self.acks or self.done or self.failed)
 
@@ -112,15 +124,15 @@ class Outcomes:
     async def _send_done(self, done: list[Delivery]) -> None:
         h = self.host
         lease = h.lease
-        live = []
+        live, spent = [], []
         for d in done:
-            if lease.spent(d):
+            if lease.spent(d):  # a lease held outside Redis ran out: another may run it now
                 h.lose(d, "the Redlock lease expired before completion")
-            if d.dropped:
                 h.forget(d)
+                spent.append(d)
             else:
                 live.append(d)
-        await lease.release([d for d in done if d.dropped])
+        await lease.release(spent)
         if not live:
             return
         cfg = h.cfg
@@ -159,10 +171,7 @@ class Outcomes:
 
     async def _send_failures(self, failed: list[Failure]) -> None:
         h = self.host
-        live = [f for f in failed if f.delivery is None or not f.delivery.dropped]
-        for f in failed:
-            if f.delivery is not None and f.delivery.dropped:
-                h.forget(f.delivery)
+        live = failed
         entries = [[f.entry_id, f.action, f.delay_ms, f.attempts, f.job_key,
                     h.lease.value(f.delivery) if f.delivery else "",
                     f.delivery.member if f.delivery else b"",

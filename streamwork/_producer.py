@@ -21,8 +21,10 @@ from typing import Any, Final, TypeVar
 
 import tenacity
 
-from . import connection, scripts, telemetry
-from .codec import (
+from . import _connection as connection
+from . import _scripts as scripts
+from . import _telemetry as telemetry
+from ._codec import (
     BODY_FIELD,
     DEFAULT_MAX_PAYLOAD_BYTES,
     Payload,
@@ -30,9 +32,9 @@ from .codec import (
     pack_body,
     time_limit_ms,
 )
+from ._faults import is_transient
+from ._keys import StreamKeys
 from .errors import ConfigError, RedisUnavailable
-from .faults import is_transient
-from .keys import StreamKeys
 
 __all__ = ["AsyncProducer", "Producer"]
 

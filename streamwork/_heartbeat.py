@@ -15,11 +15,11 @@ import logging
 import time
 from typing import Any
 
-from . import scripts
-from .delivery import Delivery, Holder, State
-from .logs import fields
+from . import _scripts as scripts
+from ._delivery import Delivery, Holder, State
+from ._logs import WORKER_LOGGER, fields
 
-log = logging.getLogger("streamwork.consumer")
+log = logging.getLogger(WORKER_LOGGER)
 
 
 class Beat(enum.IntEnum):

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from .codec import Payload
+from ._codec import Payload
 from .errors import ConfigError, LockLost
 
-__all__ = ["Message"]
+__all__ = ["Message", "revoke"]
 
 #: what ``Message.stage`` accepts as a key or argument (what redis-py accepts in a command)
 StageValue = str | int | float | bytes | bytearray | memoryview
@@ -108,3 +108,9 @@ class Message:
                 "now; stop and do not write",
                 self.key,
             )
+
+
+def revoke(msg: Message) -> None:
+    """Tell a delivery's handler its job is no longer its own (lease lost, time limit
+    passed): ``msg.lock_lost`` turns true and ``msg.check()`` raises LockLost."""
+    msg._lost = True

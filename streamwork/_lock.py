@@ -56,9 +56,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
-from . import scripts
-from .errors import ConfigError
-from .redlock_core import (
+from . import _scripts as scripts
+from ._redlock_core import (
     DEFAULT_NODE_TIMEOUT,
     DEFAULT_RETRY_DELAY,
     DEFAULT_TTL,
@@ -76,6 +75,7 @@ from .redlock_core import (
     as_int,
     seconds,
 )
+from .errors import ConfigError
 
 __all__ = [
     "AsyncAcquisition",

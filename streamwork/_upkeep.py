@@ -17,12 +17,13 @@ from typing import Final
 
 import redis.exceptions
 
-from . import scripts, telemetry
-from .delivery import Holder
-from .logs import fields
-from .reclaim import jitter
+from . import _scripts as scripts
+from . import _telemetry as telemetry
+from ._delivery import Holder
+from ._logs import WORKER_LOGGER, fields
+from ._reclaim import jitter
 
-log = logging.getLogger("streamwork.consumer")
+log = logging.getLogger(WORKER_LOGGER)
 
 PROMOTE_INTERVAL: Final = 0.1  #: s between delayed-ZSET sweeps when nothing is due sooner
 UPKEEP_INTERVAL: Final = 30.0  #: s between trim/reap rounds (jittered)

@@ -27,8 +27,8 @@ from typing import Any, Final
 import msgpack
 import redis.exceptions
 
-from .codec import ATTEMPTS_FIELD, BODY_FIELD
-from .keys import StreamKeys
+from ._codec import ATTEMPTS_FIELD, BODY_FIELD
+from ._keys import StreamKeys
 
 #: scripts registered from another script's file (with other flags)
 _FILES: Final = {"ack": "complete"}

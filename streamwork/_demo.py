@@ -18,13 +18,13 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .codec import decode_body
+from ._codec import decode_body
+from ._keys import StreamKeys
+from ._message import Message
+from ._producer import AsyncProducer
+from ._server import RedisServer
+from ._worker import StreamWorker
 from .errors import DeadLetter
-from .keys import StreamKeys
-from .message import Message
-from .producer import AsyncProducer
-from .server import RedisServer
-from .worker import StreamWorker
 
 
 @dataclass

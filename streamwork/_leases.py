@@ -14,16 +14,16 @@ import time
 from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Final, TypeVar
 
-from . import scripts
+from . import _scripts as scripts
+from ._faults import Fault, classify
+from ._keys import StreamKeys, redlock_resource
+from ._lock import AsyncHeldLock, AsyncRedlock
+from ._redlock_core import drift_allowance
 from .errors import LockError
-from .faults import Fault, classify
-from .keys import StreamKeys, redlock_resource
-from .lock import AsyncHeldLock, AsyncRedlock
-from .redlock_core import drift_allowance
 
 if TYPE_CHECKING:
-    from .config import WorkerConfig
-    from .delivery import Delivery
+    from ._config import WorkerConfig
+    from ._delivery import Delivery
 
 T = TypeVar("T")
 

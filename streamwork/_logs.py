@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import Any, Final
+
+#: the logger of a worker's delivery loop and its background loops (one name, so log
+#: configuration does not depend on how the package splits its modules)
+WORKER_LOGGER: Final = "streamwork.worker"
 
 
 def fields(**values: Any) -> dict[str, Any]:

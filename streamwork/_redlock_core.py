@@ -10,9 +10,9 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Final, Generic, TypeAlias, TypeVar
 
-from . import scripts
+from . import _scripts as scripts
+from ._keys import check_name, redlock_fence_key, redlock_key
 from .errors import ConfigError, LockLost, LockNotAcquired
-from .keys import check_name, redlock_fence_key, redlock_key
 
 DEFAULT_TTL: Final = 10.0  #: seconds a lock lives on each master unless extended
 DRIFT_FACTOR: Final = 0.01  #: share of the TTL set aside for clock drift between machines

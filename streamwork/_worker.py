@@ -16,11 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from . import connection
-from .config import WorkerConfig, WorkerOptions
-from .consumer import Consumer, consumer_name
-from .keys import check_name
-from .message import Message
+from . import _connection as connection
+from ._config import WorkerConfig, WorkerOptions
+from ._consumer import Consumer, consumer_name
+from ._keys import check_name
+from ._message import Message
 
 __all__ = ["Health", "StreamWorker"]
 

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .config import WorkerConfig
-    from .keys import StreamKeys
-    from .leases import Lease
-    from .lock import AsyncHeldLock
-    from .message import Message
-    from .scripts import AsyncScripts
+    from ._config import WorkerConfig
+    from ._keys import StreamKeys
+    from ._leases import Lease
+    from ._lock import AsyncHeldLock
+    from ._message import Message
+    from ._scripts import AsyncScripts
 
 Entry = tuple[bytes, dict[bytes, bytes] | None]  #: a stream entry as redis-py returns it
 

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import scripts
-from .codec import decode_body
+from . import _scripts as scripts
+from ._codec import decode_body
+from ._keys import StreamKeys
 from .errors import DecodeError
-from .keys import StreamKeys
 
 __all__ = ["DeadLetterEntry", "list_dead", "purge_dead", "replay_dead"]
 
