@@ -7,29 +7,23 @@ import importlib
 import json
 import os
 import sys
-import time
 import types
 import typing
 from typing import Any, Final
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from . import _bench_cli
+from . import _cli_dlq as cli_dlq
 from . import _cli_ops as cli_ops
 from . import _config as config
 from . import _connection as connection
-from . import _deadletter as deadletter
 from . import _logs as logs
 from . import _otel as otel
+from ._cli_common import fail, url_option
 from ._producer import Producer
 from ._worker import StreamWorker
 from .errors import StreamworkError
-
-url_option = click.option(
-    "--url", default=None, help="Redis URL (default: $REDIS_URL, else redis://127.0.0.1:6379/0)."
-)
 
 #: what `--timeout none` (and the like) parses to: the option is given, its value is None
 _NONE: Final = object()
@@ -84,23 +78,19 @@ def _overrides(options: dict[str, Any]) -> dict[str, Any]:
     return {k: None if v is _NONE else v for k, v in given.items()}
 
 
-def _fail(message: str) -> None:
-    raise click.ClickException(message)
-
-
 def load_worker(target: str) -> type[StreamWorker]:
     """Import ``module:Class`` (the current directory is on the path) and check it."""
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
-        _fail(f"{target!r}: give the worker as MODULE:Class, e.g. myapp.workers:Billing")
+        fail(f"{target!r}: give the worker as MODULE:Class, e.g. myapp.workers:Billing")
     sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        _fail(f"cannot import {module_name!r}: {exc}")
+        fail(f"cannot import {module_name!r}: {exc}")
     cls = getattr(module, attr, None)
     if not (isinstance(cls, type) and issubclass(cls, StreamWorker)):
-        _fail(f"{target!r} is not a StreamWorker subclass")
+        fail(f"{target!r} is not a StreamWorker subclass")
     assert isinstance(cls, type)
     return cls
 
@@ -140,7 +130,7 @@ def run(target: str, url: str | None, log_level: str, log_format: str, otlp: boo
         worker = cls.from_url(url, **overrides)
         shutdown = otel.configure(otlp=otel.otlp_requested(otlp), metrics_port=metrics_port)
     except StreamworkError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     # everything allocated at start-up (modules, config, clients) will live as long as the
     # process: move it out of the collector's sight, so full collections stay short
     # (measured: 27-41 ms gen-2 pauses at 256 jobs in flight, none with the freeze)
@@ -150,7 +140,7 @@ def run(target: str, url: str | None, log_level: str, log_format: str, otlp: boo
         worker.run()
     except StreamworkError as exc:
         # e.g. WorkerFailed: its message says what failed and what to do next
-        _fail(f"{type(exc).__name__}: {exc}")
+        fail(f"{type(exc).__name__}: {exc}")
     finally:
         shutdown()
 
@@ -167,12 +157,12 @@ def send(stream: str, payload: str, key: str | None, delay: float | None,
     try:
         data = json.loads(payload)
     except json.JSONDecodeError as exc:
-        _fail(f"PAYLOAD is not valid JSON ({exc}); quote it, e.g. '{{\"order_id\": 7}}'")
+        fail(f"PAYLOAD is not valid JSON ({exc}); quote it, e.g. '{{\"order_id\": 7}}'")
     try:
         with Producer.from_url(url) as producer:
             click.echo(producer.send(stream, data, key=key, delay=delay))
     except StreamworkError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 @main.command()
@@ -187,70 +177,7 @@ def demo(url: str | None, orders: int) -> None:
         sys.exit(1)
 
 
-@main.group()
-def dlq() -> None:
-    """Inspect, replay and purge a stream's dead letters."""
-
-
-@dlq.command("list")
-@click.argument("stream")
-@click.option("--count", default=50, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="one JSON object per line")
-@url_option
-def dlq_list(stream: str, count: int, as_json: bool, url: str | None) -> None:
-    """Show the oldest dead letters of STREAM."""
-    client = connection.sync_client(connection.resolve_url(url))
-    entries = deadletter.list_dead(client, stream, count)
-    if as_json:
-        for e in entries:
-            click.echo(json.dumps(e.as_json(), default=str))
-        return
-    table = Table(title=f"dead letters of {stream} ({len(entries)} shown)")
-    for col in ("id", "key", "reason", "error", "attempts", "died", "source id"):
-        table.add_column(col)
-    for e in entries:
-        died = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.ts_ms / 1000))
-        first_line = e.detail.splitlines()[0] if e.detail else ""
-        table.add_row(e.id, e.key or "?", e.reason, f"{e.error_type}: {first_line}"[:60],
-                      str(e.attempts), died, e.src_id)
-    Console().print(table)
-
-
-@dlq.command("replay")
-@click.argument("stream")
-@click.option("--id", "ids", multiple=True, help="dead-letter id to replay (repeatable)")
-@click.option("--all", "replay_all", is_flag=True, help="replay every dead letter")
-@url_option
-def dlq_replay(stream: str, ids: tuple[str, ...], replay_all: bool, url: str | None) -> None:
-    """Put dead letters back on STREAM as fresh jobs (attempts start again)."""
-    if bool(ids) == replay_all:
-        _fail("say which dead letters: --id ID (repeatable) or --all")
-    client = connection.sync_client(connection.resolve_url(url))
-    replayed, skipped = deadletter.replay_dead(client, stream, list(ids) if ids else None)
-    click.echo(f"replayed {replayed}, skipped {skipped} (unknown id or no original fields)")
-
-
-@dlq.command("purge")
-@click.argument("stream")
-@click.option("--older-than", type=float, default=None,
-              help="only dead letters older than this many seconds")
-@click.option("--id", "ids", multiple=True, help="dead-letter id to delete (repeatable)")
-@click.option("--yes", is_flag=True, help="do not ask for confirmation")
-@url_option
-def dlq_purge(stream: str, older_than: float | None, ids: tuple[str, ...], yes: bool,
-              url: str | None) -> None:
-    """Delete dead letters of STREAM for good (all, --older-than, or --id)."""
-    what = (f"{len(ids)} dead letters" if ids else
-            f"dead letters older than {older_than:g}s" if older_than is not None else
-            "ALL dead letters")
-    if not yes:
-        click.confirm(f"Delete {what} of {stream}?", abort=True)
-    client = connection.sync_client(connection.resolve_url(url))
-    cutoff = None if older_than is None else int((time.time() - older_than) * 1000)
-    n = deadletter.purge_dead(client, stream, older_than_ms=cutoff, ids=list(ids) or None)
-    click.echo(f"deleted {n}")
-
-
+cli_dlq.register(main)
 cli_ops.register(main)
 _bench_cli.register(main)
 

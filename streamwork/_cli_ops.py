@@ -27,6 +27,7 @@ from rich.text import Text
 
 from . import _connection as connection
 from . import _stats as stats
+from ._cli_common import url_option
 from ._stats import GroupStats, StreamRates, StreamStats
 from .errors import RedisUnavailable, StreamworkError
 
@@ -348,8 +349,6 @@ def _frame(before: Sequence[StreamStats], after: Sequence[StreamStats],
 
 def register(main: click.Group) -> None:
     """Add ``inspect`` and ``top`` to the ``streamwork`` command group (idempotent)."""
-    from ._cli import url_option  # here, not at import: cli.py may import this module early
-
     @click.command("inspect")
     @click.argument("stream", required=False)
     @click.option("--json", "as_json", is_flag=True, help="print JSON instead of tables")

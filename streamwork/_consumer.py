@@ -21,19 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import inspect
 import logging
 import os
 import secrets
 import socket
 import time
-import traceback
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, Final
 
-from opentelemetry import trace
+import redis.exceptions
 
 from . import _connection as connection
 from . import _heartbeat as heartbeat
@@ -46,25 +43,23 @@ from ._codec import ATTEMPTS_FIELD, BODY_FIELD, decode_body, parse_attempts
 from ._config import WorkerConfig
 from ._connection import reconnect_delay
 from ._delivery import Delivery, Entry, Failure, State
+from ._faults import Fault, classify
 from ._keys import StreamKeys
 from ._leases import Claim
 from ._logs import WORKER_LOGGER, fields
 from ._message import Message, revoke
 from ._outcomes import Outcomes
-from ._pool import DaemonPool
 from ._recent import RecentKeys
-from ._retry import retry_delay_for
+from ._runner import Handler, Runner
 from ._supervisor import Supervisor, cancel, uninterrupted
-from .errors import DeadLetter, DecodeError, Retry
+from .errors import DecodeError
 
 log = logging.getLogger(WORKER_LOGGER)
 
-TRACEBACK_LIMIT: Final = 2000  #: characters of traceback kept in a dead letter
 WAIT_RETRY: Final = 0.2  #: s before a waiting delivery's lease is tried again (first time)
 WAIT_RETRY_MAX: Final = 2.0  #: s, cap of that pause while nothing gets leased
 FINAL_FLUSH: Final = 2.0  #: s a stopping worker keeps trying to write its last outcomes
 
-Handler = Callable[[Message], Any]  #: ``async def handle(msg)`` or a plain ``def``
 
 
 def max_held(concurrency: int, batch_size: int) -> int:
@@ -75,10 +70,6 @@ def max_held(concurrency: int, batch_size: int) -> int:
 def consumer_name() -> str:
     """A unique consumer name: host-pid-random."""
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-
-
-class HandlerTimeout(Exception):
-    """A handler ran past its job's time limit (``timeout``)."""
 
 
 class Consumer:
@@ -114,8 +105,7 @@ class Consumer:
         self._room = asyncio.Event()
         self._empty = asyncio.Event()
         self._wait_pause = WAIT_RETRY
-        self._is_async = inspect.iscoroutinefunction(handle)
-        self._pool = None if self._is_async else DaemonPool(cfg.concurrency, f"sw-{cfg.stream}")
+        self.runner = Runner(self, handle)
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -145,7 +135,7 @@ class Consumer:
             sup.loop("upkeep", lambda: upkeep.upkeep_step(self)),
             sup.loop("gauges", self._gauges_step),
         ]
-        runners = [sup.spawn("runner", self._run_loop()) for _ in range(self.cfg.concurrency)]
+        runners = [sup.spawn("runner", self.runner.loop()) for _ in range(self.cfg.concurrency)]
         runners.append(sup.loop("leaser", self._lease_waiting_once))
         keepers = [sup.loop("flusher", self.outcomes.step)]
         if self.cfg.heartbeat:
@@ -168,8 +158,7 @@ class Consumer:
             raise sup.fatal
 
     async def _close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
+        self.runner.close()
         with contextlib.suppress(Exception):
             await self.redis.aclose()
         with contextlib.suppress(Exception):
@@ -203,8 +192,6 @@ class Consumer:
 
     async def ensure_group(self) -> None:
         """Create the consumer group at id 0 (so earlier jobs are delivered) if missing."""
-        import redis.exceptions
-
         try:
             await self.redis.xgroup_create(self.cfg.stream, self.cfg.group, id="0", mkstream=True)
         except redis.exceptions.ResponseError as exc:
@@ -228,8 +215,6 @@ class Consumer:
 
     async def _final_flush(self) -> None:
         """Send the outcomes the drain produced, riding out transient errors for a while."""
-        from ._faults import Fault, classify
-
         deadline = time.monotonic() + FINAL_FLUSH
         while self.outcomes.pending() and time.monotonic() < deadline:
             try:
@@ -447,136 +432,3 @@ class Consumer:
             self._wait_pause = WAIT_RETRY
 
     # ---- running handlers -------------------------------------------------------------
-
-    async def _run_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        runner = asyncio.current_task()
-        assert runner is not None
-        cfg = self.cfg
-        debug = log.isEnabledFor(logging.DEBUG)
-        while True:
-            d = await self.queue.get()
-            msg = d.msg
-            if d.dropped:
-                self.forget(d)
-                continue
-            d.state = State.RUNNING
-            d.started = time.monotonic()
-            timer = (None if d.limit is None
-                     else loop.call_later(d.limit, self._time_out, d, runner))
-            if self.tracing:
-                d.span = telemetry.consumer_span(
-                    cfg.stream, cfg.group, msg.id, msg.attempt, msg.key, msg.headers)
-            if debug:
-                log.debug("job started", extra=fields(
-                    stream=cfg.stream, group=cfg.group, consumer=self.name, key=msg.key,
-                    entry_id=msg.id, attempt=msg.attempt))
-            try:
-                if d.span is None:
-                    await self._call(msg)
-                else:
-                    with trace.use_span(d.span, end_on_exit=False):
-                        await self._call(msg)
-            except asyncio.CancelledError:
-                if not d.timed_out:
-                    telemetry.end_span(d.span, "cancelled")
-                    self.forget(d)
-                    raise
-                _uncancel(runner)
-                self._timed_out(d, debug)
-            except Exception as exc:
-                if d.timed_out:
-                    _uncancel(runner)
-                    self._timed_out(d, debug)
-                else:
-                    self._finished(d, "failed", debug)
-                    self._failed(d, exc)
-            else:
-                if d.timed_out:  # the handler swallowed its cancellation
-                    _uncancel(runner)
-                    self._timed_out(d, debug)
-                else:
-                    self._finished(d, "ok", debug)
-                    self._succeeded(d)
-            finally:
-                if timer is not None:
-                    timer.cancel()
-
-    async def _call(self, msg: Message) -> None:
-        """Run the handler: on the loop (async) or on a pool thread (plain def)."""
-        if self._pool is None:
-            await self.handle(msg)
-        elif self.tracing:
-            ctx = contextvars.copy_context()
-            await asyncio.wrap_future(self._pool.submit(ctx.run, self.handle, msg))
-        else:
-            await asyncio.wrap_future(self._pool.submit(self.handle, msg))
-
-    def _time_out(self, d: Delivery, runner: asyncio.Task[None]) -> None:
-        """The job's time limit passed: cancel its handler (an async one stops at its next
-        await; a sync one's thread cannot be stopped, so its delivery is let go)."""
-        if d.state == State.RUNNING and not d.timed_out:
-            d.timed_out = True
-            revoke(d.msg)  # msg.check() now raises: the job is someone else's again
-            runner.cancel()
-
-    def _timed_out(self, d: Delivery, debug: bool) -> None:
-        if self._pool is not None:
-            self._pool.abandon()  # its thread may still run: keep the pool's size for others
-        self._finished(d, "timeout", debug)
-        self.count("timed_out", 1)
-        self._failed(d, HandlerTimeout(
-            f"the handler ran longer than its time limit of {d.limit or 0:g} s (timeout) and "
-            f"was {'cancelled' if self._is_async else 'abandoned; its late outcome is dropped'}"))
-
-    def _finished(self, d: Delivery, result: str, debug: bool) -> None:
-        if not (self.metering or debug):
-            return
-        took = time.monotonic() - d.started
-        if self.metering:
-            telemetry.record_duration(took, self.cfg.stream, self.cfg.group, result)
-        if debug:
-            log.debug("job finished", extra=fields(
-                stream=self.cfg.stream, group=self.cfg.group, consumer=self.name,
-                key=d.msg.key, entry_id=d.msg.id, attempt=d.msg.attempt,
-                duration_ms=round(took * 1000, 2), outcome=result))
-
-    def _succeeded(self, d: Delivery) -> None:
-        if d.dropped:  # its lease was lost while it ran
-            self.forget(d)
-        else:
-            self.outcomes.succeeded(d)
-
-    def _failed(self, d: Delivery, exc: Exception) -> None:
-        if d.dropped:
-            self.forget(d)
-            return
-        cfg, msg = self.cfg, d.msg
-        etype = type(exc).__name__
-        detail = f"{exc}\n" + "".join(traceback.format_exception(exc))[-TRACEBACK_LIMIT:]
-        if isinstance(exc, DeadLetter):
-            action, reason, delay = "d", f"dead_letter: {exc.reason}", 0.0
-        elif msg.attempt >= cfg.max_deliveries:
-            action, reason, delay = "d", "timeout" if d.timed_out else "max_deliveries", 0.0
-        else:
-            action = "r"
-            reason = "timeout" if d.timed_out else "retry"
-            explicit = exc.delay if isinstance(exc, Retry) else None
-            delay = retry_delay_for(msg.attempt, cfg.retry_delay, cfg.retry_max_delay,
-                                    explicit=explicit)
-        log.warning("job failed: %s", "retrying" if action == "r" else "dead-lettered",
-                    extra=fields(stream=cfg.stream, group=cfg.group, consumer=self.name,
-                                 key=msg.key, entry_id=msg.id, attempt=msg.attempt,
-                                 error_type=etype, reason=reason,
-                                 duration_ms=round((time.monotonic() - d.started) * 1000, 1)))
-        self.outcomes.add_failure(Failure(
-            d, d.entry_id, action, round(delay * 1000), msg.attempt, reason, etype, detail,
-            msg.key, d.body, exc))
-
-
-def _uncancel(task: asyncio.Task[None]) -> None:
-    """Withdraw a cancellation this worker made itself (a time limit), on Pythons that
-    count them (3.11+), so later timeouts inside handlers are not confused."""
-    uncancel = getattr(task, "uncancel", None)
-    if uncancel is not None:
-        uncancel()

@@ -119,19 +119,3 @@ def redlock_resource(stream: str, key: str) -> str:
     digest = hashlib.sha256(msgpack.packb([stream, key], use_bin_type=True)).hexdigest()
     return f"streamwork-{digest[:40]}"
 
-
-def key_slot(key: str | bytes) -> int:
-    """Redis Cluster hash slot of ``key`` (CRC16/XMODEM of its hash tag, mod 16384)."""
-    raw = key.encode() if isinstance(key, str) else key
-    start = raw.find(b"{")
-    if start != -1:
-        end = raw.find(b"}", start + 1)
-        if end > start + 1:
-            raw = raw[start + 1 : end]
-    crc = 0
-    for byte in raw:
-        crc ^= byte << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else (crc << 1)
-            crc &= 0xFFFF
-    return crc % 16384
