@@ -113,9 +113,15 @@ def _last_id(client: Any, stream: str) -> Any:
 
 async def run_until_idle(worker: StreamWorker, client: Any, timeout: float = 30.0) -> None:
     """Serve ``worker`` until its group is idle (everything acked, nothing delayed), then
-    stop it. ``client`` is a sync redis client used to look; raise on timeout."""
+    stop it; raise AssertionError on timeout. ``client`` is a sync redis client used to
+    look; each look runs in a thread, so the event loop the worker serves on never waits
+    for Redis."""
     task = asyncio.create_task(worker.serve())
     cfg = worker.config
+
+    def idle() -> bool:
+        return bool(client.exists(cfg.stream)) and stream_idle(client, cfg.stream, cfg.group)
+
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -123,7 +129,7 @@ async def run_until_idle(worker: StreamWorker, client: Any, timeout: float = 30.
             if task.done():
                 task.result()
                 raise AssertionError("worker stopped on its own before the stream was idle")
-            if client.exists(cfg.stream) and stream_idle(client, cfg.stream, cfg.group):
+            if await asyncio.to_thread(idle):
                 return
             if time.monotonic() > deadline:
                 raise AssertionError(f"stream {cfg.stream!r} not idle after {timeout:g}s: "

@@ -22,7 +22,6 @@ import itertools
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ import redis.cluster
 import redis.exceptions
 
 from streamwork._server import RedisServer, find_server_binary, free_port
+from streamwork.testing import wait_for
 from tests.conftest import no_server
 
 SLOTS = 16384
@@ -227,32 +227,38 @@ def local_cluster(
     nodes = {s.port: redis.Redis(host="127.0.0.1", port=s.port, socket_timeout=5)
              for s in servers}
     client: redis.cluster.RedisCluster | None = None
+    why: str | None = "not looked at yet"
+
+    def formed() -> tuple[list[RedisServer], dict[int, tuple[str, int]]] | None:
+        """(masters, role of each port) once the cluster is fully formed, else None (and
+        ``why`` says what is missing)."""
+        nonlocal client, why
+        try:
+            why = _not_ready(nodes, masters, replicas)
+            if why is not None:
+                return None
+            # roles as the cluster reports them (redis-cli picks the masters)
+            view = _nodes_view(_raw(nodes[servers[0].port], "CLUSTER", "NODES"))
+            roles = {int(a.rsplit(":", 1)[1]): (role, int(m.rsplit(":", 1)[1])
+                                                if m != "-" else 0)
+                     for a, (role, m, _) in view.items()}
+            firsts = [s for s in servers if roles[s.port][0] == "master"]
+            if client is None:
+                client = redis.cluster.RedisCluster(host="127.0.0.1", port=firsts[0].port)
+            why = _probe(client, firsts)
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException,
+                ValueError) as e:
+            why = f"a node did not answer as expected: {e!r}"
+        return (firsts, roles) if why is None else None
+
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                why = _not_ready(nodes, masters, replicas)
-                if why is None:
-                    # roles as the cluster reports them (redis-cli picks the masters)
-                    view = _nodes_view(_raw(nodes[servers[0].port], "CLUSTER", "NODES"))
-                    role_of = {int(a.rsplit(":", 1)[1]): (role, int(m.rsplit(":", 1)[1])
-                                                          if m != "-" else 0)
-                               for a, (role, m, _) in view.items()}
-                    primaries = [s for s in servers if role_of[s.port][0] == "master"]
-                    if client is None:
-                        client = redis.cluster.RedisCluster(host="127.0.0.1",
-                                                            port=primaries[0].port)
-                    why = _probe(client, primaries)
-            except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException,
-                    ValueError) as e:
-                why = f"a node did not answer as expected: {e!r}"
-            if why is None:
-                break
-            if time.monotonic() > deadline:
-                raise AssertionError(f"cluster not formed after {timeout:g}s: {why}\n"
-                                     f"redis-cli said:\n{made.stdout}{made.stderr}")
-            time.sleep(0.05)
-        assert client is not None
+        try:
+            found = wait_for(formed, timeout, 0.05, message="the cluster to form")
+        except AssertionError:
+            raise AssertionError(f"cluster not formed after {timeout:g}s: {why}\n"
+                                 f"redis-cli said:\n{made.stdout}{made.stderr}") from None
+        assert found is not None and client is not None
+        primaries, role_of = found
         yield LocalCluster(
             client=client, masters=primaries,
             replicas=[s for s in servers if role_of[s.port][0] == "replica"],

@@ -20,7 +20,7 @@ from streamwork._cli_ops import (
     register,
 )
 from streamwork._stats import StreamStats
-from tests.test_stats import STREAM, prepare
+from tests.test_stats import STREAM, prepare, wait_idle
 
 if "inspect" not in main.commands or "top" not in main.commands:
     register(main)
@@ -54,7 +54,7 @@ def test_register_is_idempotent() -> None:
 def test_inspect_json_matches_xinfo_and_xpending(redis_url: str, r: redis.Redis) -> None:
     """`inspect orders --json` reports what XINFO/XPENDING/ZCOUNT/XLEN say."""
     prepare(redis_url, r)
-    time.sleep(0.3)
+    wait_idle(r, 300)
     result = cli("inspect", STREAM, "--json", "--url", redis_url)
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
@@ -120,7 +120,7 @@ def test_fail_if_exits_2_exactly_when_a_threshold_is_crossed(redis_url: str,
                                                              r: redis.Redis) -> None:
     """Each metric on both sides of its threshold: 2 with one FAIL line, else 0 and silent."""
     prepare(redis_url, r)
-    time.sleep(0.3)
+    wait_idle(r, 300)
     for crossed, fine, line in THRESHOLDS:
         bad = cli("inspect", STREAM, "-q", "--fail-if", crossed, "--url", redis_url)
         assert bad.exit_code == FAIL_EXIT_CODE, (crossed, bad.output)

@@ -1,6 +1,8 @@
-"""Worker options (config.py): every option is checked at build time, naming the option.
+"""Worker options (_config.py): every option is checked at build time, naming the option;
+WorkerConfig is built from a class plus overrides, frozen, comparable.
 
-No Redis is touched: workers are built against a URL nothing listens on.
+No Redis is touched: workers are built against a URL nothing listens on, and WorkerConfig
+is also built directly.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 import pytest
 
 import streamwork as sw
-from streamwork._config import WorkerConfig
+from streamwork._config import HELP, WorkerConfig, WorkerOptions, option_types
 from streamwork.errors import ConfigError
 
 DEAD_URL = "redis://127.0.0.1:1/0"  # never contacted: building a worker must not connect
@@ -181,3 +183,149 @@ def test_default_windows_fail_horizon_when_retry_cap_is_large() -> None:
     with pytest.raises(ConfigError) as info:
         Plain.from_url(DEAD_URL, retry_max_delay=1000.0)
     assert info.value.option == "dedup_window"
+
+
+# ---- WorkerConfig itself (pure: no worker, no URL) ---------------------------------------
+
+
+def test_options_are_declared_once_and_stream_worker_inherits_them() -> None:
+    """Every option is declared in WorkerOptions only: StreamWorker inherits it (its class
+    attribute is the default) and does not declare it again."""
+    names = WorkerConfig.option_names()
+    assert issubclass(sw.StreamWorker, WorkerOptions)
+    assert names == tuple(option_types())
+    assert "stream" in names and "concurrency" in names
+    redeclared = [n for n in names if n in vars(sw.StreamWorker)]
+    assert not redeclared, f"StreamWorker declares options again: {redeclared}"
+    assert set(HELP) == set(names), "every option has one line of help, and only options do"
+
+
+def test_defaults_equal_the_stream_worker_class_attributes() -> None:
+    """A WorkerConfig given only stream and group holds StreamWorker's class attributes
+    for every other option."""
+    cfg = WorkerConfig(stream="orders", group="billing")
+    for name in WorkerConfig.option_names():
+        if name in ("stream", "group"):
+            continue
+        assert getattr(cfg, name) == getattr(sw.StreamWorker, name), name
+    assert (cfg.stream, cfg.group) == ("orders", "billing")
+
+
+def test_build_takes_a_class_attributes_and_overrides_win() -> None:
+    """build(source, overrides) reads options from any object's attributes, lets the
+    overrides replace them, fills the rest with defaults, and leaves the source alone."""
+    class Source:
+        stream = "orders"
+        group = "billing"
+        concurrency = 3
+        dedup = False
+        unrelated = "not an option"
+
+    cfg = WorkerConfig.build(Source, {"concurrency": 7, "batch_size": 10})
+    assert (cfg.stream, cfg.group, cfg.concurrency, cfg.batch_size, cfg.dedup) == (
+        "orders", "billing", 7, 10, False)
+    assert cfg.visibility_timeout == WorkerOptions.visibility_timeout
+    assert not hasattr(cfg, "unrelated")
+    assert Source.concurrency == 3
+    assert WorkerConfig.build(Source(), {}) == WorkerConfig.build(Source, {})
+
+
+@pytest.mark.parametrize("make", [
+    lambda: WorkerConfig(stream="s", group="g", concurency=4),
+    lambda: WorkerConfig.build(Plain, {"concurency": 4}),
+], ids=["keywords", "build"])
+def test_unknown_option_names_raise_naming_the_known_ones(make: Any) -> None:
+    """An unknown option raises ConfigError naming it, and the message lists every known
+    option, whether given as a keyword or as a build() override."""
+    with pytest.raises(ConfigError) as info:
+        make()
+    assert info.value.option == "concurency"
+    for name in WorkerConfig.option_names():
+        assert name in str(info.value), name
+
+
+@pytest.mark.parametrize("missing", ["stream", "group"])
+def test_build_requires_stream_and_group(missing: str) -> None:
+    """build() from a source without stream or group raises ConfigError naming the one
+    missing and how to set it; so does a config built from keywords without it."""
+    class Source:
+        stream = "orders"
+        group = "billing"
+
+    setattr(Source, missing, "")
+    with pytest.raises(ConfigError) as info:
+        WorkerConfig.build(Source, {})
+    assert info.value.option == missing
+    assert f"{missing}=" in str(info.value)
+    given = {"stream": "orders", "group": "billing"}
+    del given[missing]
+    with pytest.raises(ConfigError) as info:
+        WorkerConfig(**given)
+    assert info.value.option == missing
+
+
+def test_dedup_horizon_is_checked_on_the_config_itself() -> None:
+    """With dedup on, dedup_window must reach max_deliveries x (visibility_timeout +
+    retry_max_delay): just below raises ConfigError naming dedup_window and the horizon,
+    exactly at it is accepted, and with dedup off it is not checked."""
+    opts: dict[str, Any] = {"stream": "s", "group": "g", "max_deliveries": 2,
+                            "visibility_timeout": 1.5, "retry_max_delay": 2.5}
+    horizon = 2 * (1.5 + 2.5)
+    with pytest.raises(ConfigError) as info:
+        WorkerConfig(**opts, dedup_window=horizon - 0.001)
+    assert info.value.option == "dedup_window"
+    assert f"{horizon:g}s" in str(info.value)
+    assert WorkerConfig(**opts, dedup_window=horizon).dedup_window == horizon
+    assert WorkerConfig(**opts, dedup=False, dedup_window=0.5).dedup is False
+
+
+def test_config_is_frozen_after_build() -> None:
+    """No option of a built config can be set, and a failed attempt changes nothing."""
+    cfg = WorkerConfig(stream="s", group="g")
+    for name in ("concurrency", "stream", "not_an_option"):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(cfg, name, 1)
+    assert cfg == WorkerConfig(stream="s", group="g")
+
+
+def test_equal_configs_compare_and_hash_equal() -> None:
+    """Configs with the same options are equal and hash alike; one differing option makes
+    them unequal; a config never equals a plain mapping of its options."""
+    a = WorkerConfig(stream="s", group="g", concurrency=4)
+    b = WorkerConfig.build(Plain, {"stream": "s", "group": "g", "concurrency": 4})
+    assert a == b and hash(a) == hash(b)
+    assert len({a, b}) == 1
+    assert a != WorkerConfig(stream="s", group="g", concurrency=5)
+    assert a != a.as_dict()
+
+
+def test_repr_lists_every_option_in_order_and_round_trips() -> None:
+    """repr() names every option in declaration order, and evaluates back to an equal
+    config."""
+    cfg = WorkerConfig(stream="s", group="g", lock_urls=["redis://127.0.0.1:1/0"],
+                       timeout=None)
+    text = repr(cfg)
+    assert text.startswith("WorkerConfig(stream='s', group='g', concurrency=16, ")
+    positions = [text.index(f" {name}=") if i else text.index(f"({name}=")
+                 for i, name in enumerate(WorkerConfig.option_names())]
+    assert positions == sorted(positions)
+    assert eval(text, {"WorkerConfig": WorkerConfig}) == cfg
+
+
+def test_lock_urls_are_kept_as_a_tuple() -> None:
+    """lock_urls given as a list are stored as a tuple, so the config stays hashable."""
+    cfg = WorkerConfig(stream="s", group="g", lock_urls=["redis://a:1", "redis://b:1"])
+    assert cfg.lock_urls == ("redis://a:1", "redis://b:1")
+    assert isinstance(hash(cfg), int)
+
+
+def test_derived_timings() -> None:
+    """visibility_ms is the visibility timeout in whole ms (at least 1), the heartbeat comes
+    every third of it, and reclaim sweeps every half of it up to 5 s unless set."""
+    cfg = WorkerConfig(stream="s", group="g", visibility_timeout=3.0)
+    assert cfg.visibility_ms == 3000
+    assert cfg.heartbeat_interval == pytest.approx(1.0)
+    assert cfg.reclaim_every == 1.5
+    assert WorkerConfig(stream="s", group="g").reclaim_every == 5.0
+    assert WorkerConfig(stream="s", group="g", reclaim_interval=0.25).reclaim_every == 0.25
+    assert WorkerConfig(stream="s", group="g", visibility_timeout=0.05).visibility_ms == 50

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 import redis
 
-from streamwork._keys import MAX_NAME_BYTES, StreamKeys, check_name, key_slot
+from streamwork._keys import MAX_NAME_BYTES, StreamKeys, check_name
 from streamwork._server import free_port
 from streamwork.errors import ConfigError
+from tests.slots import key_slot
 
 
 def derived(keys: StreamKeys, job_key: str) -> list[str]:

@@ -1,40 +1,127 @@
-"""The public surface: DESIGN.md's names are exported from ``streamwork`` and importable."""
+"""The public surface: ``streamwork.__all__`` and ``streamwork.errors.__all__`` are pinned,
+every name imports from where it should, and ``import streamwork`` stays cheap."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 import streamwork as sw
 import streamwork.errors
 
+#: streamwork.__all__, pinned: a name added to or dropped from the public API fails here
+PUBLIC = [
+    "AsyncHeldLock",
+    "AsyncProducer",
+    "AsyncRedlock",
+    "ConfigError",
+    "DeadLetter",
+    "DecodeError",
+    "Health",
+    "HeldLock",
+    "LockError",
+    "LockLost",
+    "LockNotAcquired",
+    "Message",
+    "PayloadTooLarge",
+    "Producer",
+    "RedisUnavailable",
+    "Redlock",
+    "Retry",
+    "StreamWorker",
+    "StreamworkError",
+    "WorkerFailed",
+    "__version__",
+    "async_fenced_set",
+    "fenced_set",
+]
+
+#: streamwork.errors.__all__, pinned the same way
+ERRORS = [
+    "BenchError",
+    "ConfigError",
+    "DeadLetter",
+    "DecodeError",
+    "HandlerControl",
+    "LockError",
+    "LockLost",
+    "LockNotAcquired",
+    "PayloadTooLarge",
+    "RedisUnavailable",
+    "Retry",
+    "StreamNotFound",
+    "StreamworkError",
+    "WorkerFailed",
+]
+
 DESIGN_NAMES = ["Producer", "AsyncProducer", "StreamWorker", "Message", "Redlock", "Retry",
                 "DeadLetter", "StreamworkError", "LockNotAcquired"]
 
 
-def test_all_holds_the_design_names() -> None:
-    """streamwork.__all__ lists every public name of DESIGN.md, without duplicates."""
-    missing = set(DESIGN_NAMES) - set(sw.__all__)
-    assert not missing, f"missing from streamwork.__all__: {sorted(missing)}"
-    assert len(sw.__all__) == len(set(sw.__all__))
+def test_all_is_exactly_the_pinned_public_names() -> None:
+    """streamwork.__all__ equals the pinned, sorted list: nothing missing, nothing extra,
+    and DESIGN.md's names among them."""
+    assert sorted(PUBLIC) == PUBLIC
+    assert sw.__all__ == PUBLIC
+    assert set(DESIGN_NAMES) <= set(PUBLIC)
 
 
-@pytest.mark.parametrize("name", sorted(set(sw.__all__) - {"__version__"}))
-def test_each_export_exists_and_its_module_imports(name: str) -> None:
-    """Every name in __all__ is an attribute of streamwork whose defining module imports
-    and holds the very same object."""
-    obj = getattr(sw, name)
-    module_name = getattr(obj, "__module__", None)
-    assert module_name and module_name.startswith("streamwork"), (name, module_name)
-    module = importlib.import_module(module_name)
-    assert getattr(module, obj.__name__) is obj
+def test_errors_all_is_exactly_the_pinned_error_names() -> None:
+    """streamwork.errors.__all__ equals the pinned, sorted list of error names."""
+    assert sorted(ERRORS) == ERRORS
+    assert streamwork.errors.__all__ == ERRORS
+
+
+@pytest.mark.parametrize("name", [n for n in PUBLIC if n != "__version__"])
+def test_each_export_imports_and_comes_from_streamwork(name: str) -> None:
+    """``from streamwork import <name>`` works for every public name, and the object is
+    defined in a streamwork module that holds the very same object."""
+    namespace: dict[str, Any] = {}
+    exec(f"from streamwork import {name}", namespace)
+    obj = namespace[name]
+    assert obj is getattr(sw, name)
+    module_name = obj.__module__
+    assert module_name.startswith("streamwork"), (name, module_name)
+    assert getattr(importlib.import_module(module_name), obj.__name__) is obj
+
+
+@pytest.mark.parametrize("name", ERRORS)
+def test_each_error_imports_and_is_defined_in_errors(name: str) -> None:
+    """``from streamwork.errors import <name>`` works for every error name; each is a
+    StreamworkError defined in streamwork.errors, and the top-level name, where there is
+    one, is the same object."""
+    namespace: dict[str, Any] = {}
+    exec(f"from streamwork.errors import {name}", namespace)
+    obj = namespace[name]
+    assert obj.__module__ == "streamwork.errors"
+    assert issubclass(obj, sw.StreamworkError)
+    if name in PUBLIC:
+        assert getattr(sw, name) is obj
+
+
+def test_import_streamwork_does_not_import_redis() -> None:
+    """``import streamwork`` is lazy: a fresh interpreter that imports it (and the errors)
+    has not imported redis-py."""
+    code = ("import sys, streamwork, streamwork.errors; "
+            "print(sorted(m for m in sys.modules if m == 'redis' or m.startswith('redis.')))")
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60, cwd=root)
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_version_is_a_string() -> None:
-    """streamwork.__version__ is a non-empty version string."""
-    assert isinstance(sw.__version__, str) and sw.__version__
+    """``from streamwork import __version__`` gives a non-empty version string."""
+    from streamwork import __version__
+
+    assert isinstance(__version__, str) and __version__
 
 
 def test_errors_are_one_tree_and_exported_from_errors_too() -> None:
@@ -61,11 +148,11 @@ def test_retry_and_dead_letter_carry_their_arguments() -> None:
 def test_message_has_the_design_fields() -> None:
     """sw.Message carries id, stream, key, payload, attempt, enqueued_at, headers and
     fencing_token (None by default)."""
+    fields = {f.name for f in dataclasses.fields(sw.Message)}
+    assert {"id", "stream", "key", "payload", "attempt", "enqueued_at", "headers",
+            "fencing_token"} <= fields
     msg = sw.Message(id="1-0", stream="s", key="k", payload={"a": 1}, attempt=1,
                      enqueued_at=1.0, headers={})
-    for field in ("id", "stream", "key", "payload", "attempt", "enqueued_at", "headers",
-                  "fencing_token"):
-        assert hasattr(msg, field), field
     assert msg.fencing_token is None
 
 
@@ -85,7 +172,8 @@ def test_producers_have_twin_methods() -> None:
     """Producer and AsyncProducer both offer from_url, send and send_many (async on the
     async one)."""
     for method in ("from_url", "send", "send_many"):
-        assert hasattr(sw.Producer, method) and hasattr(sw.AsyncProducer, method)
+        assert callable(getattr(sw.Producer, method)), method
+        assert callable(getattr(sw.AsyncProducer, method)), method
     assert inspect.iscoroutinefunction(sw.AsyncProducer.send)
     assert inspect.iscoroutinefunction(sw.AsyncProducer.send_many)
     assert not inspect.iscoroutinefunction(sw.Producer.send)

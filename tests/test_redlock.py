@@ -21,6 +21,7 @@ from streamwork._lock import AsyncRedlock, Redlock, async_fenced_set, fenced_set
 from streamwork._redlock_core import DEFAULT_NODE_TIMEOUT, drift_allowance, quorum, validity
 from streamwork._server import RedisServer
 from streamwork.errors import ConfigError, LockLost, LockNotAcquired
+from streamwork.testing import await_for, wait_for
 
 N = 5
 TTL = 10.0
@@ -80,13 +81,6 @@ class FakeClock:
         now = self.now
         self.now += self.step
         return now
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 def values(clients: list[redis.Redis], key: str) -> list[bytes | str | None]:
@@ -252,7 +246,7 @@ def test_expired_holder_release_keeps_new_holders_lock(
 ) -> None:
     key = lock_key("f")
     a = make_lock(ttl=0.3).acquire("f")
-    wait_until(keys_gone(nodes, key))
+    wait_for(keys_gone(nodes, key), 5.0, 0.01, message="the lock keys to expire")
     b = make_lock(ttl=TTL).acquire("f")
     b_values = values(nodes, key)
     assert a.valid_for == 0
@@ -267,7 +261,7 @@ def test_extend_after_expiry_is_lost_and_never_recreates(
     key = lock_key("g")
     # real clock: the local deadline has passed
     held = make_lock(ttl=0.3).acquire("g")
-    wait_until(keys_gone(nodes, key))
+    wait_for(keys_gone(nodes, key), 5.0, 0.01, message="the lock keys to expire")
     with pytest.raises(LockLost):
         held.extend()
     assert keys_gone(nodes, key)()
@@ -278,7 +272,7 @@ def test_extend_after_expiry_is_lost_and_never_recreates(
     # refuse to touch the expired keys
     frozen = make_lock(ttl=0.3, clock=FakeClock()).acquire("g")
     assert frozen.valid_for > 0
-    wait_until(keys_gone(nodes, key))
+    wait_for(keys_gone(nodes, key), 5.0, 0.01, message="the lock keys to expire")
     with pytest.raises(LockLost, match="0 of 5"):
         frozen.extend(ttl=TTL)
     assert keys_gone(nodes, key)()
@@ -378,7 +372,8 @@ def test_delayed_restart_keeps_the_lock_exclusive(
     while a.valid_for > 0:
         with pytest.raises(LockNotAcquired):
             b_lock.acquire("acct")
-    wait_until(keys_gone(nodes[1:3], lock_key("acct")))
+    wait_for(keys_gone(nodes[1:3], lock_key("acct")), 5.0, 0.01,
+             message="the lock keys to expire")
     servers[0].start()
     with b_lock.acquire("acct") as b:
         assert b.fencing_token > a.fencing_token
@@ -394,7 +389,7 @@ def test_server_clock_jump_no_resurrection(
     a = make_lock(ttl=TTL).acquire("jump")
     for c in nodes[:3]:  # three masters' clocks jump forward: A's keys expire there
         c.pexpire(key, 1)
-    wait_until(keys_gone(nodes[:3], key))
+    wait_for(keys_gone(nodes[:3], key), 5.0, 0.01, message="the lock keys to expire")
     b = make_lock(ttl=TTL).acquire("jump")
     b_values = values(nodes[:3], key)
     assert b.fencing_token > a.fencing_token
@@ -452,8 +447,8 @@ async def test_cancelled_async_acquisition_releases_everything(
     clients[-1] = Stalling.from_url(servers[-1].url)
     lock = AsyncRedlock(clients)
     task = asyncio.create_task(lock.acquire("cancel").__aenter__())
-    while sum(c.exists(key) for c in nodes) < N - 1:  # the other 4 granted it
-        await asyncio.sleep(0.01)
+    await await_for(lambda: sum(c.exists(key) for c in nodes) >= N - 1,
+                    message="the other 4 masters to grant the lock")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

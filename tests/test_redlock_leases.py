@@ -73,17 +73,12 @@ async def test_job_waits_while_its_redlock_lease_is_held_elsewhere(
     worker = StagedLedgerWorker.from_url(redis_url, lock_urls=urls, visibility_timeout=5.0)
     task = asyncio.create_task(worker.serve())
     try:
-        for _ in range(200):
-            await asyncio.sleep(0.01)
-            if worker.counts["lock_contended"]:
-                break
-        assert worker.counts["lock_contended"] >= 1
+        await await_for(lambda: worker.counts["lock_contended"] >= 1,
+                        message="the worker to find the lease held elsewhere")
         assert Ledger(r).counts() == {}
         await held.release()
-        for _ in range(500):
-            await asyncio.sleep(0.01)
-            if worker.counts["acked"]:
-                break
+        await await_for(lambda: worker.counts["acked"] >= 1,
+                        message="the job to run once the lease is released")
         assert Ledger(r).counts() == {"invoice-7": 1}
         token = int(r.lrange("granted", 0, -1)[-1])
         assert token > held.fencing_token
@@ -109,18 +104,13 @@ async def test_minority_of_lock_masters_down_still_works_majority_down_waits(
     worker = StagedLedgerWorker.from_url(redis_url, lock_urls=urls)
     task = asyncio.create_task(worker.serve())
     try:
-        for _ in range(300):
-            await asyncio.sleep(0.01)
-            if worker.counts["lock_contended"] >= 10:
-                break
-        assert worker.counts["lock_contended"] >= 10
+        await await_for(lambda: worker.counts["lock_contended"] >= 10,
+                        message="all 10 jobs to wait for a lease quorum")
         assert len(Ledger(r).counts()) == 20, "no job may run without a lease quorum"
         masters[0].start()
         masters[1].start()
-        for _ in range(1500):
-            await asyncio.sleep(0.02)
-            if len(Ledger(r).counts()) == 30:
-                break
+        await await_for(lambda: len(Ledger(r).counts()) == 30, timeout=60,
+                        message="the waiting jobs to run once the masters are back")
         assert Ledger(r).report([f"b{i}" for i in range(10)]).exactly_once
     finally:
         worker.stop()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import redis
 
 from streamwork import _scripts as scripts
-from streamwork._keys import StreamKeys, key_slot
+from streamwork._keys import StreamKeys
+from tests.slots import key_slot
 
 
 def _held(r: redis.Redis, n: int, consumer: str = "me") -> list[bytes]:

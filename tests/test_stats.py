@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -15,6 +14,7 @@ from streamwork._keys import is_dead_letter_stream
 from streamwork._producer import Producer
 from streamwork._stats import compute_rates, discover_streams, sample, stream_stats
 from streamwork.errors import StreamNotFound
+from streamwork.testing import wait_for
 
 STREAM = "orders"
 
@@ -37,6 +37,18 @@ def prepare(redis_url: str, r: redis.Redis) -> None:
     r.xadd("{orders}:dead", {"reason": "declined"})
 
 
+def wait_idle(r: redis.Redis, ms: int) -> None:
+    """Wait until billing's every pending delivery and every consumer has been idle for at
+    least ``ms`` milliseconds, as the server counts it."""
+    def idle() -> bool:
+        rows = r.xpending_range(STREAM, "billing", "-", "+", 100)
+        consumers = r.xinfo_consumers(STREAM, "billing")
+        return (all(row["time_since_delivered"] >= ms for row in rows)
+                and all(c["idle"] >= ms for c in consumers))
+
+    wait_for(idle, message=f"billing's deliveries and consumers idle for {ms} ms")
+
+
 @pytest.fixture(name="client")
 def _client(redis_url: str) -> Iterator[redis.Redis]:
     """A client built the way the CLI builds it (bytes replies)."""
@@ -49,7 +61,7 @@ def test_stream_stats_match_xinfo_and_xpending(redis_url: str, r: redis.Redis,
                                                client: redis.Redis) -> None:
     """Every figure equals what XINFO/XPENDING/ZCOUNT/XLEN report for the prepared stream."""
     prepare(redis_url, r)
-    time.sleep(0.25)
+    wait_idle(r, 250)
     s = stream_stats(client, STREAM)
     info = r.xinfo_stream(STREAM)
     assert (s.length, s.entries_added) == (10, 10) == (info["length"], info["entries-added"])

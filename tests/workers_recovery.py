@@ -1,5 +1,5 @@
 """Extra workers for the recovery, poison and dead-letter tests (in-process or
-`streamwork run tests.workers_recovery:NAME`), plus a small async polling helper.
+`streamwork run tests.workers_recovery:NAME`), and ``calls`` to read what they recorded.
 
 ``RecordingWorker`` pushes ``"<attempt>:<unix time>"`` to ``calls:<key>`` and the fencing
 token (0 without dedup) to ``tokens:<key>`` as soon as a handler starts (before any
@@ -10,19 +10,21 @@ extra payload keys before falling back to LedgerWorker's behaviour:
 * ``dead_unless`` - raise ``DeadLetter`` unless the Redis key of that name exists;
 * ``first_sleep`` - sleep this long on attempt 1 only, then push ``int(msg.lock_lost)`` to
   ``lost:<key>``;
-* ``gate``        - attempts >= this wait until the Redis key ``open:<key>`` exists.
+* ``gate``        - attempts >= this wait until the Redis key ``open:<key>`` exists (at
+  most GATE_TIMEOUT s; past it the attempt fails and is retried).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, TypeVar
+from typing import Any
 
 import streamwork as sw
+from streamwork.testing import await_for
 from tests.workers import LedgerWorker
 
-T = TypeVar("T")
+GATE_TIMEOUT = 120.0  #: s a gated attempt waits for its gate (longer than any test using it)
 
 
 class RecordingWorker(LedgerWorker):
@@ -41,8 +43,8 @@ class RecordingWorker(LedgerWorker):
             await asyncio.sleep(float(p["first_sleep"]))
             db.rpush("lost:" + msg.key, int(msg.lock_lost))
         if p.get("gate") and msg.attempt >= int(p["gate"]):
-            while not db.exists("open:" + msg.key):
-                await asyncio.sleep(0.02)
+            await await_for(lambda: db.exists("open:" + msg.key), timeout=GATE_TIMEOUT,
+                            message=f"open:{msg.key} (the test's gate)")
         await super().handle(msg)
 
 

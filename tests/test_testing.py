@@ -1,0 +1,95 @@
+"""The public test kit (streamwork.testing) on a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+import redis
+
+import streamwork as sw
+from streamwork.testing import Ledger, await_for, run_until_idle, wait_for
+from tests.workers import STREAM, LedgerWorker
+
+
+class LoopWatchingClient:
+    """A sync client whose every call first asks ``loop`` to run a callback and waits (up
+    to 5 s) for it: made on the loop's own thread, a call would wait for a loop that cannot
+    run, so ``blocked`` records each call made there."""
+
+    def __init__(self, client: redis.Redis, loop: asyncio.AbstractEventLoop) -> None:
+        self._client = client
+        self._loop = loop
+        self.blocked: list[str] = []
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._client, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            ran = threading.Event()
+            self._loop.call_soon_threadsafe(ran.set)
+            if not ran.wait(5):
+                self.blocked.append(name)
+            self.calls += 1
+            return method(*args, **kwargs)
+
+        return call
+
+
+async def test_run_until_idle_looks_at_redis_off_the_event_loop(redis_url: str,
+                                                                 r: redis.Redis) -> None:
+    """run_until_idle takes a sync client, yet none of its Redis calls runs on the event
+    loop the worker serves on (the loop keeps running while it looks)."""
+    keys = [f"job-{i}" for i in range(20)]
+    with sw.Producer.from_url(redis_url) as p:
+        p.send_many(STREAM, [{}] * len(keys), keys=keys)
+    watching = LoopWatchingClient(r, asyncio.get_running_loop())
+    await run_until_idle(LedgerWorker.from_url(redis_url), watching, timeout=60)
+    assert watching.calls > 0
+    assert watching.blocked == [], f"Redis calls made on the event loop: {watching.blocked}"
+    assert Ledger(r).report(keys).exactly_once
+
+
+async def test_run_until_idle_raises_when_the_worker_fails(redis_url: str,
+                                                           r: redis.Redis) -> None:
+    """A worker that stops on an error makes run_until_idle raise that error, not wait."""
+    r.set(STREAM, "not a stream")
+    with pytest.raises(sw.WorkerFailed):
+        await run_until_idle(LedgerWorker.from_url(redis_url), r, timeout=60)
+
+
+async def test_run_until_idle_times_out_with_an_assertion(redis_url: str,
+                                                          r: redis.Redis) -> None:
+    """A group that never becomes idle (a job stays delayed) fails with AssertionError
+    naming the stream once the timeout passes, and the worker is stopped."""
+    with sw.Producer.from_url(redis_url) as p:
+        p.send(STREAM, {}, key="later", delay=600)
+    worker = LedgerWorker.from_url(redis_url)
+    with pytest.raises(AssertionError, match=repr(STREAM)):
+        await run_until_idle(worker, r, timeout=0.5)
+    assert not worker.health().alive
+
+
+def test_wait_for_returns_the_truthy_value_or_raises_with_the_message() -> None:
+    """wait_for hands back the predicate's first truthy value; on timeout it raises
+    AssertionError carrying the message."""
+    values = iter([0, None, "", "ready"])
+    assert wait_for(lambda: next(values), timeout=5, interval=0.001) == "ready"
+    with pytest.raises(AssertionError, match="the moon"):
+        wait_for(lambda: False, timeout=0.05, interval=0.01, message="the moon")
+
+
+async def test_await_for_lets_the_loop_run_while_it_waits() -> None:
+    """await_for polls without blocking the loop: a task on the same loop makes the
+    predicate true; on timeout it raises AssertionError carrying the message."""
+    flag = asyncio.Event()
+    setter = asyncio.get_running_loop().call_later(0.05, flag.set)
+    try:
+        assert await await_for(flag.is_set, timeout=5) is True
+    finally:
+        setter.cancel()
+    with pytest.raises(AssertionError, match="never"):
+        await await_for(lambda: False, timeout=0.05, message="never")
