@@ -98,6 +98,9 @@ class WorkerConfig(WorkerOptions):
     def __setattr__(self, name: str, value: Any) -> None:
         raise dataclasses.FrozenInstanceError(f"WorkerConfig is frozen: cannot set {name!r}")
 
+    def __delattr__(self, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"WorkerConfig is frozen: cannot delete {name!r}")
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, WorkerConfig) and self.as_dict() == other.as_dict()
 
