@@ -86,7 +86,7 @@ def commands_per_job(extra: dict[str, Any], jobs: int) -> dict[str, Any]:
 
 def done_marker_memory(r: redis.Redis, extra: dict[str, Any], jobs: int) -> dict[str, Any]:
     """MEMORY USAGE of sampled done-markers, and the used_memory growth per 10k markers."""
-    prefix = StreamKeys.for_stream(extra["stream"]).done_prefix
+    prefix = StreamKeys.for_stream(extra["stream"]).group(extra["group"]).job_prefix
     sample: list[bytes] = []
     for key in r.scan_iter(match=prefix + "*", count=1000):
         sample.append(key)

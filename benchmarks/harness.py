@@ -132,9 +132,9 @@ class Harness:
             token = uuid.uuid4().hex
             for entry_id, fields in entries:
                 key = msgpack.unpackb(fields[b"d"])["k"]
-                lock = names.lock(key)
+                lock = f"{names.tag}:lock:{key}"  # the naive layout: a lock and a done key
                 pipe.set(lock, token, nx=True, px=LEASE_MS)
-                pipe.set(names.done(key), token, px=DONE_MS)
+                pipe.set(f"{names.tag}:done:{key}", token, px=DONE_MS)
                 pipe.xack(stream, GROUP, entry_id)
                 pipe.delete(lock)
             pipe.execute()
@@ -202,6 +202,7 @@ class Harness:
         self.wait_clients_gone(keep=1)
         extra["used_memory_delta"] = int(self.r.info("memory")["used_memory"]) - used_before
         extra["stream"] = stream
+        extra["group"] = GROUP
         extra["counts"] = dict(worker.counts)
         return run, extra
 

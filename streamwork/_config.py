@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from ._codec import DEFAULT_MAX_PAYLOAD_BYTES
 from ._keys import check_name
+from ._records import DEFAULT_MAX_RESULT_BYTES
 from .errors import ConfigError
 
 #: heartbeat every visibility_timeout/3, so two missed beats still leave margin
@@ -47,6 +48,7 @@ class WorkerOptions:
     local_cache_ttl: float = 60.0
     lock_urls: tuple[str, ...] | None = None
     timeout: float | None = 300.0
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
 
 
 #: one line of help per option (``streamwork run --help``; tests check every option has one)
@@ -73,6 +75,7 @@ HELP: Final[dict[str, str]] = {
     "local_cache_ttl": "s a key stays in the in-process cache",
     "lock_urls": "take job leases from a Redlock over these masters (repeat)",
     "timeout": "s a job may run (none: no limit)",
+    "max_result_bytes": "largest handle() result kept in the job record (bigger: not kept)",
 }
 
 
@@ -122,6 +125,7 @@ class WorkerConfig(WorkerOptions):
         _int(self, "batch_size", 1, 10_000)
         _int(self, "max_payload_bytes", 64, 512 * 1024 * 1024)
         _int(self, "local_cache_size", 0, 100_000_000)
+        _int(self, "max_result_bytes", 0, 512 * 1024 * 1024)
         _num(self, "visibility_timeout", 0.05)
         _num(self, "dedup_window", 0.001)
         _num(self, "retry_delay", 0.0)

@@ -42,7 +42,7 @@ from . import _upkeep as upkeep
 from ._codec import ATTEMPTS_FIELD, BODY_FIELD, decode_body, parse_attempts
 from ._config import WorkerConfig
 from ._connection import reconnect_delay
-from ._delivery import Delivery, Entry, Failure, State
+from ._delivery import MAIN, RETRY, Delivery, Entry, Failure, State, ref
 from ._faults import Fault, classify
 from ._keys import StreamKeys
 from ._leases import Claim
@@ -82,14 +82,16 @@ class Consumer:
         self.name = name
         self.worker_name = worker_name or name
         self.keys = StreamKeys.for_stream(cfg.stream)
+        self.gkeys = self.keys.group(cfg.group)
         self.redis: Any = connection.async_client(url)
         self.scripts = scripts.AsyncScripts(self.redis, flags=False)
-        self.lease = leases.choose(self.scripts, self.keys, cfg, name,
+        self.lease = leases.choose(self.scripts, self.gkeys, cfg, name,
                                    f"{name}:{secrets.token_hex(10)}")
         self.counts: Counter[str] = Counter()
         self.capacity = max_held(cfg.concurrency, cfg.batch_size)
         self.inflight: dict[bytes, Delivery] = {}
-        self.loose: set[bytes] = set()  # entries whose outcome waits without a Delivery
+        # entries whose outcome waits without a Delivery: ref -> (entry id, src)
+        self.loose: dict[bytes, tuple[bytes, int]] = {}
         self.queue: asyncio.Queue[Delivery] = asyncio.Queue()
         self.waiting: dict[bytes, Delivery] = {}  # need a lease before they can run
         self.outcomes = Outcomes(self)
@@ -102,6 +104,9 @@ class Consumer:
         self.joined = False
         self.stopped = False
         self.refresh_telemetry()
+        # one XREADGROUP reads the stream and the group's retry stream (both from ">")
+        self._streams = {cfg.stream: ">", self.gkeys.retry: ">"}
+        self._main = cfg.stream.encode()
         self._room = asyncio.Event()
         self._empty = asyncio.Event()
         self._wait_pause = WAIT_RETRY
@@ -191,12 +196,14 @@ class Consumer:
             telemetry.count_lock(what[5:], n, self.cfg.stream, self.cfg.group)
 
     async def ensure_group(self) -> None:
-        """Create the consumer group at id 0 (so earlier jobs are delivered) if missing."""
-        try:
-            await self.redis.xgroup_create(self.cfg.stream, self.cfg.group, id="0", mkstream=True)
-        except redis.exceptions.ResponseError as exc:
-            if not str(exc).startswith("BUSYGROUP"):
-                raise
+        """Create the consumer group at id 0 (so earlier jobs are delivered) if missing, on
+        the stream and on the group's own retry stream."""
+        for stream in (self.cfg.stream, self.gkeys.retry):
+            try:
+                await self.redis.xgroup_create(stream, self.cfg.group, id="0", mkstream=True)
+            except redis.exceptions.ResponseError as exc:
+                if not str(exc).startswith("BUSYGROUP"):
+                    raise
 
     async def _recreate_group(self) -> None:
         """The group or the stream is gone (the server came back empty, a FLUSHALL):
@@ -236,8 +243,8 @@ class Consumer:
     def held_deliveries(self) -> Iterable[Delivery]:
         return self.inflight.values()
 
-    def loose_ids(self) -> Iterable[bytes]:
-        return self.loose
+    def loose_ids(self) -> Iterable[tuple[bytes, int]]:
+        return self.loose.values()
 
     def wake_reader(self) -> None:
         """Let a reader that waits for room (or for isolation to end) look again."""
@@ -247,8 +254,8 @@ class Consumer:
         if self.cache is not None:
             self.cache.add(key)
 
-    def release_loose(self, entry_id: bytes) -> None:
-        self.loose.discard(entry_id)
+    def release_loose(self, ref: bytes) -> None:
+        self.loose.pop(ref, None)
         self._released()
 
     def forget(self, d: Delivery, outcome: str = "lost") -> None:
@@ -256,8 +263,8 @@ class Consumer:
         if d.span is not None:
             telemetry.end_span(d.span, outcome)
             d.span = None
-        if self.inflight.get(d.entry_id) is d:
-            del self.inflight[d.entry_id]
+        if self.inflight.get(d.ref) is d:
+            del self.inflight[d.ref]
             self._released()
 
     def _released(self) -> None:
@@ -274,7 +281,7 @@ class Consumer:
         d.dropped = True
         revoke(d.msg)
         if d.state == State.WAITING:
-            self.waiting.pop(d.entry_id, None)
+            self.waiting.pop(d.ref, None)
             self.forget(d, outcome)
         elif d.state == State.FINISHING and self.outcomes.discard(d):
             self.forget(d, outcome)
@@ -310,22 +317,26 @@ class Consumer:
             await self._room.wait()
             return
         reply = await self.redis.xreadgroup(
-            cfg.group, self.name, {cfg.stream: ">"}, count=min(room, cfg.batch_size),
+            cfg.group, self.name, self._streams, count=min(room, cfg.batch_size),
             block=max(1, round(cfg.read_block * 1000)))
-        if reply:
-            await uninterrupted(self.admit(reply[0][1], None))
+        for stream, entries in reply or ():
+            src = MAIN if stream == self._main else RETRY
+            await uninterrupted(self.admit(entries, src, None))
 
-    async def admit(self, entries: list[Entry], deliveries: list[int] | None) -> None:
-        """Decode, vet and lease a batch of deliveries, then queue what may run.
-        ``deliveries``: each entry's delivery count (None: all first deliveries)."""
+    async def admit(self, entries: list[Entry], src: int,
+                    deliveries: list[int] | None) -> None:
+        """Decode, vet and lease a batch of deliveries from the stream (``src`` MAIN) or the
+        group's retry stream (RETRY), then queue what may run. ``deliveries``: each entry's
+        delivery count (None: all first deliveries)."""
         cfg = self.cfg
         fresh: list[Delivery] = []
         for i, (entry_id, values) in enumerate(entries):
-            if entry_id in self.inflight or entry_id in self.loose:
+            key = ref(src, entry_id)
+            if key in self.inflight or key in self.loose:
                 continue
             count = 1 if deliveries is None else deliveries[i]
             if values is None:
-                self._dead_on_arrival(entry_id, count, "deleted_while_pending", "",
+                self._dead_on_arrival(entry_id, src, count, "deleted_while_pending", "",
                                       "the entry was deleted from the stream while pending")
                 continue
             body = values.get(BODY_FIELD)
@@ -335,28 +346,29 @@ class Consumer:
                 log.warning("undecodable entry moved to dead letters", extra=fields(
                     stream=cfg.stream, group=cfg.group, entry_id=entry_id.decode(),
                     reason=exc.reason))
-                self._dead_on_arrival(entry_id, count, exc.reason, "DecodeError", exc.detail)
+                self._dead_on_arrival(entry_id, src, count, exc.reason, "DecodeError",
+                                      exc.detail)
                 self.count("undecodable", 1)
                 continue
             assert body is not None
             attempt = parse_attempts(values.get(ATTEMPTS_FIELD)) + count
             if attempt > cfg.max_deliveries:
                 self._dead_on_arrival(
-                    entry_id, attempt - 1, "max_deliveries", "DeliveryLimit",
+                    entry_id, src, attempt - 1, "max_deliveries", "DeliveryLimit",
                     f"delivered {attempt} times, over max_deliveries={cfg.max_deliveries}; the "
                     "process handling it died or stalled each time", env.key, body)
                 continue
             if self.cache is not None and env.key in self.cache:
-                self.loose.add(entry_id)
-                self.outcomes.add_ack(entry_id)
+                self.loose[key] = (entry_id, src)
+                self.outcomes.add_ack(entry_id, src)
                 continue
             msg = Message(
                 id=entry_id.decode(), stream=cfg.stream, key=env.key, payload=env.payload,
                 attempt=attempt, enqueued_at=env.enqueued_ms / 1000, headers=env.headers,
                 group=cfg.group, consumer=self.name)
             limit = cfg.timeout if env.limit_ms is None else env.limit_ms / 1000
-            d = Delivery(entry_id, msg, body, limit)
-            self.inflight[entry_id] = d
+            d = Delivery(entry_id, src, msg, body, limit)
+            self.inflight[key] = d
             fresh.append(d)
         if not fresh:
             return
@@ -365,14 +377,14 @@ class Consumer:
                 self._enqueue(d)
             return
         for d in fresh:
-            self.waiting[d.entry_id] = d
+            self.waiting[d.ref] = d
         await self._lease(fresh)
 
-    def _dead_on_arrival(self, entry_id: bytes, attempts: int, reason: str, etype: str,
-                         detail: str, job_key: str = "", body: bytes = b"") -> None:
+    def _dead_on_arrival(self, entry_id: bytes, src: int, attempts: int, reason: str,
+                         etype: str, detail: str, job_key: str = "", body: bytes = b"") -> None:
         """A delivery that will never run: straight to the dead letters (via the flusher)."""
-        self.loose.add(entry_id)
-        self.outcomes.add_failure(Failure(None, entry_id, "d", 0, attempts, reason, etype,
+        self.loose[ref(src, entry_id)] = (entry_id, src)
+        self.outcomes.add_failure(Failure(None, entry_id, src, "d", 0, attempts, reason, etype,
                                           detail, job_key, body))
 
     def _enqueue(self, d: Delivery) -> None:
@@ -397,7 +409,7 @@ class Consumer:
         now = time.monotonic()
         for d, token in zip(batch, res, strict=True):
             if token > 0:
-                self.waiting.pop(d.entry_id, None)
+                self.waiting.pop(d.ref, None)
                 d.msg.fencing_token = token
                 if self.lease.expired(d, now):
                     self.lose(d, "the lease expired before the handler started")
@@ -409,7 +421,7 @@ class Consumer:
                     log.info("job lease held elsewhere; claiming again shortly", extra=fields(
                         stream=self.cfg.stream, key=d.msg.key, entry_id=d.msg.id))
             else:
-                self.waiting.pop(d.entry_id, None)
+                self.waiting.pop(d.ref, None)
                 if token == Claim.DUPLICATE:
                     self.count("deduplicated", 1, "duplicate")
                     self.remember_done(d.msg.key)

@@ -85,14 +85,18 @@ def list_dead(
 
 
 def replay_dead(client: Any, stream: str, ids: Sequence[str] | None = None,
-                batch: int = 100) -> tuple[int, int]:
-    """Re-enqueue dead letters (all when ``ids`` is None) as fresh jobs; each is removed
-    from the dead-letter stream in the same atomic step. Returns (replayed, skipped)."""
+                batch: int = 100, *, group: str | None = None) -> tuple[int, int]:
+    """Hand dead letters (all when ``ids`` is None; only ``group``'s when given) back to
+    the group each died in, as fresh jobs on that group's retry stream: other groups of the
+    stream never see them again. Each leaves the dead-letter stream in the same atomic step.
+    Returns (replayed, skipped)."""
     keys = StreamKeys.for_stream(stream)
+    if group is not None:
+        keys.group(group)  # checks the name
     runner = scripts.SyncScripts(client)
 
     def replay(chunk: Sequence[str]) -> tuple[int, int]:
-        replayed, skipped = runner.run(scripts.replay(keys, chunk))
+        replayed, skipped = runner.run(scripts.replay(keys, group or "", chunk))
         return int(replayed), int(skipped)
 
     replayed = skipped = 0

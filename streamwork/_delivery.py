@@ -11,13 +11,20 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ._config import WorkerConfig
-    from ._keys import StreamKeys
+    from ._keys import GroupKeys, StreamKeys
     from ._leases import Lease
     from ._lock import AsyncHeldLock
     from ._message import Message
     from ._scripts import AsyncScripts
 
 Entry = tuple[bytes, dict[bytes, bytes] | None]  #: a stream entry as redis-py returns it
+
+MAIN, RETRY = 0, 1  #: where a delivery came from: the stream, or the group's retry stream
+
+
+def ref(src: int, entry_id: bytes) -> bytes:
+    """What a worker knows a delivery by: entry ids of the two streams may be equal."""
+    return entry_id if src == MAIN else b"r" + entry_id
 
 
 class State(enum.IntEnum):
@@ -34,6 +41,7 @@ class Delivery:
     """A delivery this process holds, from admission until Redis has its outcome."""
 
     entry_id: bytes
+    src: int  # MAIN or RETRY
     msg: Message
     body: bytes  # the raw body: kept to adopt an entry deleted while pending
     limit: float | None  # the job's time limit, s
@@ -48,6 +56,11 @@ class Delivery:
     timed_out: bool = False
     held: AsyncHeldLock | None = None  # the Redlock lease, when leases come from lock_urls
     span: Any = None  # the delivery's OpenTelemetry span, ended when Redis has the outcome
+    result: Any = None  # what handle() returned
+
+    @property
+    def ref(self) -> bytes:
+        return ref(self.src, self.entry_id)
 
 
 @dataclass(slots=True)
@@ -56,6 +69,7 @@ class Failure:
 
     delivery: Delivery | None
     entry_id: bytes
+    src: int
     action: str  # "r" retry, "d" dead letter
     delay_ms: int
     attempts: int
@@ -73,6 +87,7 @@ class Holder(Protocol):
 
     cfg: WorkerConfig
     keys: StreamKeys
+    gkeys: GroupKeys
     name: str
     worker_name: str
     redis: Any
@@ -85,13 +100,14 @@ class Holder(Protocol):
     def stopping(self) -> bool: ...
 
     def held_deliveries(self) -> Iterable[Delivery]: ...
-    def loose_ids(self) -> Iterable[bytes]: ...
+    def loose_ids(self) -> Iterable[tuple[bytes, int]]: ...
     def held(self) -> int: ...
     def count(self, what: str, n: int = 1, outcome: str | None = None) -> None: ...
     def lose(self, d: Delivery, why: str) -> None: ...
     def vanish(self, d: Delivery) -> None: ...
     def forget(self, d: Delivery, outcome: str = "lost") -> None: ...
-    def release_loose(self, entry_id: bytes) -> None: ...
+    def release_loose(self, ref: bytes) -> None: ...
     def remember_done(self, key: str) -> None: ...
     def wake_reader(self) -> None: ...
-    async def admit(self, entries: list[Entry], deliveries: list[int] | None) -> None: ...
+    async def admit(self, entries: list[Entry], src: int,
+                    deliveries: list[int] | None) -> None: ...

@@ -52,13 +52,13 @@ async def beat(h: Holder) -> None:
     loose = list(h.loose_ids())
     if not held and not loose:
         return
-    batch: list[list[Any]] = [[d.entry_id for d in held] + loose,
-             [d.msg.key for d in held] + [""] * len(loose),
-             [lease.value(d) for d in held] + [""] * len(loose),
-             [d.member for d in held] + [b""] * len(loose)]
+    batch: list[list[Any]] = [[d.entry_id for d in held] + [e for e, _ in loose],
+                              [d.src for d in held] + [s for _, s in loose],
+                              [d.msg.key for d in held] + [""] * len(loose),
+                              [lease.value(d) for d in held] + [""] * len(loose),
+                              [d.member for d in held] + [b""] * len(loose)]
     sent = time.monotonic()
-    res = await h.scripts.run(scripts.heartbeat(h.keys, cfg.group, h.name, cfg.visibility_ms,
-                                                batch))
+    res = await h.scripts.run(scripts.heartbeat(h.gkeys, h.name, cfg.visibility_ms, batch))
     kept, deleted = [], []
     for d, code in zip(held, res, strict=False):
         if d.dropped:
@@ -80,9 +80,9 @@ async def adopt_deleted(h: Holder, ds: list[Delivery]) -> None:
     """Take over deliveries whose stream entry was deleted while we held them (adopt.lua):
     their body goes to the delayed ZSET as a safety net and their outcome still lands."""
     cfg = h.cfg
-    members = [f"{d.msg.attempt}:{d.msg.id}:".encode() + d.body for d in ds]
-    res = await h.scripts.run(scripts.adopt(h.keys, cfg.group, h.name, cfg.visibility_ms,
-                                            [d.entry_id for d in ds], members))
+    members = [f"{d.msg.attempt}:{d.src}{d.msg.id}:".encode() + d.body for d in ds]
+    res = await h.scripts.run(scripts.adopt(h.gkeys, h.name, cfg.visibility_ms, [
+        [d.entry_id for d in ds], [d.src for d in ds], members]))
     for d, member, ok in zip(ds, members, res, strict=True):
         if ok:
             d.member = member

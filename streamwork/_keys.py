@@ -1,8 +1,12 @@
 """Every Redis key name streamwork uses, and the rules for names; pure, no I/O.
 
-All keys owned for stream ``S`` share one hash tag with ``S`` so each Lua script touches a
-single Cluster slot: ``{S}:dead``, ``{S}:delayed``, ``{S}:done:<key>``, ``{S}:lock:<key>``,
-``{S}:fence``. If ``S`` already carries a ``{tag}``, derived keys are ``S:<role>`` and reuse it.
+Layout version 2. All keys owned for stream ``S`` start with ``S``'s hash tag, so each Lua
+script touches one Cluster slot. For a plain name (prefix ``{S}``): ``{S}:dead``,
+``{S}:delayed``, ``{S}:fence``; per group ``G``: ``{S}:retry:<len(G)>:G`` (stream),
+``{S}:retries:<len(G)>:G`` (ZSET), and one job record per job key ``K``:
+``{S}:job:<len(G)>:G:K``. A name carrying its own tag (``{orders}:eu``) gets the prefix
+``{orders}~<len(S)>:S`` instead. Lengths in front of names make the layout injective: two
+different (stream, group, job key) triples never share a key, whatever characters they hold.
 """
 
 from __future__ import annotations
@@ -46,12 +50,25 @@ def check_name(option: str, name: object, *, allow_tag: bool = False) -> str:
     return name
 
 
+def _lp(text: str) -> str:
+    """``text`` with its length in front (``7:billing``), so what follows it in a key can
+    never be mistaken for part of it: the key layout stays injective whatever characters
+    names and job keys hold."""
+    return f"{len(text.encode('utf-8'))}:{text}"  # bytes, as Lua's # counts them
+
+
 @dataclass(frozen=True, slots=True)
 class StreamKeys:
-    """The key names of one stream; build with ``StreamKeys.for_stream(name)``."""
+    """The key names of one stream; build with ``StreamKeys.for_stream(name)``.
+
+    ``tag`` is the stream's hash tag in braces (``{S}``, or the tag the name carries) and
+    every key starts with it, so all of them live in the stream's Cluster slot. ``prefix``
+    is what comes before each key's role: ``{S}`` for a plain name, and ``{tag}~<len>:S``
+    for a name with its own tag (so streams ``orders`` and ``{orders}`` share nothing)."""
 
     stream: str
     prefix: str
+    tag: str
 
     @classmethod
     def for_stream(cls, stream: str) -> StreamKeys:
@@ -62,17 +79,22 @@ class StreamKeys:
     @classmethod
     def of_any(cls, stream: str) -> StreamKeys:
         """The keys of any stream name (one streamwork did not create, for inspection)."""
-        prefix = stream if _TAG.search(stream) else "{" + stream + "}"
-        return cls(stream=stream, prefix=prefix)
+        found = _TAG.search(stream)
+        if found is None:
+            tag = "{" + stream + "}"
+            return cls(stream=stream, prefix=tag, tag=tag)
+        tag = found.group(0)
+        return cls(stream=stream, prefix=f"{tag}~{_lp(stream)}", tag=tag)
 
     @property
     def dead(self) -> str:
-        """Dead-letter stream."""
+        """Dead-letter stream (every group's; each entry names its group)."""
         return f"{self.prefix}:dead"
 
     @property
     def delayed(self) -> str:
-        """ZSET of jobs due later (retries and delayed sends), scored by due time in ms."""
+        """ZSET of new jobs sent with ``delay=``/``at=``, scored by due time (Unix ms); due
+        ones go onto the stream, so every group gets them."""
         return f"{self.prefix}:delayed"
 
     @property
@@ -81,20 +103,44 @@ class StreamKeys:
         return f"{self.prefix}:fence"
 
     @property
-    def done_prefix(self) -> str:
-        return f"{self.prefix}:done:"
+    def retry_prefix(self) -> str:
+        """What every group's retry stream starts with (replay.lua adds the group)."""
+        return f"{self.prefix}:retry:"
+
+    def group(self, group: str) -> GroupKeys:
+        """The keys of consumer group ``group`` of this stream."""
+        check_name("group", group)
+        return GroupKeys(self, group)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupKeys:
+    """The keys of one consumer group: its retries, replays and job records are its own
+    business, never another group's (a retry reaches only the group that failed)."""
+
+    stream: StreamKeys
+    name: str
 
     @property
-    def lock_prefix(self) -> str:
-        return f"{self.prefix}:lock:"
+    def retry(self) -> str:
+        """The group's retry stream: due retries and replayed dead letters, read in the
+        same XREADGROUP call as the stream itself (by a consumer group of the same name)."""
+        return self.stream.retry_prefix + _lp(self.name)
 
-    def done(self, key: str) -> str:
-        """Done-marker of job ``key``."""
-        return f"{self.prefix}:done:{key}"
+    @property
+    def retries(self) -> str:
+        """ZSET of the group's retries waiting for their backoff, scored by due time."""
+        return f"{self.stream.prefix}:retries:{_lp(self.name)}"
 
-    def lock(self, key: str) -> str:
-        """Job lease of job ``key``."""
-        return f"{self.prefix}:lock:{key}"
+    @property
+    def job_prefix(self) -> str:
+        """What the job records of this group start with; a record is this + the job key."""
+        return f"{self.stream.prefix}:job:{_lp(self.name)}:"
+
+    def job(self, key: str) -> str:
+        """The job record of job ``key`` in this group: the lease while it runs, then its
+        done record (result), or its waiting / dead state."""
+        return self.job_prefix + key
 
 
 def is_dead_letter_stream(name: str) -> bool:

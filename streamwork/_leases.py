@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Final, TypeVar
 
 from . import _scripts as scripts
 from ._faults import Fault, classify
-from ._keys import StreamKeys, redlock_resource
+from ._keys import GroupKeys, redlock_resource
 from ._lock import AsyncHeldLock, AsyncRedlock
 from ._redlock_core import drift_allowance
 from .errors import LockError
@@ -61,7 +61,7 @@ class Lease:
     mode = LeaseMode.NONE
     claims = False  #: deliveries need ``take`` before they may run
 
-    def __init__(self, run: scripts.AsyncScripts, keys: StreamKeys, cfg: WorkerConfig,
+    def __init__(self, run: scripts.AsyncScripts, keys: GroupKeys, cfg: WorkerConfig,
                  consumer: str, owner: str) -> None:
         self._run = run
         self.keys = keys
@@ -95,23 +95,26 @@ class Lease:
     async def close(self) -> None:
         """Close connections of its own."""
 
-    async def _claim(self, batch: Sequence[Delivery], ttl_ms: int) -> list[int]:
+    async def _claim(self, batch: Sequence[Delivery], mode: str) -> list[int]:
+        """claim.lua over ``batch`` in ``mode`` (lease / check / mark)."""
         return list(await self._run.run(scripts.claim(
-            self.keys, self.cfg.group, self.consumer, ttl_ms, self.owner,
-            [d.entry_id for d in batch], [d.msg.key for d in batch])))
+            self.keys, self.consumer, self.cfg.visibility_ms, self.owner, mode,
+            [[d.entry_id for d in batch], [d.src for d in batch], [d.msg.key for d in batch],
+             [d.msg.attempt for d in batch], [d.lease for d in batch]])))
 
 
 class RedisLease(Lease):
-    """The lease is the job's key in the stream's Redis, taken by claim.lua with a fencing
-    token from ``{S}:fence``, extended by heartbeat.lua, checked and dropped by
-    complete.lua / fail.lua in the same atomic step as the ack."""
+    """The lease is the job's record in the stream's Redis (one key per group and job key),
+    taken by claim.lua with a fencing token from ``{S}:fence``, extended by heartbeat.lua,
+    checked and turned into the done (or waiting, dead) record by complete.lua / fail.lua
+    in the same atomic step as the ack."""
 
     mode = LeaseMode.REDIS
     claims = True
 
     async def take(self, batch: Sequence[Delivery]) -> list[int]:
         sent = time.monotonic()
-        res = await self._claim(batch, self.cfg.visibility_ms)
+        res = await self._claim(batch, "lease")
         for d, token in zip(batch, res, strict=True):
             if token > 0:
                 d.lease = f"{self.owner}:{token}"
@@ -138,7 +141,7 @@ class RedlockLease(Lease):
     mode = LeaseMode.REDLOCK
     claims = True
 
-    def __init__(self, run: scripts.AsyncScripts, keys: StreamKeys, cfg: WorkerConfig,
+    def __init__(self, run: scripts.AsyncScripts, keys: GroupKeys, cfg: WorkerConfig,
                  consumer: str, owner: str) -> None:
         super().__init__(run, keys, cfg, consumer, owner)
         assert cfg.lock_urls
@@ -155,7 +158,7 @@ class RedlockLease(Lease):
             return await op
 
     async def take(self, batch: Sequence[Delivery]) -> list[int]:
-        out = await self._claim(batch, 0)  # check only: done-markers and ownership
+        out = await self._claim(batch, "check")  # only look: done records and ownership
         go = [i for i, code in enumerate(out) if code == Claim.GO]
         started = time.monotonic()
         results = await asyncio.gather(
@@ -175,8 +178,8 @@ class RedlockLease(Lease):
                 out[i] = Claim.BUSY
             else:
                 raise held
-        if granted:
-            again = await self._claim([batch[i] for i in granted], 0)
+        if granted:  # look again, now holding them, and mark their records running
+            again = await self._claim([batch[i] for i in granted], "mark")
             late = [batch[i] for i, code in zip(granted, again, strict=True) if code != Claim.GO]
             for i, code in zip(granted, again, strict=True):
                 if code != Claim.GO:
@@ -211,7 +214,7 @@ class RedlockLease(Lease):
         await self.redlock.aclose()
 
 
-def choose(run: scripts.AsyncScripts, keys: StreamKeys, cfg: WorkerConfig, consumer: str,
+def choose(run: scripts.AsyncScripts, keys: GroupKeys, cfg: WorkerConfig, consumer: str,
            owner: str) -> Lease:
     """The strategy the options ask for."""
     kind = Lease if not cfg.dedup else RedlockLease if cfg.lock_urls else RedisLease

@@ -16,8 +16,9 @@ from typing import Any, Final
 
 from . import _scripts as scripts
 from . import _telemetry as telemetry
-from ._delivery import Delivery, Failure, Holder, State
+from ._delivery import Delivery, Failure, Holder, State, ref
 from ._logs import WORKER_LOGGER, fields
+from ._records import done_record
 from ._supervisor import uninterrupted
 
 log = logging.getLogger(WORKER_LOGGER)
@@ -49,7 +50,7 @@ class Outcomes:
 
     def __init__(self, host: Holder) -> None:
         self.host = host
-        self.acks: list[bytes] = []  # duplicates the local cache knows are done
+        self.acks: list[tuple[bytes, int]] = []  # duplicates the local cache knows are done
         self.done: list[Delivery] = []
         self.failed: list[Failure] = []
         self.needed = asyncio.Event()
@@ -65,8 +66,8 @@ class Outcomes:
         self.failed.append(f)
         self.needed.set()
 
-    def add_ack(self, entry_id: bytes) -> None:
-        self.acks.append(entry_id)
+    def add_ack(self, entry_id: bytes, src: int) -> None:
+        self.acks.append((entry_id, src))
         self.needed.set()
 
     def discard(self, d: Delivery) -> bool:
@@ -113,12 +114,13 @@ class Outcomes:
             self.needed.set()
             raise
 
-    async def _send_acks(self, entry_ids: list[bytes]) -> None:
+    async def _send_acks(self, acks: list[tuple[bytes, int]]) -> None:
         h = self.host
         res = await h.scripts.run(scripts.complete(
-            h.keys, h.cfg.group, h.name, 0, 0, b"", [], [entry_ids], oom_ok=True))
-        for entry_id in entry_ids:
-            h.release_loose(entry_id)
+            h.gkeys, h.name, 0, 0, b"", [], [[e for e, _ in acks], [s for _, s in acks]],
+            oom_ok=True))
+        for entry_id, src in acks:
+            h.release_loose(ref(src, entry_id))
         h.count("deduplicated", sum(1 for r in res if r == Done.ACKED), "duplicate")
 
     async def _send_done(self, done: list[Delivery]) -> None:
@@ -137,16 +139,17 @@ class Outcomes:
             return
         cfg = h.cfg
         staged_keys: list[str | bytes] = []
-        staged = staged_ops(live, staged_keys, first_key=3)
-        batch: list[list[Any]] = [[d.entry_id for d in live]]
+        staged = staged_ops(live, staged_keys, first_key=4)
+        batch: list[list[Any]] = [[d.entry_id for d in live], [d.src for d in live]]
         if cfg.dedup:
-            batch += [[d.msg.key for d in live], [d.lease for d in live]]
-        if any(d.member for d in live):
-            if not cfg.dedup:
-                batch += [[], []]
-            batch.append([d.member for d in live])
+            batch += [[d.msg.key for d in live], [lease.value(d) for d in live],
+                      [d.member for d in live],
+                      [done_record(d.msg.fencing_token, d.msg.attempt, d.result,
+                                   cfg.max_result_bytes) for d in live]]
+        elif any(d.member for d in live):
+            batch += [[], [], [d.member for d in live]]
         res = await h.scripts.run(scripts.complete(
-            h.keys, cfg.group, h.name, lease.mode, round(cfg.dedup_window * 1000), staged,
+            h.gkeys, h.name, lease.mode, round(cfg.dedup_window * 1000), staged,
             staged_keys, batch, oom_ok=not cfg.dedup and not staged))
         acked = 0
         for d, code in zip(live, res, strict=True):
@@ -172,12 +175,13 @@ class Outcomes:
     async def _send_failures(self, failed: list[Failure]) -> None:
         h = self.host
         live = failed
-        entries = [[f.entry_id, f.action, f.delay_ms, f.attempts, f.job_key,
-                    h.lease.value(f.delivery) if f.delivery else "",
+        entries = [[f.entry_id, f.src, f.action, f.delay_ms, f.attempts, f.job_key,
+                    f.delivery.lease if f.delivery else "",
                     f.delivery.member if f.delivery else b"",
                     f.reason, f.error_type, f.detail, f.body] for f in live]
-        res = await h.scripts.run(scripts.fail(h.keys, h.cfg.group, h.name, h.worker_name,
-                                               entries)) if live else []
+        res = await h.scripts.run(scripts.fail(
+            h.gkeys, h.name, h.worker_name, h.lease.mode, round(h.cfg.dedup_window * 1000),
+            entries)) if live else []
         for f, code in zip(live, res, strict=True):
             self._failed(f, code)
         await h.lease.release([f.delivery for f in failed if f.delivery is not None])
@@ -197,7 +201,7 @@ class Outcomes:
         elif d is not None:
             h.lose(d, "not the owner when recording a failure")
         if d is None:
-            h.release_loose(f.entry_id)
+            h.release_loose(ref(f.src, f.entry_id))
             return
         outcome = {Failed.RETRIED: "retried", Failed.DEAD: "dead_lettered",
                    Failed.VANISHED: "vanished"}.get(Failed(code), "lost")

@@ -16,7 +16,7 @@ import time
 from typing import Any, Final
 
 from . import _scripts as scripts
-from ._delivery import Entry, Holder, State
+from ._delivery import MAIN, RETRY, Entry, Holder, State, ref
 from ._logs import WORKER_LOGGER, fields
 
 log = logging.getLogger(WORKER_LOGGER)
@@ -34,26 +34,27 @@ async def reclaim_once(h: Holder) -> None:
     timeout, take them over one at a time, each running alone."""
     cfg = h.cfg
     await asyncio.sleep(jitter(cfg.reclaim_every))
-    if h.stopping or not await _anything_idle(h):
-        return
-    h.isolating = True
-    try:
-        cursor: Any = b"0-0"
-        while not h.stopping:
-            if not await wait_alone(h, cfg.visibility_timeout):
-                return  # held deliveries wait on leases elsewhere: try again next sweep
-            cursor, claimed = await _reclaim_one(h, cursor)
-            if not claimed and cursor in (b"0-0", "0-0"):
-                return
-    finally:
-        h.isolating = False
-        h.wake_reader()
+    for src, stream in ((MAIN, cfg.stream), (RETRY, h.gkeys.retry)):
+        if h.stopping or not await _anything_idle(h, stream):
+            continue
+        h.isolating = True
+        try:
+            cursor: Any = b"0-0"
+            while not h.stopping:
+                if not await wait_alone(h, cfg.visibility_timeout):
+                    return  # held deliveries wait on leases elsewhere: next sweep
+                cursor, claimed = await _reclaim_one(h, stream, src, cursor)
+                if not claimed and cursor in (b"0-0", "0-0"):
+                    break
+        finally:
+            h.isolating = False
+            h.wake_reader()
 
 
-async def _anything_idle(h: Holder) -> bool:
-    """Whether any delivery of the group sits idle past the visibility timeout."""
+async def _anything_idle(h: Holder, stream: str) -> bool:
+    """Whether any delivery of the group on ``stream`` sits idle past the visibility timeout."""
     rows = await h.redis.xpending_range(
-        h.cfg.stream, h.cfg.group, min="-", max="+", count=1, idle=h.cfg.visibility_ms)
+        stream, h.cfg.group, min="-", max="+", count=1, idle=h.cfg.visibility_ms)
     return bool(rows)
 
 
@@ -70,12 +71,12 @@ async def wait_alone(h: Holder, patience: float) -> bool:
     return True
 
 
-async def _reclaim_one(h: Holder, cursor: Any) -> tuple[Any, bool]:
+async def _reclaim_one(h: Holder, stream: str, src: int, cursor: Any) -> tuple[Any, bool]:
     """One reclaim.lua call claiming at most one delivery (XAUTOCLAIM ... COUNT 1, dead
     letters for deleted entries, delivery counts, atomically); admits what it claimed."""
     cfg = h.cfg
     nxt, raw, deleted, counts = await h.scripts.run(scripts.reclaim(
-        h.keys, cfg.group, h.name, cfg.visibility_ms, cursor, 1, h.worker_name))
+        stream, h.keys.dead, cfg.group, h.name, cfg.visibility_ms, cursor, 1, h.worker_name))
     if deleted:
         h.count("deleted_while_pending", len(deleted))
         log.warning("%d pending entries were deleted from the stream by someone else; "
@@ -83,9 +84,9 @@ async def _reclaim_one(h: Holder, cursor: Any) -> tuple[Any, bool]:
                     extra=fields(stream=cfg.stream, group=cfg.group))
     claimed: list[Entry] = []
     claimed_counts: list[int] = []
-    held = {d.entry_id for d in h.held_deliveries()}
+    held = {d.ref for d in h.held_deliveries()}
     for (eid, flat), n in zip(raw, counts, strict=True):
-        if eid in held:
+        if ref(src, eid) in held:
             continue
         claimed.append((eid, dict(zip(flat[::2], flat[1::2], strict=True)) if flat else None))
         claimed_counts.append(int(n))
@@ -94,5 +95,5 @@ async def _reclaim_one(h: Holder, cursor: Any) -> tuple[Any, bool]:
         log.warning("reclaimed a delivery idle over %.1fs; it runs alone", cfg.visibility_timeout,
                     extra=fields(stream=cfg.stream, group=cfg.group, consumer=h.name,
                                  entry_id=claimed[0][0].decode(), attempt=claimed_counts[0]))
-        await h.admit(claimed, claimed_counts)
+        await h.admit(claimed, src, claimed_counts)
     return nxt, bool(claimed)

@@ -100,10 +100,10 @@ class Runner:
                     entry_id=msg.id, attempt=msg.attempt))
             try:
                 if d.span is None:
-                    await self._call(msg)
+                    d.result = await self._call(msg)
                 else:
                     with trace.use_span(d.span, end_on_exit=False):
-                        await self._call(msg)
+                        d.result = await self._call(msg)
             except asyncio.CancelledError:
                 if not d.timed_out:
                     telemetry.end_span(d.span, "cancelled")
@@ -129,15 +129,15 @@ class Runner:
                 if timer is not None:
                     timer.cancel()
 
-    async def _call(self, msg: Message) -> None:
+    async def _call(self, msg: Message) -> Any:
         """Run the handler: on the loop (async) or on a pool thread (plain def)."""
         if self._pool is None:
-            await self._handle(msg)
+            return await self._handle(msg)
         elif self.host.tracing:
             ctx = contextvars.copy_context()
-            await asyncio.wrap_future(self._pool.submit(ctx.run, self._handle, msg))
+            return await asyncio.wrap_future(self._pool.submit(ctx.run, self._handle, msg))
         else:
-            await asyncio.wrap_future(self._pool.submit(self._handle, msg))
+            return await asyncio.wrap_future(self._pool.submit(self._handle, msg))
 
     def _time_out(self, d: Delivery, runner: asyncio.Task[None]) -> None:
         """The job's time limit passed: cancel its handler (an async one stops at its next
@@ -197,7 +197,7 @@ class Runner:
                                  error_type=etype, reason=reason,
                                  duration_ms=round((time.monotonic() - d.started) * 1000, 1)))
         self.host.outcomes.add_failure(Failure(
-            d, d.entry_id, action, round(delay * 1000), msg.attempt, reason, etype, detail,
+            d, d.entry_id, d.src, action, round(delay * 1000), msg.attempt, reason, etype, detail,
             msg.key, d.body, exc))
 
 

@@ -28,7 +28,7 @@ import msgpack
 import redis.exceptions
 
 from ._codec import ATTEMPTS_FIELD, BODY_FIELD
-from ._keys import StreamKeys
+from ._keys import GroupKeys, StreamKeys
 
 #: scripts registered from another script's file (with other flags)
 _FILES: Final = {"ack": "complete"}
@@ -84,62 +84,69 @@ class Call:
 # ---- the scripts' calling conventions (pure: each builds the KEYS and ARGV of one script)
 
 
-def claim(k: StreamKeys, group: str, consumer: str, ttl_ms: int, owner: str,
-          ids: Sequence[bytes], jobs: Sequence[str]) -> Call:
-    """claim.lua: take job leases (``ttl_ms`` 0: only check done-markers and ownership)."""
-    return Call("claim", [k.stream, k.fence], [group, consumer, ttl_ms, owner, k.done_prefix,
-                                              k.lock_prefix, pack([ids, jobs])])
+def _group_keys(g: GroupKeys) -> list[Arg]:
+    """KEYS[1..3] of the scripts that work on a group's deliveries."""
+    return [g.stream.stream, g.retry, g.retries]
 
 
-def complete(k: StreamKeys, group: str, consumer: str, mode: int, done_ttl_ms: int,
-             staged: bytes, staged_keys: Sequence[str | bytes], batch: list[list[Any]],
+def claim(g: GroupKeys, consumer: str, ttl_ms: int, owner: str, mode: str,
+          batch: list[list[Any]]) -> Call:
+    """claim.lua: take (``mode`` "lease"), check ("check") or mark ("mark") job records;
+    ``batch`` is [[entry id...], [src...], [job key...], [attempt...]]."""
+    return Call("claim", [g.stream.stream, g.retry, g.stream.fence],
+                [g.name, consumer, ttl_ms, owner, g.job_prefix, mode, pack(batch)])
+
+
+def complete(g: GroupKeys, consumer: str, mode: int, done_ttl_ms: int, staged: bytes,
+             staged_keys: Sequence[str | bytes], batch: list[list[Any]],
              *, oom_ok: bool = False) -> Call:
-    """complete.lua (``oom_ok``: its ``ack`` twin, allowed under OOM): record successes."""
-    return Call("ack" if oom_ok else "complete", [k.stream, k.delayed, *staged_keys],
-                [group, consumer, int(mode), done_ttl_ms, staged, k.done_prefix, k.lock_prefix,
-                 pack(batch)])
+    """complete.lua (``oom_ok``: its ``ack`` twin, allowed under OOM): record successes;
+    ``batch`` is [[id...], [src...], [job key...], [lease...], [member...], [done...]]."""
+    return Call("ack" if oom_ok else "complete", [*_group_keys(g), *staged_keys],
+                [g.name, consumer, int(mode), done_ttl_ms, staged, g.job_prefix, pack(batch)])
 
 
-def fail(k: StreamKeys, group: str, consumer: str, worker: str,
+def fail(g: GroupKeys, consumer: str, worker: str, mode: int, dead_ttl_ms: int,
          entries: list[list[Any]]) -> Call:
-    """fail.lua: schedule retries or dead-letter, one list of fields per entry."""
-    return Call("fail", [k.stream, k.delayed, k.dead],
-                [group, consumer, worker, k.lock_prefix, pack(entries)])
+    """fail.lua: schedule retries (this group only) or dead-letter, one list per entry."""
+    return Call("fail", [*_group_keys(g), g.stream.dead],
+                [g.name, consumer, worker, g.job_prefix, int(mode), dead_ttl_ms,
+                 pack(entries)])
 
 
-def heartbeat(k: StreamKeys, group: str, consumer: str, ttl_ms: int,
-              batch: list[list[Any]]) -> Call:
-    """heartbeat.lua: reset idle times and extend leases of held deliveries."""
-    return Call("heartbeat", [k.stream, k.delayed],
-                [group, consumer, ttl_ms, k.lock_prefix, pack(batch)])
+def heartbeat(g: GroupKeys, consumer: str, ttl_ms: int, batch: list[list[Any]]) -> Call:
+    """heartbeat.lua: reset idle times and extend leases of held deliveries;
+    ``batch`` is [[id...], [src...], [job key...], [lease...], [member...]]."""
+    return Call("heartbeat", _group_keys(g), [g.name, consumer, ttl_ms, g.job_prefix,
+                                              pack(batch)])
 
 
-def adopt(k: StreamKeys, group: str, consumer: str, ttl_ms: int, ids: Sequence[bytes],
-          members: Sequence[bytes]) -> Call:
-    """adopt.lua: take over deliveries whose entry was deleted while held."""
-    return Call("adopt", [k.stream, k.delayed], [group, consumer, ttl_ms, pack([ids, members])])
+def adopt(g: GroupKeys, consumer: str, ttl_ms: int, batch: list[list[Any]]) -> Call:
+    """adopt.lua: take over deliveries whose entry was deleted while held;
+    ``batch`` is [[id...], [src...], [member...]]."""
+    return Call("adopt", _group_keys(g), [g.name, consumer, ttl_ms, pack(batch)])
 
 
-def reclaim(k: StreamKeys, group: str, consumer: str, min_idle_ms: int, cursor: Arg,
-            count: int, worker: str) -> Call:
-    """reclaim.lua: XAUTOCLAIM idle deliveries, dead-letter deleted ones."""
-    return Call("reclaim", [k.stream, k.dead],
-                [group, consumer, min_idle_ms, cursor, count, worker])
+def reclaim(stream: str, dead: str, group: str, consumer: str, min_idle_ms: int,
+            cursor: Arg, count: int, worker: str) -> Call:
+    """reclaim.lua on one stream (the stream itself or a group's retry stream)."""
+    return Call("reclaim", [stream, dead], [group, consumer, min_idle_ms, cursor, count, worker])
 
 
-def promote(k: StreamKeys, count: int) -> Call:
-    """promote.lua: move due members of the delayed ZSET onto the stream."""
-    return Call("promote", [k.delayed, k.stream], [count])
+def promote(zset: str, stream: str, count: int) -> Call:
+    """promote.lua: move due members of a ZSET (delayed sends, or a group's retries) onto a
+    stream (the stream itself, or that group's retry stream)."""
+    return Call("promote", [zset, stream], [count])
 
 
-def trim(k: StreamKeys, cutoff_ms: int) -> Call:
+def trim(stream: str, cutoff_ms: int) -> Call:
     """trim.lua: drop entries every group acknowledged, older than the cutoff."""
-    return Call("trim", [k.stream], [cutoff_ms])
+    return Call("trim", [stream], [cutoff_ms])
 
 
-def reap(k: StreamKeys, group: str, idle_ms: int, keep: str) -> Call:
+def reap(stream: str, group: str, idle_ms: int, keep: str) -> Call:
     """reap.lua: remove idle consumers that own nothing (never ``keep``)."""
-    return Call("reap", [k.stream], [group, idle_ms, keep])
+    return Call("reap", [stream], [group, idle_ms, keep])
 
 
 def schedule(k: StreamKeys, delay_ms: str, at_ms: str, members: Sequence[bytes]) -> Call:
@@ -147,9 +154,9 @@ def schedule(k: StreamKeys, delay_ms: str, at_ms: str, members: Sequence[bytes])
     return Call("schedule", [k.delayed], [delay_ms, at_ms, pack(list(members))])
 
 
-def replay(k: StreamKeys, ids: Sequence[str]) -> Call:
-    """replay.lua: put dead letters back on the stream."""
-    return Call("replay", [k.stream, k.dead], [pack(list(ids))])
+def replay(k: StreamKeys, group: str, ids: Sequence[str]) -> Call:
+    """replay.lua: hand dead letters back to their groups (only ``group``'s if given)."""
+    return Call("replay", [k.stream, k.dead], [k.retry_prefix, group, pack(list(ids))])
 
 
 def redlock_acquire(key: str, fence: str, value: str, ttl_ms: int) -> Call:

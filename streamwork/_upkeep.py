@@ -31,14 +31,18 @@ GAUGE_INTERVAL: Final = 5.0  #: s between reads of lag/pending/delayed/dead for 
 
 
 async def promote_once(h: Holder) -> None:
-    """Move due jobs from the delayed ZSET onto the stream; pause until the next is due."""
+    """Move due delayed sends onto the stream (every group gets them) and this group's due
+    retries onto its retry stream (only this group gets them); pause until the next is due."""
     batch = h.cfg.batch_size
-    moved, wait_ms = await h.scripts.run(scripts.promote(h.keys, batch))
-    if moved:
-        h.count("promoted", moved)
-    if moved >= batch:
+    moved, wait_ms = await h.scripts.run(scripts.promote(h.keys.delayed, h.keys.stream, batch))
+    retried, retry_wait = await h.scripts.run(
+        scripts.promote(h.gkeys.retries, h.gkeys.retry, batch))
+    if moved or retried:
+        h.count("promoted", moved + retried)
+    if moved >= batch or retried >= batch:
         return
-    pause = PROMOTE_INTERVAL if wait_ms < 0 else min(wait_ms / 1000, PROMOTE_INTERVAL)
+    waits = [w for w in (wait_ms, retry_wait) if w >= 0]
+    pause = min([w / 1000 for w in waits] + [PROMOTE_INTERVAL])
     await asyncio.sleep(max(pause, 0.005) * random.uniform(0.9, 1.1))
 
 
@@ -51,12 +55,13 @@ async def upkeep_step(h: Holder) -> None:
 async def upkeep_once(h: Holder) -> tuple[int, int]:
     """One trim + reap round; returns (entries trimmed, consumers removed)."""
     cfg = h.cfg
-    trimmed = 0
-    if cfg.retention is not None:
-        cutoff = int((time.time() - cfg.retention) * 1000)
-        trimmed = await h.scripts.run(scripts.trim(h.keys, max(cutoff, 0)))
-    reaped = await h.scripts.run(scripts.reap(
-        h.keys, cfg.group, round(cfg.consumer_idle_timeout * 1000), h.name))
+    trimmed = reaped = 0
+    for stream in (h.keys.stream, h.gkeys.retry):
+        if cfg.retention is not None:
+            cutoff = int((time.time() - cfg.retention) * 1000)
+            trimmed += await h.scripts.run(scripts.trim(stream, max(cutoff, 0)))
+        reaped += await h.scripts.run(scripts.reap(
+            stream, cfg.group, round(cfg.consumer_idle_timeout * 1000), h.name))
     if trimmed or reaped:
         log.info("upkeep: trimmed %d entries, removed %d idle consumers", trimmed, reaped,
                  extra=fields(stream=cfg.stream, group=cfg.group))

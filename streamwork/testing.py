@@ -92,9 +92,11 @@ class Ledger:
         )
 
 
-def stream_idle(client: Any, stream: str, group: str) -> bool:
-    """True when ``group`` has read every entry, acknowledged all, and nothing is delayed."""
-    keys = StreamKeys.for_stream(stream)
+def _group_idle(client: Any, stream: str, group: str) -> bool:
+    """``group`` has read every entry of ``stream`` and acknowledged all (False if the
+    stream or the group does not exist)."""
+    if not client.exists(stream):
+        return False
     groups = {g["name"].decode() if isinstance(g["name"], bytes) else g["name"]: g
               for g in client.xinfo_groups(stream)}
     g = groups.get(group)
@@ -102,8 +104,17 @@ def stream_idle(client: Any, stream: str, group: str) -> bool:
         return False
     lag = g.get("lag")
     return bool(g["pending"] == 0 and (lag == 0 or (lag is None and
-                                        g["last-delivered-id"] == _last_id(client, stream)))
-                and client.zcard(keys.delayed) == 0)
+                                        g["last-delivered-id"] == _last_id(client, stream))))
+
+
+def stream_idle(client: Any, stream: str, group: str) -> bool:
+    """True when ``group`` has read every entry of the stream and of its retry stream,
+    acknowledged all, and nothing is delayed or waiting for a retry."""
+    keys = StreamKeys.for_stream(stream)
+    gkeys = keys.group(group)
+    retry_idle = (not client.exists(gkeys.retry)) or _group_idle(client, gkeys.retry, group)
+    return (_group_idle(client, stream, group) and retry_idle
+            and client.zcard(keys.delayed) == 0 and client.zcard(gkeys.retries) == 0)
 
 
 def _last_id(client: Any, stream: str) -> Any:

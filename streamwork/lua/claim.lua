@@ -1,47 +1,70 @@
--- claim: take the job lease for each new delivery (dedup on), in one atomic step per batch.
--- KEYS[1] stream, KEYS[2] fencing counter
--- ARGV[1] group, ARGV[2] consumer, ARGV[3] lease TTL (ms; "0": check only, the lease is
--- taken elsewhere, e.g. from a Redlock), ARGV[4] lease owner prefix,
--- ARGV[5] done-marker key prefix "{S}:done:", ARGV[6] lease key prefix "{S}:lock:" (both
--- under the stream's hash tag, from keys.py), ARGV[7] MessagePack [[entry id...], [job key...]]
--- (one argument for the whole batch: encoding hundreds of arguments is the client's cost)
--- Returns per entry: a fencing token (> 0) when the lease was taken (its value is
--- "<owner prefix>:<token>"), -1 duplicate (done-marker exists: acknowledged, skip),
--- -2 busy (another holder has the lease: leave pending), -3 not ours (reclaimed by another),
--- 0 go ahead (check-only mode).
--- Cost per batch: one XPENDING (ownership), one INCRBY (tokens), one XACK (duplicates);
--- per entry: EXISTS done-marker, SET lease NX. Tokens are strictly increasing; a lease lost
--- to a same-key entry of the same batch leaves a gap, as fencing allows.
-local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
+-- claim: take the job records of a batch of new deliveries (dedup on), one atomic step.
+-- KEYS[1] stream, KEYS[2] the group's retry stream, KEYS[3] fencing counter
+-- ARGV[1] group, ARGV[2] consumer, ARGV[3] lease TTL (ms), ARGV[4] lease owner prefix,
+-- ARGV[5] job record prefix of the group (from _keys.py), ARGV[6] mode: "lease" (take the
+-- record as this consumer's lease), "check" (only look: the lease is taken elsewhere, a
+-- Redlock), "mark" (the Redlock lease is held: write the running record unless done),
+-- ARGV[7] MessagePack [[entry id...], [src...], [job key...], [attempt...], [lease...]]
+-- (leases: the Redlock leases held, in "mark" mode)
+-- Returns per entry: a fencing token (> 0) when the record was taken (its value starts with
+-- "R<owner prefix>:<token>|"), -1 duplicate (the record says done: acknowledged, skip),
+-- -2 busy (another holder is running it: keep waiting), -3 not ours (reclaimed by another),
+-- 0 go ahead ("check" mode).
+-- Cost per entry in "lease" mode: ONE command (SET NX GET: it takes a free record and
+-- shows a taken one); a waiting or dead record, which never blocks a later copy, costs a
+-- second SET. Per batch: one XPENDING per stream read, one INCRBY, one XACK (duplicates).
+local streams = {KEYS[1], KEYS[2]}
+local group, consumer, ttl, owner, prefix, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4],
+  ARGV[5], ARGV[6]
 local batch = cmsgpack.unpack(ARGV[7])
-local ids, jobs = batch[1], batch[2]
-local done_prefix, lock_prefix = ARGV[5], ARGV[6]
+local ids, srcs, jobs, attempts, leases = batch[1], batch[2], batch[3], batch[4], batch[5]
+local owned = owned_by_src(streams, group, consumer, ids, srcs)
+local now = now_ms()
 
-local owned = owned_ids(stream, group, consumer, ids)
-
-local res, dups, todo = {}, {}, {}
+local res, acks, todo = {}, {}, {}
 for i, id in ipairs(ids) do
-  if not owned[id] then
+  if not owned[srcs[i] .. id] then
     res[i] = -3
-  elseif redis.call('EXISTS', done_prefix .. jobs[i]) == 1 then
-    dups[#dups + 1] = id
-    res[i] = -1
-  elseif ARGV[3] == '0' then
-    res[i] = 0
-  else
+  elseif mode == 'lease' then
     todo[#todo + 1] = i
-  end
-end
-if #dups > 0 then xack_all(stream, group, dups) end
-if #todo > 0 then
-  local token = redis.call('INCRBY', KEYS[2], #todo) - #todo
-  for _, i in ipairs(todo) do
-    token = token + 1
-    if redis.call('SET', lock_prefix .. jobs[i], ARGV[4] .. ':' .. token, 'NX', 'PX', ARGV[3]) then
-      res[i] = token
+  else
+    local record = redis.call('GET', prefix .. jobs[i])
+    if record and string.sub(record, 1, 1) == 'D' then
+      res[i] = -1
+      add_ack(acks, srcs[i], id)
     else
-      res[i] = -2
+      res[i] = 0
+      if mode == 'mark' then
+        redis.call('SET', prefix .. jobs[i], 'R' .. leases[i] .. '|' .. attempts[i] .. '|' .. now,
+                   'PX', ttl)
+      end
     end
   end
 end
+if #todo > 0 then
+  local token = redis.call('INCRBY', KEYS[3], #todo) - #todo
+  for _, i in ipairs(todo) do
+    token = token + 1
+    local key = prefix .. jobs[i]
+    local value = 'R' .. owner .. ':' .. token .. '|' .. attempts[i] .. '|' .. now
+    local ok, old = pcall(redis.call, 'SET', key, value, 'NX', 'PX', ttl, 'GET')
+    if not ok then  -- a server without SET NX GET (before 7.0): two commands
+      old = redis.call('GET', key)
+      if not old then redis.call('SET', key, value, 'PX', ttl) end
+    end
+    local state = old and string.sub(old, 1, 1)
+    if not old then
+      res[i] = token
+    elseif state == 'D' then
+      res[i] = -1
+      add_ack(acks, srcs[i], ids[i])
+    elseif state == 'R' then
+      res[i] = -2
+    else  -- waiting or dead: a later copy may run
+      redis.call('SET', key, value, 'PX', ttl)
+      res[i] = token
+    end
+  end
+end
+ack_by_src(streams, group, acks)
 return res

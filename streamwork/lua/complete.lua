@@ -1,48 +1,50 @@
--- complete: record the success of finished deliveries that this consumer still owns, in one
--- atomic step per batch: apply the writes their handlers staged (msg.stage), with dedup turn
--- the job lease into the done-marker, and XACK. All checks for an entry come before any of
--- its writes (Redis has no rollback). Registered twice: "complete" refuses to start under
--- OOM (script flags), so staged writes, done-markers and acks land all together or not at
--- all; "ack" (allow-oom) serves batches without dedup and without staged writes, so acks,
--- which free memory, still go through when Redis is full.
--- KEYS[1] stream, KEYS[2] delayed ZSET (where adopted deliveries are tracked)
--- KEYS[3..] the keys staged commands touch (same hash slot as the stream)
--- ARGV[1] group, ARGV[2] consumer, ARGV[3] "1" dedup with the lease in this Redis, "2" dedup
--- with the lease held elsewhere (Redlock: not checked here), "0" no dedup,
--- ARGV[4] done-marker TTL (ms),
--- ARGV[5] staged commands: "" or MessagePack map {entry index: [[command, [KEYS index...],
---         [arg...]], ...]}
--- ARGV[6] done-marker key prefix "{S}:done:", ARGV[7] lease key prefix "{S}:lock:",
--- ARGV[8] MessagePack [[entry id...], [job key...], [lease value...], [member...]]: one
---         argument for the whole batch; job keys and leases only with dedup; member is ""
---         or, for a delivery adopted after its entry was deleted (adopt.lua), its member in
---         the delayed ZSET, which then stands for ownership
+-- complete: record the success of finished deliveries this consumer still owns, in one
+-- atomic step per batch: apply the writes their handlers staged (msg.stage), turn the job
+-- record into the done record (result, dedup_window), and XACK. All checks for an entry
+-- come before its writes (Redis has no rollback). Registered twice: "complete" refuses to
+-- start under OOM (script flags), so staged writes, done records and acks land together
+-- or not at all; "ack" (allow-oom) serves batches without dedup and without staged writes,
+-- so acks, which free memory, still go through when Redis is full.
+-- KEYS[1] stream, KEYS[2] the group's retry stream, KEYS[3] the group's retry ZSET (where
+-- adopted deliveries are tracked), KEYS[4..] the keys staged commands touch (same slot)
+-- ARGV[1] group, ARGV[2] consumer, ARGV[3] mode: "1" dedup with the lease in the job
+-- record, "2" dedup with the lease held elsewhere (Redlock), "0" no dedup,
+-- ARGV[4] done record TTL (ms), ARGV[5] staged commands: "" or MessagePack map
+-- {entry index: [[command, [KEYS index...], [arg...]], ...]}, ARGV[6] job record prefix,
+-- ARGV[7] MessagePack [[entry id...], [src...], [job key...], [lease...], [member...],
+-- [done record...]] (job keys, leases and done records only with dedup; member "" or the
+-- adopted delivery's member, which then stands for ownership)
 -- Returns per entry: 1 acknowledged, 0 lost (not ours any more: nothing written),
 -- 2 acknowledged but a staged command was rejected by Redis (e.g. WRONGTYPE; the others
--- applied), 3 acknowledged as a duplicate (lease held elsewhere and a done-marker already
--- existed: staged writes skipped), 4 vanished (neither the stream nor the group knows the
--- entry any more: the server lost it)
-local stream, delayed, group, consumer = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
+-- applied), 3 acknowledged as a duplicate (lease held elsewhere and the record already
+-- said done: staged writes skipped), 4 vanished (neither stream nor group knows the entry)
+local streams = {KEYS[1], KEYS[2]}
+local retries, group, consumer = KEYS[3], ARGV[1], ARGV[2]
 local dedup = ARGV[3] ~= '0'
 local lease_here = ARGV[3] == '1'
 local staged = {}
 if ARGV[5] ~= '' then staged = cmsgpack.unpack(ARGV[5]) end
-local batch = cmsgpack.unpack(ARGV[8])
-local ids, jobs, leases, members = batch[1], batch[2] or {}, batch[3] or {}, batch[4] or {}
-local owned = owned_ids(stream, group, consumer, ids)
+local batch = cmsgpack.unpack(ARGV[7])
+local ids, srcs = batch[1], batch[2]
+local jobs, leases, members, dones = batch[3] or {}, batch[4] or {}, batch[5] or {},
+  batch[6] or {}
+local owned = owned_by_src(streams, group, consumer, ids, srcs)
 
 local res, acks = {}, {}
 for i, id in ipairs(ids) do
-  local member = members[i] or ''
-  local ok = still_held(owned, delayed, id, member)
-  local done, lock = nil, nil
-  if dedup then done, lock = ARGV[6] .. jobs[i], ARGV[7] .. jobs[i] end
-  if ok and lease_here and redis.call('GET', lock) ~= leases[i] then
+  local member, src = members[i] or '', srcs[i]
+  local ok = still_held(owned, retries, src .. id, member)
+  local key, record = nil, nil
+  if dedup then
+    key = ARGV[6] .. jobs[i]
+    record = redis.call('GET', key)
+  end
+  if ok and lease_here and not leased_by(record, leases[i]) then
     ok = false
   end
   if not ok then
-    res[i] = lost_code(stream, group, id, member)
-  elseif dedup and not lease_here and redis.call('EXISTS', done) == 1 then
+    res[i] = lost_code(streams[src + 1], group, id, member)
+  elseif dedup and not lease_here and record and string.sub(record, 1, 1) == 'D' then
     res[i] = 3
   else
     res[i] = 1
@@ -58,18 +60,15 @@ for i, id in ipairs(ids) do
         res[i] = 2
       end
     end
-    if dedup then
-      redis.call('SET', done, leases[i], 'PX', ARGV[4])
-      if lease_here then redis.call('DEL', lock) end
-    end
+    if dedup then redis.call('SET', key, dones[i], 'PX', ARGV[4]) end
   end
   if res[i] == 1 or res[i] == 2 or res[i] == 3 then
     if member ~= '' then
-      redis.call('ZREM', delayed, member)
+      redis.call('ZREM', retries, member)
     else
-      acks[#acks + 1] = id
+      add_ack(acks, src, id)
     end
   end
 end
-if #acks > 0 then xack_all(stream, group, acks) end
+ack_by_src(streams, group, acks)
 return res

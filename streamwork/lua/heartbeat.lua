@@ -1,35 +1,37 @@
--- heartbeat: keep live deliveries from being reclaimed. For each entry this consumer still
--- owns (and, with dedup, whose lease value still matches), reset its idle time with
+-- heartbeat: keep live deliveries from being reclaimed. For each delivery this consumer still
+-- owns (and, with dedup, whose job record still holds its lease), reset its idle time with
 -- XCLAIM ... JUSTID (which does not count a delivery) and extend the lease. Never recreates
 -- an expired lease: a lost lease stays lost. Runs under OOM too (allow-oom: it only
 -- touches existing keys), so a full Redis does not make live jobs look dead.
 -- An entry deleted from the stream is NOT XCLAIMed (that would silently drop it from the
 -- PEL): it is reported, and the worker adopts it (adopt.lua) so its outcome still lands.
--- KEYS[1] stream, KEYS[2] delayed ZSET (where adopted deliveries are tracked)
--- ARGV[1] group, ARGV[2] consumer, ARGV[3] lease TTL (ms), ARGV[4] lease key prefix,
--- ARGV[5] MessagePack [[entry id...], [job key...], [lease value ("": none)...],
+-- KEYS[1] stream, KEYS[2] the group's retry stream, KEYS[3] the group's retry ZSET
+-- ARGV[1] group, ARGV[2] consumer, ARGV[3] lease TTL (ms), ARGV[4] job record prefix,
+-- ARGV[5] MessagePack [[entry id...], [src...], [job key...], [lease ("": none)...],
 --         [member ("": not adopted)...]]
 -- Returns per entry: 1 kept, 0 lost (another consumer owns it, or the lease is gone),
--- 2 deleted (ours, but its stream entry was deleted: adopt it), 3 vanished (neither the
--- stream nor the group knows it any more: the server lost it)
-local stream, delayed, group, consumer = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
+-- 2 deleted (ours, but its entry was deleted: adopt it), 3 vanished (neither the stream
+-- nor the group knows it any more: the server lost it)
+local streams = {KEYS[1], KEYS[2]}
+local retries, group, consumer = KEYS[3], ARGV[1], ARGV[2]
 local batch = cmsgpack.unpack(ARGV[5])
-local ids, jobs, leases, members = batch[1], batch[2], batch[3], batch[4]
-local owned = owned_ids(stream, group, consumer, ids)
+local ids, srcs, jobs, leases, members = batch[1], batch[2], batch[3], batch[4], batch[5]
+local owned = owned_by_src(streams, group, consumer, ids, srcs)
 local due = now_ms() + tonumber(ARGV[3])
 
 local res = {}
 for i, id in ipairs(ids) do
-  local lock = ARGV[4] .. jobs[i]
-  local lease_ok = leases[i] == '' or redis.call('GET', lock) == leases[i]
+  local stream = streams[srcs[i] + 1]
+  local key = ARGV[4] .. jobs[i]
+  local lease_ok = leases[i] == '' or leased_by(redis.call('GET', key), leases[i])
   if members[i] ~= '' then
-    if lease_ok and redis.call('ZSCORE', delayed, members[i]) then
-      redis.call('ZADD', delayed, 'XX', due, members[i])
+    if lease_ok and redis.call('ZSCORE', retries, members[i]) then
+      redis.call('ZADD', retries, 'XX', due, members[i])
       res[i] = 1
     else
       res[i] = 0
     end
-  elseif not owned[id] then
+  elseif not owned[srcs[i] .. id] then
     res[i] = lost_code(stream, group, id, '') == 4 and 3 or 0
   elseif not entry_exists(stream, id) then
     res[i] = 2
@@ -40,7 +42,7 @@ for i, id in ipairs(ids) do
     res[i] = 1
   end
   if res[i] == 1 and leases[i] ~= '' then
-    redis.call('PEXPIRE', lock, ARGV[3])
+    redis.call('PEXPIRE', key, ARGV[3])
   end
 end
 return res

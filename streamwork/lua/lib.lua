@@ -58,11 +58,50 @@ local function xack_all(stream, group, ids)
   end
 end
 
--- whether this consumer still holds delivery ``id``: through the PEL (``owned``), or, for a
--- delivery adopted after its entry was deleted, through its ``member`` in the delayed ZSET
-local function still_held(owned, delayed, id, member)
-  if member ~= '' then return redis.call('ZSCORE', delayed, member) ~= false end
-  return owned[id] == true
+-- A delivery comes from the stream itself (src 0) or from the group's retry stream (src 1):
+-- KEYS[1] and KEYS[2] of every script that works on deliveries. Entry ids of the two
+-- streams may be equal, so sets of deliveries are keyed by src .. id.
+
+-- set of (src .. id) of the deliveries ``consumer`` owns, from one XPENDING per stream
+local function owned_by_src(streams, group, consumer, ids, srcs)
+  local split = {{}, {}}
+  for i, id in ipairs(ids) do
+    local part = split[srcs[i] + 1]
+    part[#part + 1] = id
+  end
+  local owned = {}
+  for src = 0, 1 do
+    for id in pairs(owned_ids(streams[src + 1], group, consumer, split[src + 1])) do
+      owned[src .. id] = true
+    end
+  end
+  return owned
+end
+
+-- XACK deliveries given as {src -> {id...}}
+local function ack_by_src(streams, group, acks)
+  for src = 0, 1 do
+    if acks[src] and #acks[src] > 0 then xack_all(streams[src + 1], group, acks[src]) end
+  end
+end
+
+local function add_ack(acks, src, id)
+  acks[src] = acks[src] or {}
+  acks[src][#acks[src] + 1] = id
+end
+
+-- Job records (one per group and job key; see _records.py). The first byte is the state:
+-- R running ("R<lease>|<attempt>|<since ms>", the lease itself), D done, W waiting for a
+-- retry, X dead (the rest MessagePack).
+local function leased_by(record, lease)
+  return record and string.sub(record, 1, #lease + 2) == 'R' .. lease .. '|'
+end
+
+-- whether this consumer still holds a delivery: through the PEL (``owned`` by src .. id),
+-- or, for one adopted after its entry was deleted, through its ``member`` in the retry ZSET
+local function still_held(owned, retries, key, member)
+  if member ~= '' then return redis.call('ZSCORE', retries, member) ~= false end
+  return owned[key] == true
 end
 
 -- the code for a delivery we no longer hold: 4 "vanished" when neither the stream nor the
