@@ -19,6 +19,7 @@ from .errors import (
     ConfigError,
     DeadLetter,
     DecodeError,
+    JobFailed,
     LockError,
     LockLost,
     LockNotAcquired,
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     )
     from ._message import Message
     from ._producer import AsyncProducer, Producer
+    from ._records import JobStatus
     from ._worker import Health, StreamWorker
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
@@ -49,7 +51,7 @@ _LAZY = {
     "AsyncHeldLock": "_lock", "AsyncRedlock": "_lock", "HeldLock": "_lock", "Redlock": "_lock",
     "async_fenced_set": "_lock", "fenced_set": "_lock", "Message": "_message",
     "AsyncProducer": "_producer", "Producer": "_producer", "Health": "_worker",
-    "StreamWorker": "_worker",
+    "StreamWorker": "_worker", "JobStatus": "_records",
 }
 
 
@@ -82,6 +84,8 @@ __all__ = [
     "DecodeError",
     "Health",
     "HeldLock",
+    "JobFailed",
+    "JobStatus",
     "LockError",
     "LockLost",
     "LockNotAcquired",

@@ -6,12 +6,14 @@ import json
 import time
 
 import click
+import redis
 from rich.console import Console
 from rich.table import Table
 
 from . import _connection as connection
 from . import _deadletter as deadletter
 from ._cli_common import fail, url_option
+from .errors import StreamworkError
 
 
 @click.group()
@@ -47,14 +49,26 @@ def dlq_list(stream: str, count: int, as_json: bool, url: str | None) -> None:
 @click.argument("stream")
 @click.option("--id", "ids", multiple=True, help="dead-letter id to replay (repeatable)")
 @click.option("--all", "replay_all", is_flag=True, help="replay every dead letter")
+@click.option("--group", default=None, help="only the dead letters of this consumer group")
 @url_option
-def dlq_replay(stream: str, ids: tuple[str, ...], replay_all: bool, url: str | None) -> None:
-    """Put dead letters back on STREAM as fresh jobs (attempts start again)."""
+def dlq_replay(stream: str, ids: tuple[str, ...], replay_all: bool, group: str | None,
+               url: str | None) -> None:
+    """Hand dead letters of STREAM back, as fresh jobs (attempts start again), to the
+    group each died in: other groups of the stream do not see them again."""
     if bool(ids) == replay_all:
         fail("say which dead letters: --id ID (repeatable) or --all")
     client = connection.sync_client(connection.resolve_url(url))
-    replayed, skipped = deadletter.replay_dead(client, stream, list(ids) if ids else None)
-    click.echo(f"replayed {replayed}, skipped {skipped} (unknown id or no original fields)")
+    try:
+        replayed, skipped = deadletter.replay_dead(client, stream, list(ids) if ids else None,
+                                                   group=group)
+    except StreamworkError as exc:
+        fail(str(exc))
+    except redis.RedisError as exc:
+        fail(f"replay stopped: {type(exc).__name__}: {exc}. Dead letters not yet replayed "
+             "stay in the dead-letter stream; fix the cause and run the replay again.")
+    other = ", another group's" if group else ""
+    click.echo(f"replayed {replayed}, skipped {skipped} "
+               f"(unknown id, no original fields{other})")
 
 
 @dlq.command("purge")

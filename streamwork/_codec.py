@@ -2,7 +2,7 @@
 
 Entry fields (byte strings):
 
-* ``d`` - the body: a MessagePack map ``{"v": 1, "k": key, "t": enqueued_ms, "h": headers,
+* ``d`` - the body: a MessagePack map ``{"v": 2, "k": key, "t": enqueued_ms, "h": headers,
   "p": payload}`` (``v`` format version, ``k`` job key as str, ``t`` enqueue time in Unix
   milliseconds as int, ``h`` str->str map incl. W3C ``traceparent``, ``p`` any MessagePack),
   optionally ``"l"``: the job's time limit in milliseconds (a positive int; absent: the
@@ -25,7 +25,11 @@ import msgpack
 
 from .errors import ConfigError, DecodeError, PayloadTooLarge
 
-FORMAT_VERSION: Final = 1  #: the body version this code writes and reads
+#: the body version this code writes. 2 came with the per-group job records (key layout 2):
+#: a worker of layout 1 refuses version-2 bodies (dead-letters them, unknown_version), so
+#: a fleet mixing old and new workers cannot run a job under two different dedup layouts.
+FORMAT_VERSION: Final = 2
+READ_VERSIONS: Final = (1, 2)  #: the body versions this code reads (1 and 2 differ only in v)
 BODY_FIELD: Final = b"d"  #: entry field holding the MessagePack body
 ATTEMPTS_FIELD: Final = b"a"  #: entry field with deliveries already used by earlier entries
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 1024 * 1024  #: bodies above this are refused (1 MiB)
@@ -141,7 +145,7 @@ def _validate(body: object) -> Envelope:
     # fast path: a well-formed body from a streamwork producer
     if type(body) is dict and body.keys() <= _FIELDS:
         key, enqueued, headers = body.get("k"), body.get("t"), body.get("h", {})
-        if (body.get("v") == FORMAT_VERSION and type(body.get("v")) is int
+        if (body.get("v") in READ_VERSIONS and type(body.get("v")) is int
                 and type(key) is str and key and type(enqueued) is int and enqueued >= 0
                 and "p" in body and type(headers) is dict
                 and all(type(n) is str and type(v) is str for n, v in headers.items())):
@@ -165,8 +169,9 @@ def _validate_strictly(body: object) -> Envelope:
     version = body["v"]
     if not isinstance(version, int) or isinstance(version, bool):
         raise DecodeError("schema:type:v", "'v' must be an int")
-    if version != FORMAT_VERSION:
-        raise DecodeError("unknown_version", f"body version {version}; this worker reads 1")
+    if version not in READ_VERSIONS:
+        raise DecodeError("unknown_version", f"body version {version}; this worker reads "
+                                             f"{', '.join(map(str, READ_VERSIONS))}")
     key, enqueued, headers = body["k"], body["t"], body.get("h", {})
     if not isinstance(key, str) or not key:
         raise DecodeError("schema:type:k", "'k' must be a non-empty str")

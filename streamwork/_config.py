@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from ._codec import DEFAULT_MAX_PAYLOAD_BYTES
-from ._keys import check_name
+from ._keys import StreamKeys, check_name
 from ._records import DEFAULT_MAX_RESULT_BYTES
 from .errors import ConfigError
 
@@ -118,7 +118,7 @@ class WorkerConfig(WorkerOptions):
         return {name: getattr(self, name) for name in self.option_names()}
 
     def _check(self) -> None:
-        check_name("stream", self.stream, allow_tag=True)
+        StreamKeys.for_stream(self.stream)  # a name it accepts, not one of its own keys
         check_name("group", self.group)
         _int(self, "concurrency", 1, 10_000)
         _int(self, "max_deliveries", 1, 1_000_000)

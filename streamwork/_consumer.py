@@ -49,7 +49,7 @@ from ._leases import Claim
 from ._logs import WORKER_LOGGER, fields
 from ._message import Message, revoke
 from ._outcomes import Outcomes
-from ._recent import RecentKeys
+from ._recent import KeyCache, local_cache
 from ._runner import Handler, Runner
 from ._supervisor import Supervisor, cancel, uninterrupted
 from .errors import DecodeError
@@ -76,7 +76,7 @@ class Consumer:
     """Runs one handler against a stream's consumer group until stopped."""
 
     def __init__(self, handle: Handler, cfg: WorkerConfig, url: str, name: str,
-                 worker_name: str = "") -> None:
+                 worker_name: str = "", cache: KeyCache | str | None = "built-in") -> None:
         self.handle = handle
         self.cfg = cfg
         self.name = name
@@ -95,9 +95,10 @@ class Consumer:
         self.queue: asyncio.Queue[Delivery] = asyncio.Queue()
         self.waiting: dict[bytes, Delivery] = {}  # need a lease before they can run
         self.outcomes = Outcomes(self)
-        self.cache: RecentKeys | None = (
-            RecentKeys(cfg.local_cache_size, cfg.local_cache_ttl)
-            if cfg.dedup and cfg.local_cache_size and cfg.local_cache_ttl else None)
+        self.cache: KeyCache | None = None
+        if cfg.dedup:
+            self.cache = (local_cache(None, cfg.local_cache_size, cfg.local_cache_ttl)
+                          if isinstance(cache, str) else cache)
         self.sup = Supervisor(self._recreate_group, stream=cfg.stream, group=cfg.group,
                               consumer=name)
         self.isolating = False  # a reclaimed suspect runs alone: no reading meanwhile

@@ -23,6 +23,8 @@ from .errors import ConfigError
 MAX_NAME_BYTES: Final = 200  #: longest stream/group/consumer name accepted, in UTF-8 bytes
 _TAG: Final = re.compile(r"\{([^{}]+)\}")
 _BAD_CHARS: Final = re.compile(r"[\s\x00]")
+#: names of keys derived from some stream (see StreamKeys); never a stream of its own
+_OWNED: Final = re.compile(r"^\{[^{}]+\}(~|:(dead|delayed|fence)$|:(retry|retries|job):)")
 
 
 def check_name(option: str, name: object, *, allow_tag: bool = False) -> str:
@@ -72,8 +74,13 @@ class StreamKeys:
 
     @classmethod
     def for_stream(cls, stream: str) -> StreamKeys:
-        """The keys of ``stream``; raises ConfigError for a name streamwork does not accept."""
+        """The keys of ``stream``; raises ConfigError for a name streamwork does not accept
+        (among them the names of keys streamwork owns, e.g. ``{orders}:dead``)."""
         check_name("stream", stream, allow_tag=True)
+        if _OWNED.match(stream):
+            raise ConfigError("stream", f"{stream!r} is the name of a key streamwork keeps for "
+                                        "another stream (dead letters, retries, job records); "
+                                        "pick another name")
         return cls.of_any(stream)
 
     @classmethod

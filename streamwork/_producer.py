@@ -9,12 +9,13 @@ twice: give jobs a ``key`` and run the worker with ``dedup`` to make that harmle
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import functools
 import math
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, TypeVar
@@ -22,6 +23,7 @@ from typing import Any, Final, TypeVar
 import tenacity
 
 from . import _connection as connection
+from . import _records as records
 from . import _scripts as scripts
 from . import _telemetry as telemetry
 from ._codec import (
@@ -34,7 +36,8 @@ from ._codec import (
 )
 from ._faults import is_transient
 from ._keys import StreamKeys
-from .errors import ConfigError, RedisUnavailable
+from ._records import JobStatus
+from .errors import ConfigError, JobFailed, RedisUnavailable
 
 __all__ = ["AsyncProducer", "Producer"]
 
@@ -129,6 +132,7 @@ class _Op:
     call: scripts.Call | None = None
     bodies: Sequence[bytes] = ()
     key: str | None = None  # a delayed send returns its key
+    command: Callable[[Any], Any] | None = None  # any other round trip: client -> reply
 
     def result(self, reply: Any) -> Any:
         if self.key is not None:
@@ -177,8 +181,58 @@ class _Core:
                   for p, k in zip(payloads, _check_keys(payloads, keys), strict=True)]
         return _Op(f"send_many to {stream!r}", stream, len(bodies), bodies=bodies)
 
+    def _plan_groups(self, stream: str) -> _Op:
+        _keys(stream)
+        return _Op(f"list the groups of {stream!r}", stream, 1,
+                   command=lambda r: r.xinfo_groups(stream))
+
+    def _plan_status(self, stream: str, key: str, group: str) -> _Op:
+        record = _keys(stream).group(group).job(_check_key(key))
+        return _Op(f"status of {key!r} in {stream!r}", stream, 1,
+                   command=lambda r: r.get(record))
+
     def _unavailable(self, what: str, exc: BaseException) -> RedisUnavailable:
         return RedisUnavailable(what, self.url, exc)
+
+
+def _check_key(key: object) -> str:
+    if not isinstance(key, str) or not key:
+        raise ConfigError("key", f"must be a non-empty str (the job key given to send), "
+                                 f"got {key!r}")
+    return key
+
+
+def _only_group(stream: str, groups: Iterable[Any]) -> str:
+    """The one consumer group of ``stream``; a status needs ``group=`` when there are more."""
+    names = sorted(g["name"].decode() if isinstance(g["name"], bytes) else str(g["name"])
+                   for g in groups)
+    if len(names) == 1:
+        return names[0]
+    found = ", ".join(repr(n) for n in names) if names else "none"
+    raise ConfigError("group", f"stream {stream!r} has {len(names)} consumer groups "
+                               f"({found}): say which with group=...")
+
+
+class _Waits:
+    """The pauses of `result()`: 5 ms doubling up to 0.5 s (or to the retry's due time),
+    never past the deadline, which raises TimeoutError."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.timeout = timeout
+        self.pause = 0.005
+
+    def next(self, st: JobStatus) -> float:
+        pause, self.pause = self.pause, min(self.pause * 2, 0.5)
+        if self.deadline is None:
+            return pause
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(
+                f"job {st.key!r} of group {st.group!r} on {st.stream!r} did not finish "
+                f"within {self.timeout} s (it is {st.state}); look with "
+                f"`streamwork job {st.stream} {st.key} --group {st.group}`")
+        return min(pause, left)
 
 
 _RETRY = tenacity.retry_if_exception(is_transient)
@@ -240,6 +294,34 @@ class Producer(_Core):
         telemetry.count("produced", len(ids), stream)
         return ids
 
+    def status(self, stream: str, key: str, *, group: str | None = None) -> JobStatus:
+        """What ``group`` knows of job ``key`` (one GET of its job record). ``group`` may be
+        left out when the stream has exactly one consumer group. With dedup off no record
+        is written and the state is always "unknown"."""
+        if group is None:
+            group = _only_group(stream, self._perform(self._plan_groups(stream)))
+        raw = self._perform(self._plan_status(stream, key, group))
+        return records.parse(stream, group, key, raw)
+
+    def result(self, stream: str, key: str, *, group: str | None = None,
+               timeout: float | None = 30.0) -> Any:
+        """Wait until ``group`` has finished job ``key`` and return what ``handle()``
+        returned (None if it returned nothing, or the result was too large to keep:
+        `status` says why). Raises `JobFailed` if the job is dead and `TimeoutError`
+        if it is not finished within ``timeout`` seconds (None: wait for ever). Looks
+        at the record with a growing pause (5 ms up to 0.5 s), not in a busy loop."""
+        if group is None:
+            group = _only_group(stream, self._perform(self._plan_groups(stream)))
+        waits = _Waits(timeout)
+        while True:
+            st = self.status(stream, key, group=group)
+            if st.state == "done":
+                return st.result
+            if st.state == "dead":
+                raise JobFailed(st)
+            pause = waits.next(st)
+            time.sleep(pause)
+
     def _perform(self, op: _Op) -> Any:
         """Run ``op``, retrying transient errors for ``retry_timeout`` seconds."""
         try:
@@ -261,6 +343,8 @@ class Producer(_Core):
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _once(self, op: _Op) -> Any:
+        if op.command is not None:
+            return op.command(self._redis)
         if op.call is not None:
             return self._scripts.run(op.call)
         if len(op.bodies) == 1:
@@ -333,6 +417,27 @@ class AsyncProducer(_Core):
         telemetry.count("produced", len(ids), stream)
         return ids
 
+    async def status(self, stream: str, key: str, *, group: str | None = None) -> JobStatus:
+        """As `Producer.status`, awaiting."""
+        if group is None:
+            group = _only_group(stream, await self._perform(self._plan_groups(stream)))
+        raw = await self._perform(self._plan_status(stream, key, group))
+        return records.parse(stream, group, key, raw)
+
+    async def result(self, stream: str, key: str, *, group: str | None = None,
+                     timeout: float | None = 30.0) -> Any:
+        """As `Producer.result`, awaiting (other tasks run while it waits)."""
+        if group is None:
+            group = _only_group(stream, await self._perform(self._plan_groups(stream)))
+        waits = _Waits(timeout)
+        while True:
+            st = await self.status(stream, key, group=group)
+            if st.state == "done":
+                return st.result
+            if st.state == "dead":
+                raise JobFailed(st)
+            await asyncio.sleep(waits.next(st))
+
     async def _perform(self, op: _Op) -> Any:
         """As `Producer._perform`, awaiting."""
         try:
@@ -354,6 +459,8 @@ class AsyncProducer(_Core):
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _once(self, op: _Op) -> Any:
+        if op.command is not None:
+            return await op.command(self._redis)
         if op.call is not None:
             return await self._scripts.run(op.call)
         if len(op.bodies) == 1:

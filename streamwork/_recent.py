@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
+from typing import Any, Protocol
+
+from .errors import ConfigError
 
 
 class RecentKeys:
@@ -51,3 +54,44 @@ class RecentKeys:
             old, when = keys.popleft(), times.popleft()
             if table.get(old) == when:
                 del table[old]
+
+
+class KeyCache(Protocol):
+    """What the consumer needs of a local cache: "done here recently?" and "remember"."""
+
+    def __contains__(self, key: object) -> bool: ...
+
+    def add(self, key: str) -> None: ...
+
+
+class MappingKeys:
+    """A user's cache (any ``cachetools`` cache, or another mutable mapping) as a KeyCache:
+    its own size and expiry rules decide what it forgets. Used from the worker's event loop
+    thread only, so a cachetools cache needs no lock."""
+
+    __slots__ = ("mapping",)
+
+    def __init__(self, mapping: MutableMapping[str, Any]) -> None:
+        self.mapping = mapping
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.mapping
+
+    def add(self, key: str) -> None:
+        self.mapping[key] = True
+
+
+def local_cache(option: object, maxsize: int, ttl: float) -> KeyCache | None:
+    """The local cache a worker uses: ``option`` None -> the project's own RecentKeys
+    (``maxsize``/``ttl``; none when either is 0); a mutable mapping such as
+    ``cachetools.TTLCache(maxsize=100_000, ttl=60)`` -> that; ``False`` -> no local cache."""
+    if option is None:
+        return RecentKeys(maxsize, ttl) if maxsize and ttl else None
+    if option is False:
+        return None
+    if isinstance(option, MutableMapping):
+        return MappingKeys(option)
+    raise ConfigError(
+        "local_cache",
+        f"must be None (the built-in cache), False (no cache) or a mutable mapping such as "
+        f"cachetools.TTLCache(maxsize=100_000, ttl=60), got {type(option).__name__}")

@@ -34,7 +34,9 @@ class JobStatus:
     ``state``: "running" | "waiting" (a retry is due at ``due``) | "done" | "dead" |
     "unknown" (not started by this group, or its record expired). ``result`` is
     ``handle()``'s return value once done (None if it returned nothing or the result was not
-    kept: ``result_note`` says why); ``error`` the last failure; times are Unix seconds.
+    kept: ``result_note`` says why); ``error`` the last failure, ``reason`` why a dead job
+    died (``max_deliveries``, ``timeout``, a ``DeadLetter`` reason, ...) and
+    ``dead_letter_id`` its entry in ``{S}:dead``; times are Unix seconds.
     """
 
     stream: str
@@ -45,6 +47,7 @@ class JobStatus:
     result: Any = None
     result_note: str = ""
     error: str = ""
+    reason: str = ""
     updated_at: float | None = None
     due: float | None = None
     dead_letter_id: str | None = None
@@ -98,7 +101,7 @@ def parse(stream: str, group: str, key: str, raw: bytes | None) -> JobStatus:
                          updated_at=updated / 1000, due=due / 1000)
     if state == "X":
         attempts, updated, dead_id, reason, error = fields
-        return JobStatus(stream, group, key, "dead", attempts=int(attempts),
-                         error=f"{reason}: {error}" if reason else error,
+        return JobStatus(stream, group, key, "dead", attempts=int(attempts), error=error,
+                         reason=reason,
                          updated_at=updated / 1000, dead_letter_id=dead_id)
     raise ValueError(f"job record of {key!r} in group {group!r} has an unknown state {state!r}")

@@ -21,6 +21,7 @@ from ._config import WorkerConfig, WorkerOptions
 from ._consumer import Consumer, consumer_name
 from ._keys import check_name
 from ._message import Message
+from ._recent import local_cache
 
 __all__ = ["Health", "StreamWorker"]
 
@@ -51,10 +52,20 @@ class StreamWorker(WorkerOptions):
     # the options (stream, group, concurrency, visibility_timeout, ...) and their defaults
     # are declared once, in config.WorkerOptions; a subclass overrides them as attributes
 
+    #: the in-process cache of keys completed recently (dedup on): None - the built-in one
+    #: (``local_cache_size``/``local_cache_ttl``); False - none; or any mutable mapping
+    #: such as ``cachetools.TTLCache(maxsize=100_000, ttl=60)``. Keep its TTL below
+    #: ``dedup_window``: a key it holds is acked as a duplicate without asking Redis.
+    local_cache: Any = None
+
     def __init__(self, url: str | None = None, *, consumer: str | None = None,
                  **options: Any) -> None:
         self.url = connection.resolve_url(url)
+        cache_option = options.pop("local_cache", type(self).local_cache)
         self.config = WorkerConfig.build(type(self), options)
+        self.local_cache = cache_option
+        self._cache = (local_cache(cache_option, self.config.local_cache_size,
+                                   self.config.local_cache_ttl) if self.config.dedup else None)
         self.consumer_name = check_name("consumer", consumer) if consumer else consumer_name()
         self.worker_name = f"{type(self).__module__}.{type(self).__qualname__}"
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -114,7 +125,7 @@ class StreamWorker(WorkerOptions):
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._loop.add_signal_handler(sig, self.stop)
         self._consumer = Consumer(self.handle, self.config, self.url, self.consumer_name,
-                                  self.worker_name)
+                                  self.worker_name, cache=self._cache)
         try:
             await _call_hook(self.on_start)
             try:

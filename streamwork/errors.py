@@ -20,12 +20,15 @@ The tree, by what the caller does next::
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "BenchError",
     "ConfigError",
     "DeadLetter",
     "DecodeError",
     "HandlerControl",
+    "JobFailed",
     "LockError",
     "LockLost",
     "LockNotAcquired",
@@ -99,6 +102,24 @@ class WorkerFailed(StreamworkError):
             f"worker stopped: its {task} failed with {type(cause).__name__}: {cause}. "
             "Held jobs stay pending for other workers; fix the cause (see the traceback "
             "in the log) and start the worker again."
+        )
+
+
+class JobFailed(StreamworkError):
+    """``result()`` found the job dead: its attempts are spent (or its handler raised
+    DeadLetter). ``status`` is the job's `JobStatus` (reason, error, dead-letter id)."""
+
+    def __init__(self, status: Any) -> None:
+        self.status = status
+        self.reason: str = status.reason
+        self.dead_letter_id: str | None = status.dead_letter_id
+        super().__init__(
+            f"job {status.key!r} of group {status.group!r} on stream {status.stream!r} is "
+            f"dead after {status.attempts} attempt(s): {status.reason or 'failed'}"
+            + (f" ({status.error})" if status.error else "")
+            + f". See it with `streamwork dlq list {status.stream}`; once the cause is "
+            f"fixed, `streamwork dlq replay {status.stream} --id {status.dead_letter_id} "
+            "runs it again."
         )
 
 

@@ -67,8 +67,8 @@ def test_body_is_the_documented_versioned_map() -> None:
     """The body is a MessagePack map {v, k, t, h, p} with v == 1 and field ``d`` holds it."""
     data = encode_body("k", [1, 2], {"a": "b"}, enqueued_ms=42)
     assert BODY_FIELD == b"d"
-    assert FORMAT_VERSION == 1
-    assert msgpack.unpackb(data, raw=False) == {"v": 1, "k": "k", "t": 42, "h": {"a": "b"},
+    assert FORMAT_VERSION == 2
+    assert msgpack.unpackb(data, raw=False) == {"v": 2, "k": "k", "t": 42, "h": {"a": "b"},
                                                 "p": [1, 2]}
 
 
@@ -180,10 +180,16 @@ def test_unknown_ext_type() -> None:
     assert reason_of(body(p={"deep": [msgpack.ExtType(1, b"")]})) == "schema:unsupported_ext"
 
 
-@pytest.mark.parametrize("version", [0, 2, 99, -1])
+@pytest.mark.parametrize("version", [0, 3, 99, -1])
 def test_unknown_version(version: int) -> None:
     """A body with another format version is unknown_version."""
     assert reason_of(body(v=version)) == "unknown_version"
+
+
+def test_version_1_bodies_are_still_read() -> None:
+    """Bodies written before the job-record layout (version 1) decode as before."""
+    env = decode_body(msgpack.packb({"v": 1, "k": "old", "t": 5, "h": {}, "p": [1]}))
+    assert (env.key, env.enqueued_ms, env.payload) == ("old", 5, [1])
 
 
 def test_too_large_body_checked_before_decoding() -> None:

@@ -44,6 +44,8 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("drain_timeout", -1.0), ("drain_timeout", "x"),
     ("consumer_idle_timeout", 0.5), ("consumer_idle_timeout", None),
     ("local_cache_ttl", -1.0),
+    ("max_result_bytes", -1), ("max_result_bytes", 1.5), ("max_result_bytes", 2**40),
+    ("stream", "{orders}:dead"),
     ("lock_urls", ("http://127.0.0.1:1",)),
     ("lock_urls", "redis://127.0.0.1:1"),
     ("reclaim_interval", 0.0), ("reclaim_interval", -1.0), ("reclaim_interval", "5"),

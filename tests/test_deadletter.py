@@ -81,14 +81,15 @@ async def test_dlq_replay_by_id_and_all(r: redis.Redis, redis_url: str) -> None:
     first = list_dead(r, STREAM)[1]
     assert first.key == "dl-1"
     before = r.xlen(STREAM)
+    retry = KEYS.group(GROUP).retry
 
     res = _cli(redis_url, "replay", STREAM, "--id", first.id)
     assert res.exit_code == 0, res.output
     assert "replayed 1, skipped 0" in res.output
     assert _dead_keys(r) == ["dl-0", "dl-2"]
-    [(_, fields)] = r.xrevrange(STREAM, count=1)
+    [(_, fields)] = r.xrevrange(retry, count=1)
     assert fields == {b"d": bodies["dl-1"]}, "replayed entry carries the original body only"
-    assert r.xlen(STREAM) == before + 1
+    assert r.xlen(STREAM) == before, "a replay goes to the group's retry stream only"
     await run_until_idle(RecordingWorker.from_url(redis_url), r, timeout=60)
     assert Ledger(r).counts() == {"dl-1": 1}
     assert [a for a, _ in calls(r, "dl-1")] == [1, 1], "a replay starts a fresh attempt series"
@@ -114,10 +115,12 @@ async def test_dlq_replay_keeps_dead_letters_it_could_not_enqueue(
     """A replay whose re-enqueue fails leaves every dead letter in place."""
     await _make_dead(r, redis_url, 2)
     before = r.xrange(KEYS.dead)
-    r.delete(STREAM)
-    r.set(STREAM, "not a stream")  # every XADD to the stream now fails
+    retry = KEYS.group(GROUP).retry
+    r.delete(retry)
+    r.set(retry, "not a stream")  # every XADD to the group's retry stream now fails
     res = _cli(redis_url, "replay", STREAM, "--all")
     assert res.exit_code != 0
+    assert "stay in the dead-letter stream" in res.output
     assert r.xrange(KEYS.dead) == before
 
 

@@ -62,7 +62,11 @@ async def test_fencing_tokens_strictly_increase_and_done_marker_blocks_rerun(
     await run_until_idle(again, r)
     assert again.counts["deduplicated"] == 1
     assert Ledger(r).counts()["k7"] == 1
-    assert r.pttl(StreamKeys.for_stream(STREAM).done("k7")) > 500_000
+    record = StreamKeys.for_stream(STREAM).group("billing").job("k7")
+    assert r.pttl(record) > 500_000
+    st = producer.status(STREAM, "k7", group="billing")
+    assert (st.state, st.attempts) == ("done", 1)
+    assert st.fencing_token == int(granted[7]), "the record names the token of its run"
     producer.close()
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from streamwork._keys import MAX_NAME_BYTES, StreamKeys, check_name
 from streamwork._server import free_port
@@ -20,37 +22,117 @@ from streamwork.errors import ConfigError
 from tests.slots import key_slot
 
 
-def derived(keys: StreamKeys, job_key: str) -> list[str]:
-    return [keys.dead, keys.delayed, keys.fence, keys.done(job_key), keys.lock(job_key),
-            keys.done_prefix, keys.lock_prefix]
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def derived(keys: StreamKeys, job_key: str, group: str = "billing") -> list[str]:
+    g = keys.group(group)
+    return [keys.dead, keys.delayed, keys.fence, g.retry, g.retries, g.job(job_key),
+            g.job_prefix]
+
+
+def test_names_of_owned_keys_are_refused_as_streams() -> None:
+    """A stream may not be named like a key streamwork keeps for another stream."""
+    for name in ("{orders}:dead", "{orders}:retry:7:billing", "{orders}~3:a:b", "{x}:fence"):
+        with pytest.raises(ConfigError, match="key streamwork keeps"):
+            StreamKeys.for_stream(name)
+    for name in ("{orders}:deadline", "{orders}:eu", "orders:dead"):
+        StreamKeys.for_stream(name)
 
 
 def test_plain_stream_gets_its_name_as_hash_tag() -> None:
-    """For stream S without braces every derived key is {S}:<role>..."""
+    """For stream S without braces every derived key starts with {S}; group names and job
+    keys follow with their length in front."""
     k = StreamKeys.for_stream("orders")
+    g = k.group("billing")
     assert k.stream == "orders"
     assert k.dead == "{orders}:dead"
     assert k.delayed == "{orders}:delayed"
     assert k.fence == "{orders}:fence"
-    assert k.done("order-7") == "{orders}:done:order-7"
-    assert k.lock("order-7") == "{orders}:lock:order-7"
-    assert k.done_prefix == "{orders}:done:"
-    assert k.lock_prefix == "{orders}:lock:"
+    assert g.retry == "{orders}:retry:7:billing"
+    assert g.retries == "{orders}:retries:7:billing"
+    assert g.job("order-7") == "{orders}:job:7:billing:order-7"
+    assert g.job_prefix == "{orders}:job:7:billing:"
 
 
-def test_stream_with_tag_reuses_it() -> None:
-    """A stream that already holds a {tag} keeps it: derived keys are S:<role>."""
+def test_stream_with_tag_keeps_it_and_names_itself() -> None:
+    """A stream that already holds a {tag} keeps it, and its whole name (with its length)
+    follows, so `orders` and `{orders}` share no key."""
     k = StreamKeys.for_stream("{orders}:eu")
-    assert k.dead == "{orders}:eu:dead"
-    assert k.lock("x") == "{orders}:eu:lock:x"
-    assert "{{" not in k.fence
+    assert k.dead == "{orders}~11:{orders}:eu:dead"
+    assert k.group("g").job("x") == "{orders}~11:{orders}:eu:job:1:g:x"
+    plain, tagged = StreamKeys.for_stream("orders"), StreamKeys.for_stream("{orders}")
+    assert set(derived(plain, "k")).isdisjoint(derived(tagged, "k"))
 
 
 def test_all_roles_are_distinct() -> None:
     """No two roles of one stream share a key name."""
     k = StreamKeys.for_stream("s")
-    names = [k.stream, k.dead, k.delayed, k.fence, k.done("a"), k.lock("a")]
+    names = [k.stream, *derived(k, "a")]
     assert len(set(names)) == len(names)
+
+
+# names streamwork accepts: no whitespace/NUL; braces only as one tag in a stream name
+_NAME_CHARS = st.characters(blacklist_categories=("Cs", "Zs", "Cc"), blacklist_characters="{}")
+_NAMES = st.text(_NAME_CHARS, min_size=1, max_size=12)
+_STREAMS = st.one_of(_NAMES, st.builds(lambda a, t, b: f"{a}{{{t}}}{b}",
+                                       st.text(_NAME_CHARS, max_size=4), _NAMES,
+                                       st.text(_NAME_CHARS, max_size=4)))
+_JOB_KEYS = st.text(min_size=1, max_size=12).filter(_utf8)  # job keys: any text at all
+
+
+def _all_keys(stream: str, group: str, job: str) -> dict[str, str]:
+    try:
+        k = StreamKeys.for_stream(stream)
+    except ConfigError:  # the name of a key streamwork owns: refused, so it cannot collide
+        return {}
+    g = k.group(group)
+    return {"dead": k.dead, "delayed": k.delayed, "fence": k.fence, "retry": g.retry,
+            "retries": g.retries, "job": g.job(job), "stream": stream}
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.tuples(_STREAMS, _NAMES, _JOB_KEYS), st.tuples(_STREAMS, _NAMES, _JOB_KEYS))
+def test_keys_are_injective(a: tuple[str, str, str], b: tuple[str, str, str]) -> None:
+    """Two different (stream, group, job key) triples never share a key, whatever characters
+    they hold (`orders` vs `{orders}`, `:` and braces in groups and keys): a job record is
+    one group's alone, and no role of one stream is any key of another."""
+    ka, kb = _all_keys(*a), _all_keys(*b)
+    if not ka or not kb:  # a refused stream name: nothing is ever written under it
+        return
+    if a == b:
+        assert ka == kb
+        return
+    # a job record names exactly one triple
+    assert ka["job"] != kb["job"]
+    # per-stream keys are shared only by the same stream, per-group only by the same group
+    for role in ("dead", "delayed", "fence", "stream"):
+        assert (ka[role] == kb[role]) == (a[0] == b[0]), role
+    for role in ("retry", "retries"):
+        assert (ka[role] == kb[role]) == (a[:2] == b[:2]), role
+    # and no key of one triple is a key of another role of the other
+    for ra, name_a in ka.items():
+        for rb, name_b in kb.items():
+            if ra != rb:
+                assert name_a != name_b, (ra, rb, name_a)
+
+
+@example(("orders", "g", "k"), ("{orders}", "g", "k"))
+@example(("s", "a:b", "c"), ("s", "a", "b:c"))
+@example(("s", "g", "x"), ("s:job:1:g", "g", "x"))
+@example(("s", "g", "x"), ("{s}:dead", "g", "x"))
+@example(("s", "g", "x"), ("{s}~1:s", "g", "x"))
+@given(st.tuples(_STREAMS, _NAMES, _JOB_KEYS), st.tuples(_STREAMS, _NAMES, _JOB_KEYS))
+def test_known_collisions_of_the_old_layout_are_gone(a: tuple[str, str, str],
+                                                    b: tuple[str, str, str]) -> None:
+    """The collisions layout 1 had (`orders` vs `{orders}`, `:` inside names) do not occur."""
+    if a != b:
+        test_keys_are_injective.hypothesis.inner_test(a, b)  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(("key", "slot"), [

@@ -18,6 +18,7 @@ import redis
 import streamwork as sw
 from streamwork import AsyncProducer, Producer
 from streamwork._keys import StreamKeys
+from streamwork._records import parse
 from streamwork.testing import Ledger, await_for, run_until_idle, wait_for
 from tests.workers import LedgerWorker
 from tests.workers_recovery import RecordingWorker, calls
@@ -103,18 +104,20 @@ def test_stalled_process_loses_its_job_and_cannot_ack_it(
     assert r.lrange("lost:paused", 0, -1) in ([b"1"], [])
     stale_effects = int(r.hget("ledger", "paused") or 0)  # plain at-least-once: 0 or 1
     if dedup:
-        assert not r.exists(KEYS.done("paused")), "the stale worker wrote a done-marker"
+        record = r.get(KEYS.group(GROUP).job("paused"))
+        assert record is None or record[:1] != b"D", "the stale worker wrote a done record"
 
     r.set("open:paused", 1)
     wait_for(lambda: not _pending(r), timeout=30, message="the peer to finish and ack the job")
     assert int(r.hget("ledger", "paused") or 0) == stale_effects + 1
     assert [a for a, _ in calls(r, "paused")] == [1, 2]
     assert r.xlen(KEYS.dead) == 0
-    assert r.zcard(KEYS.delayed) == 0
+    assert r.zcard(KEYS.group(GROUP).retries) == 0
     if dedup:
         first, second = (int(t) for t in r.lrange("tokens:paused", 0, -1))
         assert second > first > 0, "the reclaimed run must hold a higher fencing token"
-        assert r.get(KEYS.done("paused")).endswith(f":{second}".encode())
+        st = parse(STREAM, GROUP, "paused", r.get(KEYS.group(GROUP).job("paused")))
+        assert (st.state, st.fencing_token) == ("done", second)
 
 
 class BlockingWorker(sw.StreamWorker):
@@ -168,9 +171,10 @@ async def test_stale_consumer_cannot_ack(r: redis.Redis, redis_url: str, dedup: 
     assert row["consumer"] == b"thief"
     assert worker.counts["acked"] == 0
     assert worker.counts["retried"] == 0
-    assert r.zcard(KEYS.delayed) == 0
+    assert r.zcard(KEYS.group(GROUP).retries) == 0
     assert r.xlen(KEYS.dead) == 0
-    assert not r.exists(KEYS.done("owned"))
+    assert not r.exists(KEYS.group(GROUP).job("owned")) or \
+        r.get(KEYS.group(GROUP).job("owned"))[:1] == b"R", "nothing but the lease it took"
 
 
 async def test_retries_run_in_order_until_success_with_one_effect(r: redis.Redis,
@@ -188,7 +192,7 @@ async def test_retries_run_in_order_until_success_with_one_effect(r: redis.Redis
     assert len(_attempt_times(r, "flaky")) == 1, "the effect ran on one attempt only"
     assert (worker.counts["retried"], worker.counts["acked"]) == (4, 1)
     assert worker.counts["dead_lettered"] == 0 and r.xlen(KEYS.dead) == 0
-    assert r.zcard(KEYS.delayed) == 0
+    assert r.zcard(KEYS.group(GROUP).retries) == 0
 
 
 async def test_delayed_sends_wait_until_due(r: redis.Redis, redis_url: str) -> None:
@@ -219,7 +223,7 @@ async def test_delayed_sends_wait_until_due(r: redis.Redis, redis_url: str) -> N
     finally:
         worker.stop()
         await task
-    assert r.zcard(KEYS.delayed) == 0
+    assert r.zcard(KEYS.group(GROUP).retries) == 0
     for key, (_, due) in sent.items():
         [handled] = _attempt_times(r, key)
         assert handled >= due - 0.02, f"{key} handled {due - handled:.3f}s before it was due"

@@ -26,7 +26,8 @@ def test_complete_acks_only_what_the_caller_owns_even_past_the_listing_limit(
     r.xclaim("s", "g", "other", 0, [ids[250]])
     batch = [ids[0], ids[250], ids[499]]
     res = scripts.SyncScripts(r).run(scripts.complete(
-        StreamKeys.for_stream("s"), "g", "me", 0, 0, b"", [], [batch]))
+        StreamKeys.for_stream("s").group("g"), "me", 0, 0, b"", [],
+        [batch, [0] * 3, [""] * 3, [""] * 3, [""] * 3, [""] * 3]))
     assert res == [1, 0, 1]
     pending = {row["message_id"]: row["consumer"] for row in
                r.xpending_range("s", "g", min="-", max="+", count=1000)}
@@ -39,11 +40,18 @@ def test_claim_tokens_increase_in_batch_order_and_same_key_copies_are_busy(
 ) -> None:
     """claim.lua grants increasing tokens; a second copy of a key in one batch is busy."""
     ids = _held(r, 3)
-    k = StreamKeys.for_stream("s")
-    res = scripts.SyncScripts(r).run(scripts.claim(k, "g", "me", 10_000, "owner", ids,
-                                                   ["a", "b", "a"]))
+    g = StreamKeys.for_stream("s").group("g")
+    res = scripts.SyncScripts(r).run(scripts.claim(
+        g, "me", 10_000, "owner", "lease", [ids, [0] * 3, ["a", "b", "a"], [1] * 3, []]))
     assert res[0] > 0 and res[1] > res[0] and res[2] == -2
-    assert r.get(k.lock("a")) == f"owner:{res[0]}".encode()
+    assert r.get(g.job("a")).startswith(f"Rowner:{res[0]}|1|".encode())
+    # the record is this group's alone: another group takes the same key freely
+    other = StreamKeys.for_stream("s").group("h")
+    r.xgroup_create("s", "h", id="0")
+    [[_, entries]] = r.xreadgroup("h", "me", {"s": ">"}, count=1)
+    res = scripts.SyncScripts(r).run(scripts.claim(
+        other, "me", 10_000, "owner", "lease", [[entries[0][0]], [0], ["a"], [1], []]))
+    assert res[0] > 0
 
 
 def test_every_key_of_a_stream_shares_its_slot() -> None:
@@ -51,5 +59,6 @@ def test_every_key_of_a_stream_shares_its_slot() -> None:
     for stream in ("orders", "a:b", "{tag}:x", "日本"):
         k = StreamKeys.for_stream(stream)
         slot = key_slot(stream)
-        for key in (k.dead, k.delayed, k.fence, k.done("x"), k.lock("y")):
+        g = k.group("billing")
+        for key in (k.dead, k.delayed, k.fence, g.retry, g.retries, g.job("x")):
             assert key_slot(key) == slot, (stream, key)

@@ -71,8 +71,8 @@ local function owned_by_src(streams, group, consumer, ids, srcs)
   end
   local owned = {}
   for src = 0, 1 do
-    for id in pairs(owned_ids(streams[src + 1], group, consumer, split[src + 1])) do
-      owned[src .. id] = true
+    for id, yes in pairs(owned_ids(streams[src + 1], group, consumer, split[src + 1])) do
+      if yes then owned[src .. id] = true end
     end
   end
   return owned
