@@ -150,7 +150,8 @@ class Outcomes:
             batch += [[], [], [d.member for d in live]]
         res = await h.scripts.run(scripts.complete(
             h.gkeys, h.name, lease.mode, round(cfg.dedup_window * 1000), staged,
-            staged_keys, batch, oom_ok=not cfg.dedup and not staged))
+            staged_keys, batch, oom_ok=not cfg.dedup and not staged,
+            lease_ttl_ms=cfg.visibility_ms))
         acked = 0
         for d, code in zip(live, res, strict=True):
             if code in (Done.ACKED, Done.STAGED_REJECTED, Done.DUPLICATE):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import functools
+import inspect
 import math
 import os
 import time
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
+import redis
 import tenacity
 
 from . import _connection as connection
@@ -37,7 +39,7 @@ from ._codec import (
 from ._faults import is_transient
 from ._keys import StreamKeys
 from ._records import JobStatus
-from .errors import ConfigError, JobFailed, RedisUnavailable
+from .errors import ConfigError, JobFailed, RedisUnavailable, StreamNotFound
 
 __all__ = ["AsyncProducer", "Producer"]
 
@@ -184,7 +186,7 @@ class _Core:
     def _plan_groups(self, stream: str) -> _Op:
         _keys(stream)
         return _Op(f"list the groups of {stream!r}", stream, 1,
-                   command=lambda r: r.xinfo_groups(stream))
+                   command=lambda r: _groups_of(r, stream))
 
     def _plan_status(self, stream: str, key: str, group: str) -> _Op:
         record = _keys(stream).group(group).job(_check_key(key))
@@ -202,6 +204,27 @@ def _check_key(key: object) -> str:
     return key
 
 
+def _groups_of(client: Any, stream: str) -> Any:
+    """XINFO GROUPS of ``stream`` (an awaitable for an async client); StreamNotFound when
+    there is no such stream."""
+    def missing(exc: redis.ResponseError) -> StreamNotFound:
+        return StreamNotFound(stream, f"does not exist ({exc})")
+
+    try:
+        reply = client.xinfo_groups(stream)
+    except redis.ResponseError as exc:
+        raise missing(exc) from exc
+    if not inspect.isawaitable(reply):
+        return reply
+
+    async def wait() -> Any:
+        try:
+            return await reply
+        except redis.ResponseError as exc:
+            raise missing(exc) from exc
+    return wait()
+
+
 def _only_group(stream: str, groups: Iterable[Any]) -> str:
     """The one consumer group of ``stream``; a status needs ``group=`` when there are more."""
     names = sorted(g["name"].decode() if isinstance(g["name"], bytes) else str(g["name"])
@@ -210,7 +233,8 @@ def _only_group(stream: str, groups: Iterable[Any]) -> str:
         return names[0]
     found = ", ".join(repr(n) for n in names) if names else "none"
     raise ConfigError("group", f"stream {stream!r} has {len(names)} consumer groups "
-                               f"({found}): say which with group=...")
+                               f"({found}): say which (group=... in Python, --group on the "
+                               f"command line)")
 
 
 class _Waits:

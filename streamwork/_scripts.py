@@ -99,11 +99,13 @@ def claim(g: GroupKeys, consumer: str, ttl_ms: int, owner: str, mode: str,
 
 def complete(g: GroupKeys, consumer: str, mode: int, done_ttl_ms: int, staged: bytes,
              staged_keys: Sequence[str | bytes], batch: list[list[Any]],
-             *, oom_ok: bool = False) -> Call:
+             *, oom_ok: bool = False, lease_ttl_ms: int = 30_000) -> Call:
     """complete.lua (``oom_ok``: its ``ack`` twin, allowed under OOM): record successes;
-    ``batch`` is [[id...], [src...], [job key...], [lease...], [member...], [done...]]."""
+    ``batch`` is [[id...], [src...], [job key...], [lease...], [member...], [done...]];
+    ``lease_ttl_ms`` is what a record found leased by another gets back as its TTL."""
     return Call("ack" if oom_ok else "complete", [*_group_keys(g), *staged_keys],
-                [g.name, consumer, int(mode), done_ttl_ms, staged, g.job_prefix, pack(batch)])
+                [g.name, consumer, int(mode), done_ttl_ms, staged, g.job_prefix, pack(batch),
+                 lease_ttl_ms])
 
 
 def fail(g: GroupKeys, consumer: str, worker: str, mode: int, dead_ttl_ms: int,

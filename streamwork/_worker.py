@@ -64,8 +64,9 @@ class StreamWorker(WorkerOptions):
         cache_option = options.pop("local_cache", type(self).local_cache)
         self.config = WorkerConfig.build(type(self), options)
         self.local_cache = cache_option
-        self._cache = (local_cache(cache_option, self.config.local_cache_size,
-                                   self.config.local_cache_ttl) if self.config.dedup else None)
+        cache = local_cache(cache_option, self.config.local_cache_size,
+                            self.config.local_cache_ttl)  # checked whatever dedup says
+        self._cache = cache if self.config.dedup else None
         self.consumer_name = check_name("consumer", consumer) if consumer else consumer_name()
         self.worker_name = f"{type(self).__module__}.{type(self).__qualname__}"
         self._loop: asyncio.AbstractEventLoop | None = None

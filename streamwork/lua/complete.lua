@@ -13,7 +13,9 @@
 -- {entry index: [[command, [KEYS index...], [arg...]], ...]}, ARGV[6] job record prefix,
 -- ARGV[7] MessagePack [[entry id...], [src...], [job key...], [lease...], [member...],
 -- [done record...]] (job keys, leases and done records only with dedup; member "" or the
--- adopted delivery's member, which then stands for ownership)
+-- adopted delivery's member, which then stands for ownership), ARGV[8] lease TTL (ms)
+-- Cost per entry with the lease in the record: ONE command (SET GET), so a job costs two
+-- in all with claim.lua's SET NX GET.
 -- Returns per entry: 1 acknowledged, 0 lost (not ours any more: nothing written),
 -- 2 acknowledged but a staged command was rejected by Redis (e.g. WRONGTYPE; the others
 -- applied), 3 acknowledged as a duplicate (lease held elsewhere and the record already
@@ -34,17 +36,27 @@ local res, acks = {}, {}
 for i, id in ipairs(ids) do
   local member, src = members[i] or '', srcs[i]
   local ok = still_held(owned, retries, src .. id, member)
-  local key, record = nil, nil
-  if dedup then
-    key = ARGV[6] .. jobs[i]
-    record = redis.call('GET', key)
-  end
-  if ok and lease_here and not leased_by(record, leases[i]) then
-    ok = false
+  local key = nil
+  if dedup then key = ARGV[6] .. jobs[i] end
+  if ok and lease_here then
+    -- ONE command checks the lease and writes the done record: SET ... GET returns what
+    -- the record held. Not our lease (expired and taken, or gone): put back what was there
+    -- (rare; its TTL becomes the one it would get anew) and count the delivery as lost.
+    local old = redis.call('SET', key, dones[i], 'PX', ARGV[4], 'GET')
+    if not leased_by(old, leases[i]) then
+      ok = false
+      if not old then
+        redis.call('DEL', key)
+      elseif string.sub(old, 1, 1) == 'R' then
+        redis.call('SET', key, old, 'PX', ARGV[8])
+      else
+        redis.call('SET', key, old, 'PX', ARGV[4])
+      end
+    end
   end
   if not ok then
     res[i] = lost_code(streams[src + 1], group, id, member)
-  elseif dedup and not lease_here and record and string.sub(record, 1, 1) == 'D' then
+  elseif dedup and not lease_here and is_done(redis.call('GET', key)) then
     res[i] = 3
   else
     res[i] = 1
@@ -60,7 +72,7 @@ for i, id in ipairs(ids) do
         res[i] = 2
       end
     end
-    if dedup then redis.call('SET', key, dones[i], 'PX', ARGV[4]) end
+    if dedup and not lease_here then redis.call('SET', key, dones[i], 'PX', ARGV[4]) end
   end
   if res[i] == 1 or res[i] == 2 or res[i] == 3 then
     if member ~= '' then

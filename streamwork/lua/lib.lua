@@ -93,6 +93,10 @@ end
 -- Job records (one per group and job key; see _records.py). The first byte is the state:
 -- R running ("R<lease>|<attempt>|<since ms>", the lease itself), D done, W waiting for a
 -- retry, X dead (the rest MessagePack).
+local function is_done(record)
+  return record and string.sub(record, 1, 1) == 'D'
+end
+
 local function leased_by(record, lease)
   return record and string.sub(record, 1, #lease + 2) == 'R' .. lease .. '|'
 end

@@ -98,7 +98,8 @@ async def test_entry_deleted_while_its_handler_runs_still_gets_its_outcome(
     assert r.hgetall(LEDGER) == {b"ok": b"1"}
     assert r.hgetall("runs") == {b"ok": b"1", b"bad": b"1"}
     assert r.xpending(STREAM, "holders")["pending"] == 0
-    assert r.zcard(KEYS.group(_Worker.group).retries) == 0, "the adoption's safety net is removed with the outcome"
+    assert r.zcard(KEYS.group(_Worker.group).retries) == 0, \
+        "the adoption's safety net is removed with the outcome"
     assert worker.counts["acked"] == 1 and worker.counts["deleted_while_pending"] == 2
 
 
