@@ -150,6 +150,12 @@ class GroupKeys:
         return self.job_prefix + key
 
 
+def is_owned_key(name: str) -> bool:
+    """True for names of keys streamwork derives from some stream (dead letters, a group's
+    retry stream or ZSET, job records, ...), which are never streams of their own."""
+    return bool(_OWNED.match(name))
+
+
 def is_dead_letter_stream(name: str) -> bool:
     """True for names of the ``{S}:dead`` form (dead letters of some stream ``S``)."""
     return name.endswith(":dead") and bool(_TAG.search(name[: -len(":dead")]))

@@ -1,10 +1,12 @@
 """Read-only figures of streams and consumer groups, for ``streamwork inspect`` and ``top``.
 
-One call of :func:`stream_stats` reads, for stream ``S``: ``XINFO STREAM S``, ``XINFO GROUPS
-S`` and per group ``XPENDING S G`` (summary), ``XPENDING S G - + 1`` (the oldest pending
-entry and its idle time) and ``XINFO CONSUMERS S G``; then ``ZCARD``/``ZCOUNT -inf now`` of
-``{S}:delayed`` (``now`` from the server's ``TIME``, the clock the promoter uses) and ``XLEN
-{S}:dead``. Nothing is written. The commands are not one snapshot: figures of a busy stream
+One call of :func:`stream_stats` reads, for stream ``S``: ``XINFO STREAM S``, ``XINFO
+GROUPS S`` and per group ``XPENDING S G`` (summary), ``XPENDING S G - + 1`` (the oldest
+pending entry and its idle time), ``XINFO CONSUMERS S G``, ``XPENDING`` of the group's retry
+stream (counted in its pending) and ``ZCARD``/``ZCOUNT -inf now`` of its retry ZSET; then
+the same counts of ``{S}:delayed`` (``now`` from the server's ``TIME``, the clock the
+promoter uses) and ``XLEN {S}:dead``. Nothing is written. The commands are not one
+snapshot: figures of a busy stream
 can disagree by the few jobs that moved between two reads.
 
 :func:`compute_rates` turns two samples into produced/s per stream and acked/s per group.
@@ -21,8 +23,8 @@ from typing import Any, Final
 
 import redis
 
-from ._keys import StreamKeys, is_dead_letter_stream
-from .errors import StreamNotFound
+from ._keys import StreamKeys, is_dead_letter_stream, is_owned_key
+from .errors import ConfigError, StreamNotFound
 
 __all__ = [
     "ConsumerStats",
@@ -67,6 +69,9 @@ class GroupStats:
     top_consumers: list[tuple[str, int]] = field(default_factory=list)
     consumer_list: list[ConsumerStats] = field(default_factory=list)
     oldest_pending_id: str | None = None
+    #: retries of this group waiting for their backoff (its retry ZSET); its retry stream's
+    #: pending deliveries are counted in ``pending``
+    retries_waiting: int = 0
 
     def as_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -149,6 +154,21 @@ def _now_ms(client: Any) -> int:
     return int(secs) * 1000 + int(micros) // 1000
 
 
+def _retry_side(client: Any, keys: StreamKeys, name: str, now_ms: int) -> tuple[int, int, int]:
+    """(pending on the group's retry stream, retries waiting, of which due) of group
+    ``name``; zeros for a group name streamwork would not accept."""
+    try:
+        gkeys = keys.group(name)
+    except ConfigError:
+        return 0, 0, 0
+    try:
+        pending = int(_norm(client.xpending(gkeys.retry, name)).get("pending") or 0)
+    except redis.ResponseError:  # no retry stream (or group on it) yet
+        pending = 0
+    return (pending, int(client.zcard(gkeys.retries)),
+            int(client.zcount(gkeys.retries, "-inf", now_ms)))
+
+
 def _group_stats(client: Any, stream: str, info: Mapping[str, Any]) -> GroupStats | None:
     name = _s(info["name"])
     try:
@@ -203,9 +223,17 @@ def stream_stats(client: Any, stream: str) -> StreamStats:
         if "no such key" in str(exc).lower():  # deleted since TYPE
             raise StreamNotFound(stream) from None
         raise
-    groups = [g for g in (_group_stats(client, stream, _norm(x)) for x in groups_raw) if g]
-    groups.sort(key=lambda g: g.name)
     keys = StreamKeys.of_any(stream)
+    groups, waiting, due = [], 0, 0
+    for raw in groups_raw:
+        g = _group_stats(client, stream, _norm(raw))
+        if g is None:
+            continue
+        retry_pending, retry_waiting, retry_due = _retry_side(client, keys, g.name, now_ms)
+        waiting, due = waiting + retry_waiting, due + retry_due
+        groups.append(dataclasses.replace(g, pending=g.pending + retry_pending,
+                                          retries_waiting=retry_waiting))
+    groups.sort(key=lambda g: g.name)
     last = info.get("last-generated-id") or _entry_id(info.get("last-entry")) or "0-0"
     return StreamStats(
         stream=stream,
@@ -213,8 +241,8 @@ def stream_stats(client: Any, stream: str) -> StreamStats:
         first_id=_entry_id(info.get("first-entry")),
         last_id=_s(last),
         groups=groups,
-        delayed_total=int(client.zcard(keys.delayed)),
-        delayed_due=int(client.zcount(keys.delayed, "-inf", now_ms)),
+        delayed_total=int(client.zcard(keys.delayed)) + waiting,
+        delayed_due=int(client.zcount(keys.delayed, "-inf", now_ms)) + due,
         dead=int(client.xlen(keys.dead)),
         entries_added=_opt_int(info.get("entries-added")),
         taken_at_ms=now_ms,
@@ -229,7 +257,10 @@ def discover_streams(client: Any, *, include_dead: bool = False) -> list[str]:
             name = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
         except UnicodeDecodeError:
             continue  # not a name streamwork could have created or can address
-        if include_dead or not is_dead_letter_stream(name):
+        if is_dead_letter_stream(name):
+            if include_dead:
+                found.add(name)
+        elif not is_owned_key(name):  # a group's retry stream belongs to its stream
             found.add(name)
     return sorted(found)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from collections.abc import Iterator
@@ -9,12 +10,13 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+import streamwork as sw
 from streamwork import _connection as connection
-from streamwork._keys import is_dead_letter_stream
+from streamwork._keys import StreamKeys, is_dead_letter_stream
 from streamwork._producer import Producer
 from streamwork._stats import compute_rates, discover_streams, sample, stream_stats
 from streamwork.errors import StreamNotFound
-from streamwork.testing import wait_for
+from streamwork.testing import await_for, wait_for
 
 STREAM = "orders"
 
@@ -110,6 +112,42 @@ def test_discovery_lists_streams_but_not_dead_letter_streams(redis_url: str, r: 
     assert is_dead_letter_stream("{orders}:dead") and is_dead_letter_stream("{eu}x:dead")
     assert not is_dead_letter_stream("orders:dead") and not is_dead_letter_stream("orders")
     assert [s.stream for s in sample(client, ["orders", "gone"])] == ["orders"]
+
+
+async def test_a_groups_retries_count_as_delayed_and_its_retry_stream_stays_hidden(
+        redis_url: str, r: redis.Redis, client: redis.Redis) -> None:
+    """A retry waiting in one group's retry ZSET shows in `delayed` (and not as a stream of
+    its own), and a retry delivery held from the group's retry stream counts as pending."""
+    class Fails(sw.StreamWorker):
+        stream, group = STREAM, "billing"
+        retry_delay = retry_max_delay = 600.0
+
+        async def handle(self, msg: sw.Message) -> None:
+            raise RuntimeError("not yet")
+
+    with Producer.from_url(redis_url) as producer:
+        producer.send(STREAM, {}, key="k")
+    worker = Fails.from_url(redis_url)
+    task = asyncio.create_task(worker.serve())
+    try:
+        await await_for(lambda: worker.counts["retried"] == 1, message="one retry scheduled")
+    finally:
+        worker.stop()
+        await task
+    stats = stream_stats(client, STREAM)
+    assert (stats.delayed_total, stats.delayed_due) == (1, 0)
+    assert stats.group("billing").retries_waiting == 1  # type: ignore[union-attr]
+    # the retry comes due: moved to the group's retry stream, read there and held
+    g = StreamKeys.for_stream(STREAM).group("billing")
+    [(member, _)] = r.zrange(g.retries, 0, -1, withscores=True)
+    r.zadd(g.retries, {member: 0})
+    assert discover_streams(client) == [STREAM]
+    r.xadd(g.retry, {"d": b"x"})
+    r.xreadgroup("billing", "c", {g.retry: ">"})
+    stats = stream_stats(client, STREAM)
+    assert stats.group("billing").pending == 1  # type: ignore[union-attr]
+    assert stats.delayed_due == 1
+    assert discover_streams(client) == [STREAM], "a group's retry stream is not a stream to list"
 
 
 def test_rates_from_two_real_samples(redis_url: str, r: redis.Redis,
