@@ -35,12 +35,12 @@ def dlq_list(stream: str, count: int, as_json: bool, url: str | None) -> None:
             click.echo(json.dumps(e.as_json(), default=str))
         return
     table = Table(title=f"dead letters of {stream} ({len(entries)} shown)")
-    for col in ("id", "key", "reason", "error", "attempts", "died", "source id"):
+    for col in ("id", "group", "key", "reason", "error", "attempts", "died", "source id"):
         table.add_column(col)
     for e in entries:
         died = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.ts_ms / 1000))
         first_line = e.detail.splitlines()[0] if e.detail else ""
-        table.add_row(e.id, e.key or "?", e.reason, f"{e.error_type}: {first_line}"[:60],
+        table.add_row(e.id, e.group or "?", e.key or "?", e.reason, f"{e.error_type}: {first_line}"[:60],
                       str(e.attempts), died, e.src_id)
     Console().print(table)
 

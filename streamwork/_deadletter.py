@@ -35,6 +35,7 @@ class DeadLetterEntry:
     key: str | None
     payload: Any
     original: dict[str, bytes] = field(repr=False)
+    group: str = ""  #: the consumer group it died in (a replay goes back to it)
 
     def as_json(self) -> dict[str, Any]:
         payload = self.payload
@@ -43,7 +44,8 @@ class DeadLetterEntry:
         return {
             "id": self.id, "reason": self.reason, "error_type": self.error_type,
             "detail": self.detail, "src_id": self.src_id, "attempts": self.attempts,
-            "consumer": self.consumer, "ts_ms": self.ts_ms, "key": self.key,
+            "consumer": self.consumer, "group": self.group, "ts_ms": self.ts_ms,
+            "key": self.key,
             "payload": payload,
             "original": {k: v.decode("utf-8", "replace") for k, v in self.original.items()},
         }
@@ -72,7 +74,7 @@ def _parse(entry_id: bytes, values: dict[bytes, bytes]) -> DeadLetterEntry:
         error_type=_text(values, "error_type"), detail=_text(values, "detail"),
         src_id=_text(values, "src_id"), attempts=int(_text(values, "attempts") or 0),
         consumer=_text(values, "consumer"), ts_ms=int(_text(values, "ts") or 0),
-        key=key, payload=payload, original=original,
+        key=key, payload=payload, original=original, group=_text(values, "group"),
     )
 
 

@@ -67,6 +67,7 @@ async def test_dlq_list_table_and_json(r: redis.Redis, redis_url: str) -> None:
         assert row["reason"] == f"dead_letter: {FIX} is not set"
         assert row["error_type"] == "DeadLetter"
         assert row["attempts"] == 1
+        assert row["group"] == GROUP, "a dead letter names the group it died in"
         assert r.xrange(STREAM, row["src_id"], row["src_id"]), "src_id names the original entry"
 
     empty = _cli(redis_url, "list", "other")
