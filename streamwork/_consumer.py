@@ -42,7 +42,7 @@ from . import _upkeep as upkeep
 from ._codec import ATTEMPTS_FIELD, BODY_FIELD, decode_body, parse_attempts
 from ._config import WorkerConfig
 from ._connection import reconnect_delay
-from ._delivery import MAIN, RETRY, Delivery, Entry, Failure, State, ref
+from ._delivery import MAIN, RETRY, Delivery, Entry, Failure, RunQueue, State, ref
 from ._faults import Fault, classify
 from ._keys import StreamKeys
 from ._leases import Claim
@@ -92,7 +92,7 @@ class Consumer:
         self.inflight: dict[bytes, Delivery] = {}
         # entries whose outcome waits without a Delivery: ref -> (entry id, src)
         self.loose: dict[bytes, tuple[bytes, int]] = {}
-        self.queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        self.queue = RunQueue()
         self.waiting: dict[bytes, Delivery] = {}  # need a lease before they can run
         self.outcomes = Outcomes(self)
         self.cache: KeyCache | None = None

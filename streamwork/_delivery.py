@@ -3,8 +3,10 @@ small interface the background loops see of the consumer that holds them."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -79,6 +81,53 @@ class Failure:
     job_key: str = ""
     body: bytes = b""
     error: BaseException | None = None
+
+
+class RunQueue:
+    """The deliveries that may run, first in first out, for the runners: an unbounded
+    ``asyncio.Queue`` without its per-item bookkeeping. A runner takes from ``ready``
+    directly while it holds something and awaits ``get()`` only when it is empty."""
+
+    __slots__ = ("_getters", "ready")
+
+    def __init__(self) -> None:
+        self.ready: deque[Delivery] = deque()
+        self._getters: deque[asyncio.Future[None]] = deque()
+
+    def qsize(self) -> int:
+        return len(self.ready)
+
+    def empty(self) -> bool:
+        return not self.ready
+
+    def put_nowait(self, d: Delivery) -> None:
+        self.ready.append(d)
+        if self._getters:
+            self._wake_next()
+
+    async def get(self) -> Delivery:
+        ready = self.ready
+        while not ready:
+            getter = asyncio.get_running_loop().create_future()
+            self._getters.append(getter)
+            try:
+                await getter
+            except BaseException:
+                getter.cancel()
+                with contextlib.suppress(ValueError):
+                    self._getters.remove(getter)
+                if ready and not getter.cancelled():
+                    self._wake_next()
+                raise
+        return ready.popleft()
+
+    def _wake_next(self) -> None:
+        getters = self._getters
+        while getters:
+            getter = getters.popleft()
+            if not getter.done():
+                getter.set_result(None)
+                break
 
 
 class Holder(Protocol):

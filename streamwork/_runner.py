@@ -16,13 +16,13 @@ import logging
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from opentelemetry import trace
 
 from . import _telemetry as telemetry
-from ._delivery import Delivery, Failure, State
+from ._delivery import Delivery, Failure, RunQueue, State
 from ._logs import WORKER_LOGGER, fields
 from ._message import Message, revoke
 from ._pool import DaemonPool
@@ -49,7 +49,7 @@ class RunnerHost(Protocol):
 
     cfg: WorkerConfig
     name: str
-    queue: asyncio.Queue[Delivery]
+    queue: RunQueue
     outcomes: Outcomes
     tracing: bool
     metering: bool
@@ -79,61 +79,75 @@ class Runner:
         loop = asyncio.get_running_loop()
         runner = asyncio.current_task()
         assert runner is not None
-        cfg = self.host.cfg
+        host = self.host
+        cfg = host.cfg
+        queue = host.queue
+        ready = queue.ready
         debug = log.isEnabledFor(logging.DEBUG)
-        while True:
-            d = await self.host.queue.get()
-            msg = d.msg
-            if d.dropped:
-                self.host.forget(d)
-                continue
-            d.state = State.RUNNING
-            d.started = time.monotonic()
-            timer = (None if d.limit is None
-                     else loop.call_later(d.limit, self._time_out, d, runner))
-            if self.host.tracing:
-                d.span = telemetry.consumer_span(
-                    cfg.stream, cfg.group, msg.id, msg.attempt, msg.key, msg.headers)
-            if debug:
-                log.debug("job started", extra=fields(
-                    stream=cfg.stream, group=cfg.group, consumer=self.host.name, key=msg.key,
-                    entry_id=msg.id, attempt=msg.attempt))
-            try:
-                if d.span is None:
-                    d.result = await self._call(msg)
-                else:
-                    with trace.use_span(d.span, end_on_exit=False):
+        watch = _Watch(self, runner, loop)
+        monotonic = time.monotonic
+        running = State.RUNNING
+        try:
+            while True:
+                # take a ready delivery without a round trip through the loop
+                d = ready.popleft() if ready else await queue.get()
+                msg = d.msg
+                if d.dropped:
+                    host.forget(d)
+                    continue
+                d.state = running
+                d.started = monotonic()
+                if d.limit is not None:
+                    watch.arm(d, loop.time() + d.limit)
+                if host.tracing:
+                    d.span = telemetry.consumer_span(
+                        cfg.stream, cfg.group, msg.id, msg.attempt, msg.key, msg.headers)
+                if debug:
+                    log.debug("job started", extra=fields(
+                        stream=cfg.stream, group=cfg.group, consumer=host.name, key=msg.key,
+                        entry_id=msg.id, attempt=msg.attempt))
+                try:
+                    if d.span is None:
                         d.result = await self._call(msg)
-            except asyncio.CancelledError:
-                if not d.timed_out:
-                    telemetry.end_span(d.span, "cancelled")
-                    self.host.forget(d)
-                    raise
-                _uncancel(runner)
-                self._timed_out(d, debug)
-            except Exception as exc:
-                if d.timed_out:
+                    else:
+                        with trace.use_span(d.span, end_on_exit=False):
+                            d.result = await self._call(msg)
+                except asyncio.CancelledError:
+                    if not d.timed_out:
+                        telemetry.end_span(d.span, "cancelled")
+                        host.forget(d)
+                        raise
                     _uncancel(runner)
                     self._timed_out(d, debug)
+                except Exception as exc:
+                    if d.timed_out:
+                        _uncancel(runner)
+                        self._timed_out(d, debug)
+                    else:
+                        self._finished(d, "failed", debug)
+                        self._failed(d, exc)
                 else:
-                    self._finished(d, "failed", debug)
-                    self._failed(d, exc)
-            else:
-                if d.timed_out:  # the handler swallowed its cancellation
-                    _uncancel(runner)
-                    self._timed_out(d, debug)
-                else:
-                    self._finished(d, "ok", debug)
-                    self._succeeded(d)
-            finally:
-                if timer is not None:
-                    timer.cancel()
+                    if d.timed_out:  # the handler swallowed its cancellation
+                        _uncancel(runner)
+                        self._timed_out(d, debug)
+                    else:
+                        if host.metering or debug:
+                            self._finished(d, "ok", debug)
+                        self._succeeded(d)
+                finally:
+                    watch.d = None
+        finally:
+            watch.close()
 
-    async def _call(self, msg: Message) -> Any:
+    def _call(self, msg: Message) -> Awaitable[Any]:
         """Run the handler: on the loop (async) or on a pool thread (plain def)."""
         if self._pool is None:
-            return await self._handle(msg)
-        elif self.host.tracing:
+            return self._handle(msg)  # type: ignore[no-any-return]
+        return self._call_sync(msg)
+
+    async def _call_sync(self, msg: Message) -> Any:
+        assert self._pool is not None
+        if self.host.tracing:
             ctx = contextvars.copy_context()
             return await asyncio.wrap_future(self._pool.submit(ctx.run, self._handle, msg))
         else:
@@ -199,6 +213,51 @@ class Runner:
         self.host.outcomes.add_failure(Failure(
             d, d.entry_id, d.src, action, round(delay * 1000), msg.attempt, reason, etype, detail,
             msg.key, d.body, exc))
+
+
+class _Watch:
+    """The time limit of one runner's jobs: one timer per runner, not one per job. It stays
+    armed across jobs and, when it fires before the running job's limit, re-arms for that
+    limit; so a job past its limit is stopped at its limit, as with a timer of its own."""
+
+    __slots__ = ("d", "due", "loop", "runner", "task", "timer", "when")
+
+    def __init__(self, runner: Runner, task: asyncio.Task[None],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.runner = runner
+        self.task = task
+        self.loop = loop
+        self.d: Delivery | None = None  # the running delivery, if it has a time limit
+        self.due = 0.0  # its limit, loop time
+        self.timer: asyncio.TimerHandle | None = None
+        self.when = 0.0  # when the timer fires, loop time
+
+    def arm(self, d: Delivery, due: float) -> None:
+        self.d = d
+        self.due = due
+        timer = self.timer
+        if timer is None or self.when > due:
+            if timer is not None:
+                timer.cancel()
+            self.when = due
+            self.timer = self.loop.call_at(due, self._fire)
+
+    def _fire(self) -> None:
+        self.timer = None
+        d = self.d
+        if d is None:
+            return
+        if self.due <= self.when:
+            self.runner._time_out(d, self.task)
+        else:
+            self.when = self.due
+            self.timer = self.loop.call_at(self.due, self._fire)
+
+    def close(self) -> None:
+        self.d = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
 
 def _uncancel(task: asyncio.Task[None]) -> None:
