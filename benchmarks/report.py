@@ -77,12 +77,12 @@ def render(result: dict[str, Any], console: Console) -> None:
     extra.add_row("naive safety loop: commands/job", "",
                   f"{cmd['raw_safety']['total_per_job']:.2f}")
     mem = result["memory"]
-    extra.add_row("done-marker MEMORY USAGE (bytes)", "", f"{mem['memory_usage_bytes']:.0f}")
-    extra.add_row("used_memory per 10k markers", "",
+    extra.add_row("done record MEMORY USAGE (bytes)", "", f"{mem['memory_usage_bytes']:.0f}")
+    extra.add_row("used_memory per 10k done records", "",
                   f"{mem['used_memory_per_10k'] / 1024:,.0f} KiB")
     console.print(extra)
 
-    goals = Table(title="goals (issue 5)")
+    goals = Table(title="goals (issues 5 and 11)")
     goals.add_column("goal")
     goals.add_column("measured", justify="right")
     goals.add_column("", justify="center")
