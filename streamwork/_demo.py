@@ -129,9 +129,13 @@ async def _run(url: str, orders: int, console: Console) -> DemoResult:
 
 
 async def _pending(producer: AsyncProducer, stream: str) -> int:
-    info = await producer._redis.xpending(stream, Billing.group)
-    return int(info["pending"]) + int(await producer._redis.zcard(
-        StreamKeys.for_stream(stream).delayed))
+    """Jobs not yet settled: held (from the stream or the group's retry stream) or waiting
+    for a retry."""
+    client, g = producer._redis, StreamKeys.for_stream(stream).group(Billing.group)
+    held = int((await client.xpending(stream, Billing.group))["pending"])
+    if await client.exists(g.retry):
+        held += int((await client.xpending(g.retry, Billing.group))["pending"])
+    return held + int(await client.zcard(g.retries))
 
 
 def run_demo(url: str, orders: int = 2000, console: Console | None = None) -> DemoResult:
