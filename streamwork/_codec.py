@@ -105,8 +105,17 @@ def pack_body(key: str, payload: Payload, headers: dict[str, str], enqueued_ms: 
     return data
 
 
+#: a decoded body as a plain tuple, in Envelope's order (cheaper to build than an Envelope)
+Fields = tuple[str, int, dict[str, str], Payload, int | None]
+
+
 def decode_body(data: bytes | None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> Envelope:
     """Decode and validate a body; raise DecodeError with a stable reason code."""
+    return Envelope(*decode_fields(data, max_payload_bytes))
+
+
+def decode_fields(data: bytes | None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> Fields:
+    """``decode_body`` as a plain tuple (key, enqueued_ms, headers, payload, limit_ms)."""
     if data is None:
         raise DecodeError("schema:no_data_field", "the entry has no 'd' field")
     if len(data) > max_payload_bytes:
@@ -141,19 +150,23 @@ def decode_body(data: bytes | None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD
 _FIELDS: Final = frozenset({"v", "k", "t", "h", "p", "l"})
 
 
-def _validate(body: object) -> Envelope:
+def _validate(body: object) -> Fields:
     # fast path: a well-formed body from a streamwork producer
-    if type(body) is dict and body.keys() <= _FIELDS:
-        key, enqueued, headers = body.get("k"), body.get("t"), body.get("h", {})
-        if (body.get("v") in READ_VERSIONS and type(body.get("v")) is int
+    if type(body) is dict:
+        get = body.get
+        version, key, enqueued, headers, limit = get("v"), get("k"), get("t"), get("h"), get("l")
+        # v, k, t and p are there (checked below), h and l when not None: with nothing else
+        # in the body, every key is a known one (so a str)
+        if (type(version) is int and version in READ_VERSIONS
                 and type(key) is str and key and type(enqueued) is int and enqueued >= 0
-                and "p" in body and type(headers) is dict
-                and all(type(n) is str and type(v) is str for n, v in headers.items())):
-            limit = body.get("l")
-            if limit is None:
-                return Envelope(key, enqueued, headers, body["p"])
-            if type(limit) is int and limit > 0:
-                return Envelope(key, enqueued, headers, body["p"], limit)
+                and "p" in body and len(body) == 4 + (headers is not None) + (limit is not None)):
+            if headers is None:
+                headers = {}
+            if (type(headers) is dict
+                    and (not headers or all(type(n) is str and type(v) is str
+                                            for n, v in headers.items()))
+                    and (limit is None or (type(limit) is int and limit > 0))):
+                return key, enqueued, headers, body["p"], limit
     return _validate_strictly(body)
 
 

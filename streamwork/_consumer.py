@@ -39,7 +39,7 @@ from . import _reclaim as reclaim
 from . import _scripts as scripts
 from . import _telemetry as telemetry
 from . import _upkeep as upkeep
-from ._codec import ATTEMPTS_FIELD, BODY_FIELD, decode_body, parse_attempts
+from ._codec import ATTEMPTS_FIELD, BODY_FIELD, decode_fields, parse_attempts
 from ._config import WorkerConfig
 from ._connection import reconnect_delay
 from ._delivery import MAIN, RETRY, Delivery, Entry, Failure, RunQueue, State, ref
@@ -264,9 +264,13 @@ class Consumer:
         if d.span is not None:
             telemetry.end_span(d.span, outcome)
             d.span = None
-        if self.inflight.get(d.ref) is d:
-            del self.inflight[d.ref]
-            self._released()
+        inflight = self.inflight
+        key = d.ref
+        if inflight.get(key) is d:
+            del inflight[key]
+            self._room.set()
+            if not inflight and not self.loose:
+                self._empty.set()
 
     def _released(self) -> None:
         self._room.set()
@@ -330,10 +334,14 @@ class Consumer:
         group's retry stream (RETRY), then queue what may run. ``deliveries``: each entry's
         delivery count (None: all first deliveries)."""
         cfg = self.cfg
+        inflight, loose, cache = self.inflight, self.loose, self.cache
+        max_payload, max_deliveries = cfg.max_payload_bytes, cfg.max_deliveries
+        stream, group, consumer, timeout = cfg.stream, cfg.group, self.name, cfg.timeout
+        retry = src != MAIN
         fresh: list[Delivery] = []
         for i, (entry_id, values) in enumerate(entries):
-            key = ref(src, entry_id)
-            if key in self.inflight or key in self.loose:
+            key = b"r" + entry_id if retry else entry_id  # ref(src, entry_id)
+            if key in inflight or key in loose:
                 continue
             count = 1 if deliveries is None else deliveries[i]
             if values is None:
@@ -342,40 +350,41 @@ class Consumer:
                 continue
             body = values.get(BODY_FIELD)
             try:
-                env = decode_body(body, cfg.max_payload_bytes)
+                job_key, enqueued_ms, headers, payload, limit_ms = decode_fields(body, max_payload)
             except DecodeError as exc:
                 log.warning("undecodable entry moved to dead letters", extra=fields(
-                    stream=cfg.stream, group=cfg.group, entry_id=entry_id.decode(),
+                    stream=stream, group=group, entry_id=entry_id.decode(),
                     reason=exc.reason))
                 self._dead_on_arrival(entry_id, src, count, exc.reason, "DecodeError",
                                       exc.detail)
                 self.count("undecodable", 1)
                 continue
             assert body is not None
-            attempt = parse_attempts(values.get(ATTEMPTS_FIELD)) + count
-            if attempt > cfg.max_deliveries:
+            used = values.get(ATTEMPTS_FIELD)
+            attempt = parse_attempts(used) + count if used else count
+            if attempt > max_deliveries:
                 self._dead_on_arrival(
                     entry_id, src, attempt - 1, "max_deliveries", "DeliveryLimit",
-                    f"delivered {attempt} times, over max_deliveries={cfg.max_deliveries}; the "
-                    "process handling it died or stalled each time", env.key, body)
+                    f"delivered {attempt} times, over max_deliveries={max_deliveries}; the "
+                    "process handling it died or stalled each time", job_key, body)
                 continue
-            if self.cache is not None and env.key in self.cache:
-                self.loose[key] = (entry_id, src)
+            if cache is not None and job_key in cache:
+                loose[key] = (entry_id, src)
                 self.outcomes.add_ack(entry_id, src)
                 continue
-            msg = Message(
-                id=entry_id.decode(), stream=cfg.stream, key=env.key, payload=env.payload,
-                attempt=attempt, enqueued_at=env.enqueued_ms / 1000, headers=env.headers,
-                group=cfg.group, consumer=self.name)
-            limit = cfg.timeout if env.limit_ms is None else env.limit_ms / 1000
-            d = Delivery(entry_id, src, msg, body, limit)
-            self.inflight[key] = d
+            msg = Message(entry_id.decode(), stream, job_key, payload, attempt,
+                          enqueued_ms / 1000, headers, None, group, consumer)
+            d = Delivery(entry_id, src, msg, body,
+                         timeout if limit_ms is None else limit_ms / 1000)
+            inflight[key] = d
             fresh.append(d)
         if not fresh:
             return
         if not self.lease.claims:
             for d in fresh:
-                self._enqueue(d)
+                d.state = State.QUEUED
+            self.queue.put_many(fresh)
+            self.count("consumed", len(fresh))
             return
         for d in fresh:
             self.waiting[d.ref] = d

@@ -62,7 +62,7 @@ class Delivery:
 
     @property
     def ref(self) -> bytes:
-        return ref(self.src, self.entry_id)
+        return self.entry_id if self.src == MAIN else b"r" + self.entry_id  # ref()
 
 
 @dataclass(slots=True)
@@ -103,6 +103,12 @@ class RunQueue:
     def put_nowait(self, d: Delivery) -> None:
         self.ready.append(d)
         if self._getters:
+            self._wake_next()
+
+    def put_many(self, ds: list[Delivery]) -> None:
+        """``put_nowait`` each of ``ds``, in order."""
+        self.ready.extend(ds)
+        for _ in range(min(len(ds), len(self._getters))):
             self._wake_next()
 
     async def get(self) -> Delivery:

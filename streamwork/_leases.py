@@ -60,6 +60,7 @@ class Lease:
 
     mode = LeaseMode.NONE
     claims = False  #: deliveries need ``take`` before they may run
+    held_outside = False  #: ``spent`` may be true: leases are also held outside Redis
 
     def __init__(self, run: scripts.AsyncScripts, keys: GroupKeys, cfg: WorkerConfig,
                  consumer: str, owner: str) -> None:
@@ -189,6 +190,8 @@ class RedlockLease(Lease):
 
     def expired(self, d: Delivery, now: float) -> bool:
         return now >= d.deadline or self.spent(d)
+
+    held_outside = True
 
     def spent(self, d: Delivery) -> bool:
         return d.held is not None and d.held.valid_for <= 0

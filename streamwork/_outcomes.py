@@ -36,6 +36,9 @@ class Done(enum.IntEnum):
     VANISHED = 4  #: neither the stream nor the group knows the entry: the server lost it
 
 
+ACKED: Final = int(Done.ACKED)
+
+
 class Failed(enum.IntEnum):
     """fail.lua's answer per delivery."""
 
@@ -126,14 +129,16 @@ class Outcomes:
     async def _send_done(self, done: list[Delivery]) -> None:
         h = self.host
         lease = h.lease
-        live, spent = [], []
-        for d in done:
-            if lease.spent(d):  # a lease held outside Redis ran out: another may run it now
-                h.lose(d, "the Redlock lease expired before completion")
-                h.forget(d)
-                spent.append(d)
-            else:
-                live.append(d)
+        live, spent = done, []
+        if lease.held_outside:
+            live = []
+            for d in done:
+                if lease.spent(d):  # a lease held outside Redis ran out: another may run it
+                    h.lose(d, "the Redlock lease expired before completion")
+                    h.forget(d)
+                    spent.append(d)
+                else:
+                    live.append(d)
         await lease.release(spent)
         if not live:
             return
@@ -153,10 +158,15 @@ class Outcomes:
             staged_keys, batch, oom_ok=not cfg.dedup and not staged,
             lease_ttl_ms=cfg.visibility_ms))
         acked = 0
+        remember, forget = h.remember_done, h.forget
         for d, code in zip(live, res, strict=True):
-            if code in (Done.ACKED, Done.STAGED_REJECTED, Done.DUPLICATE):
+            if code == ACKED:
                 acked += 1
-                h.remember_done(d.msg.key)
+                remember(d.msg.key)
+                forget(d, "acked")
+            elif code in (Done.STAGED_REJECTED, Done.DUPLICATE):
+                acked += 1
+                remember(d.msg.key)
                 if code == Done.DUPLICATE:
                     h.count("deduplicated", 1, "duplicate")
                 elif code == Done.STAGED_REJECTED:
