@@ -397,11 +397,6 @@ class Consumer:
         self.outcomes.add_failure(Failure(None, entry_id, src, "d", 0, attempts, reason, etype,
                                           detail, job_key, body))
 
-    def _enqueue(self, d: Delivery) -> None:
-        d.state = State.QUEUED
-        self.queue.put_nowait(d)
-        self.count("consumed", 1)
-
     async def _lease(self, batch: list[Delivery]) -> None:
         """Take the leases of waiting deliveries and queue those that may run. Busy ones
         keep waiting (and being heartbeated): waiting behind a live duplicate or for a
@@ -417,13 +412,16 @@ class Consumer:
             for d in batch:
                 d.leasing = False
         now = time.monotonic()
+        waiting, expired, queued = self.waiting, self.lease.expired, State.QUEUED
+        ready: list[Delivery] = []
         for d, token in zip(batch, res, strict=True):
             if token > 0:
-                self.waiting.pop(d.ref, None)
+                waiting.pop(d.ref, None)
                 d.msg.fencing_token = token
-                if self.lease.expired(d, now):
+                if expired(d, now):
                     self.lose(d, "the lease expired before the handler started")
-                self._enqueue(d)
+                d.state = queued  # queued below, with the others of the batch
+                ready.append(d)
             elif token == Claim.BUSY:
                 if not d.waiting_since:
                     d.waiting_since = now
@@ -439,6 +437,9 @@ class Consumer:
                 else:
                     self.count("not_ours", 1)
                     self.forget(d, "lost")
+        if ready:
+            self.queue.put_many(ready)
+            self.count("consumed", len(ready))
 
     async def _lease_waiting_once(self) -> None:
         """Try again to lease deliveries that wait, pausing longer while nothing gets

@@ -116,10 +116,11 @@ class RedisLease(Lease):
     async def take(self, batch: Sequence[Delivery]) -> list[int]:
         sent = time.monotonic()
         res = await self._claim(batch, "lease")
+        owner, deadline = self.owner, lease_deadline(sent, self.cfg.visibility_timeout)
         for d, token in zip(batch, res, strict=True):
             if token > 0:
-                d.lease = f"{self.owner}:{token}"
-                d.deadline = lease_deadline(sent, self.cfg.visibility_timeout)
+                d.lease = f"{owner}:{token}"
+                d.deadline = deadline
         return res
 
     def value(self, d: Delivery) -> str:

@@ -16,7 +16,7 @@ import logging
 import time
 import traceback
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from opentelemetry import trace
@@ -85,6 +85,7 @@ class Runner:
         ready = queue.ready
         debug = log.isEnabledFor(logging.DEBUG)
         watch = _Watch(self, runner, loop)
+        call = self._handle if self._pool is None else self._call_sync
         monotonic = time.monotonic
         running = State.RUNNING
         try:
@@ -98,7 +99,10 @@ class Runner:
                 d.state = running
                 d.started = monotonic()
                 if d.limit is not None:
-                    watch.arm(d, loop.time() + d.limit)
+                    watch.d = d
+                    watch.due = due = loop.time() + d.limit
+                    if watch.timer is None or watch.when > due:
+                        watch.arm(due)
                 if host.tracing:
                     d.span = telemetry.consumer_span(
                         cfg.stream, cfg.group, msg.id, msg.attempt, msg.key, msg.headers)
@@ -108,10 +112,10 @@ class Runner:
                         entry_id=msg.id, attempt=msg.attempt))
                 try:
                     if d.span is None:
-                        d.result = await self._call(msg)
+                        d.result = await call(msg)
                     else:
                         with trace.use_span(d.span, end_on_exit=False):
-                            d.result = await self._call(msg)
+                            d.result = await call(msg)
                 except asyncio.CancelledError:
                     if not d.timed_out:
                         telemetry.end_span(d.span, "cancelled")
@@ -139,13 +143,8 @@ class Runner:
         finally:
             watch.close()
 
-    def _call(self, msg: Message) -> Awaitable[Any]:
-        """Run the handler: on the loop (async) or on a pool thread (plain def)."""
-        if self._pool is None:
-            return self._handle(msg)  # type: ignore[no-any-return]
-        return self._call_sync(msg)
-
     async def _call_sync(self, msg: Message) -> Any:
+        """Run a plain ``def`` handler on a pool thread (an async one runs on the loop)."""
         assert self._pool is not None
         if self.host.tracing:
             ctx = contextvars.copy_context()
@@ -218,7 +217,9 @@ class Runner:
 class _Watch:
     """The time limit of one runner's jobs: one timer per runner, not one per job. It stays
     armed across jobs and, when it fires before the running job's limit, re-arms for that
-    limit; so a job past its limit is stopped at its limit, as with a timer of its own."""
+    limit; so a job past its limit is stopped at its limit, as with a timer of its own.
+    The runner sets ``d`` and ``due`` for each job with a limit (``d`` None after it) and
+    calls ``arm`` when no timer is armed or it would fire after ``due``."""
 
     __slots__ = ("d", "due", "loop", "runner", "task", "timer", "when")
 
@@ -232,15 +233,12 @@ class _Watch:
         self.timer: asyncio.TimerHandle | None = None
         self.when = 0.0  # when the timer fires, loop time
 
-    def arm(self, d: Delivery, due: float) -> None:
-        self.d = d
-        self.due = due
-        timer = self.timer
-        if timer is None or self.when > due:
-            if timer is not None:
-                timer.cancel()
-            self.when = due
-            self.timer = self.loop.call_at(due, self._fire)
+    def arm(self, due: float) -> None:
+        """(Re)arm the timer for ``due``: none is armed, or it would fire later."""
+        if self.timer is not None:
+            self.timer.cancel()
+        self.when = due
+        self.timer = self.loop.call_at(due, self._fire)
 
     def _fire(self) -> None:
         self.timer = None
