@@ -40,8 +40,8 @@ def dlq_list(stream: str, count: int, as_json: bool, url: str | None) -> None:
     for e in entries:
         died = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.ts_ms / 1000))
         first_line = e.detail.splitlines()[0] if e.detail else ""
-        table.add_row(e.id, e.group or "?", e.key or "?", e.reason, f"{e.error_type}: {first_line}"[:60],
-                      str(e.attempts), died, e.src_id)
+        table.add_row(e.id, e.group or "?", e.key or "?", e.reason,
+                      f"{e.error_type}: {first_line}"[:60], str(e.attempts), died, e.src_id)
     Console().print(table)
 
 
