@@ -63,8 +63,9 @@ FINAL_FLUSH: Final = 2.0  #: s a stopping worker keeps trying to write its last 
 
 
 def max_held(concurrency: int, batch_size: int) -> int:
-    """Most deliveries one worker process holds at once (running, queued or unflushed)."""
-    return concurrency + batch_size
+    """Most deliveries one worker process holds at once: concurrency + batch_size running,
+    queued or waiting, and as many again whose outcomes are being written."""
+    return 2 * (concurrency + batch_size)
 
 
 def consumer_name() -> str:
@@ -88,7 +89,7 @@ class Consumer:
         self.lease = leases.choose(self.scripts, self.gkeys, cfg, name,
                                    f"{name}:{secrets.token_hex(10)}")
         self.counts: Counter[str] = Counter()
-        self.capacity = max_held(cfg.concurrency, cfg.batch_size)
+        self.capacity = cfg.concurrency + cfg.batch_size  # work to come (max_held: all)
         self.inflight: dict[bytes, Delivery] = {}
         # entries whose outcome waits without a Delivery: ref -> (entry id, src)
         self.loose: dict[bytes, tuple[bytes, int]] = {}
@@ -268,6 +269,8 @@ class Consumer:
         key = d.ref
         if inflight.get(key) is d:
             del inflight[key]
+            if d.state == State.FINISHING:
+                self.outcomes.finishing -= 1
             self._room.set()
             if not inflight and not self.loose:
                 self._empty.set()
@@ -316,7 +319,11 @@ class Consumer:
 
     async def _read_once(self) -> None:
         cfg = self.cfg
-        room = self.capacity - self.held()
+        held = self.held()
+        # work to come (queued, running, waiting) is bounded by the capacity; outcomes
+        # being written are not work to come, so the next batch is read while they are
+        # sent, but never more than twice the capacity in all
+        room = min(self.capacity - held + self.outcomes.finishing, 2 * self.capacity - held)
         if room <= 0 or self.isolating:
             self._room.clear()
             await self._room.wait()

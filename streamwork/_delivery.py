@@ -86,13 +86,19 @@ class Failure:
 class RunQueue:
     """The deliveries that may run, first in first out, for the runners: an unbounded
     ``asyncio.Queue`` without its per-item bookkeeping. A runner takes from ``ready``
-    directly while it holds something and awaits ``get()`` only when it is empty."""
+    directly while it holds something and awaits ``get()`` only when it is empty.
 
-    __slots__ = ("_getters", "ready")
+    Wake-ups are chained: at most one parked runner is woken and not yet running at any
+    time; when it takes a delivery and more are ready, it wakes the next. Handlers that
+    suspend (I/O) so still get one runner each, while a batch of handlers that finish
+    without suspending is run back to back by one runner, with no wake-up per job."""
+
+    __slots__ = ("_getters", "ready", "waking")
 
     def __init__(self) -> None:
         self.ready: deque[Delivery] = deque()
         self._getters: deque[asyncio.Future[None]] = deque()
+        self.waking = 0  # runners woken that have not taken a delivery yet
 
     def qsize(self) -> int:
         return len(self.ready)
@@ -102,13 +108,16 @@ class RunQueue:
 
     def put_nowait(self, d: Delivery) -> None:
         self.ready.append(d)
-        if self._getters:
-            self._wake_next()
+        self.kick()
 
     def put_many(self, ds: list[Delivery]) -> None:
         """``put_nowait`` each of ``ds``, in order."""
         self.ready.extend(ds)
-        for _ in range(min(len(ds), len(self._getters))):
+        self.kick()
+
+    def kick(self) -> None:
+        """Wake one parked runner if deliveries are ready and none is on its way."""
+        if self.ready and self._getters and not self.waking:
             self._wake_next()
 
     async def get(self) -> Delivery:
@@ -119,13 +128,18 @@ class RunQueue:
             try:
                 await getter
             except BaseException:
+                if getter.done() and not getter.cancelled():
+                    self.waking -= 1  # woken, then cancelled before it could run
                 getter.cancel()
                 with contextlib.suppress(ValueError):
                     self._getters.remove(getter)
-                if ready and not getter.cancelled():
-                    self._wake_next()
+                self.kick()
                 raise
-        return ready.popleft()
+            self.waking -= 1
+        d = ready.popleft()
+        if ready:
+            self.kick()
+        return d
 
     def _wake_next(self) -> None:
         getters = self._getters
@@ -133,6 +147,7 @@ class RunQueue:
             getter = getters.popleft()
             if not getter.done():
                 getter.set_result(None)
+                self.waking += 1
                 break
 
 

@@ -57,15 +57,20 @@ class Outcomes:
         self.done: list[Delivery] = []
         self.failed: list[Failure] = []
         self.needed = asyncio.Event()
+        #: held deliveries whose outcome is decided (state FINISHING), written or not yet;
+        #: the reader does not count them as work to come (it reads while acks are sent)
+        self.finishing = 0
 
     def succeeded(self, d: Delivery) -> None:
         d.state = State.FINISHING
+        self.finishing += 1
         self.done.append(d)
         self.needed.set()
 
     def add_failure(self, f: Failure) -> None:
         if f.delivery is not None:
             f.delivery.state = State.FINISHING
+            self.finishing += 1
         self.failed.append(f)
         self.needed.set()
 

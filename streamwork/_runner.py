@@ -91,7 +91,12 @@ class Runner:
         try:
             while True:
                 # take a ready delivery without a round trip through the loop
-                d = ready.popleft() if ready else await queue.get()
+                if ready:
+                    d = ready.popleft()
+                    if ready:
+                        queue.kick()  # more ready: a parked runner may take the next
+                else:
+                    d = await queue.get()
                 msg = d.msg
                 if d.dropped:
                     host.forget(d)

@@ -76,7 +76,7 @@ def _chaos(
     assert not missing, f"{len(missing)} jobs never took effect, e.g. {missing[:5]}"
     assert r.xpending(STREAM, GROUP)["pending"] == 0
     assert r.xlen(StreamKeys.for_stream(STREAM).dead) == 0
-    assert r.zcard(StreamKeys.for_stream(STREAM).delayed) == 0
+    assert r.zcard(StreamKeys.for_stream(STREAM).group(GROUP).retries) == 0
     assert duplicates <= figures["bound"], figures
     for proc in procs:
         assert proc.poll() is None, "a worker that was not killed died on its own"
