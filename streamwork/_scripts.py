@@ -38,7 +38,7 @@ _WORKER: Final = ("ack", "adopt", "claim", "complete", "fail", "heartbeat", "pro
 PRELUDES: Final = {name: ("fields", "lib") for name in _WORKER}
 #: script flags on servers that have them; scripts not named here get no ``#!lua`` line
 FLAGS: Final = {
-    "claim": "", "complete": "", "fail": "", "promote": "", "reclaim": "",
+    "claim": "", "complete": "", "fail": "", "produce": "", "promote": "", "reclaim": "",
     "ack": "allow-oom", "adopt": "allow-oom", "heartbeat": "allow-oom", "reap": "allow-oom",
     "trim": "allow-oom",
 }
@@ -82,6 +82,11 @@ class Call:
 
 
 # ---- the scripts' calling conventions (pure: each builds the KEYS and ARGV of one script)
+
+
+def produce(keys: StreamKeys, bodies: Sequence[bytes]) -> Call:
+    """produce.lua: XADD ``bodies`` to the stream in one atomic step; returns their ids."""
+    return Call("produce", [keys.stream], [pack(list(bodies))])
 
 
 def _group_keys(g: GroupKeys) -> list[Arg]:

@@ -13,6 +13,7 @@ import redis
 
 import streamwork as sw
 from streamwork._codec import BODY_FIELD, decode_body
+from streamwork._producer import SEND_CHUNK
 from streamwork._server import free_port
 from streamwork.errors import ConfigError, PayloadTooLarge, RedisUnavailable
 
@@ -69,6 +70,33 @@ def test_send_many_keeps_order_keys_and_payloads(redis_url: str, r: redis.Redis)
     assert [(g[1], g[2]) for g in got[:300]] == list(zip(keys, payloads, strict=True))
     assert [g[0] for g in got[300:]] == auto
     assert len({g[1] for g in got[300:]}) == 2
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_send_many_is_one_atomic_script_call_per_chunk(redis_url: str, r: redis.Redis,
+                                                             kind: str) -> None:
+    """send_many of 2,500 jobs: three produce.lua calls (chunks of 1,000), ids in order;
+    a batch whose first XADD fails writes nothing at all (no half-written pipeline)."""
+    keys = [f"k{i}" for i in range(2 * SEND_CHUNK + 500)]
+    r.config_resetstat()
+    if kind == "sync":
+        with sw.Producer.from_url(redis_url) as p:
+            ids = p.send_many(STREAM, [{"i": i} for i in range(len(keys))], keys=keys)
+    else:
+        async with sw.AsyncProducer.from_url(redis_url) as ap:
+            ids = await ap.send_many(STREAM, [{"i": i} for i in range(len(keys))], keys=keys)
+    calls = r.info("commandstats")
+    assert calls["cmdstat_evalsha"]["calls"] + calls.get("cmdstat_eval", {"calls": 0})[
+        "calls"] == 3, "one script call per chunk"
+    assert "cmdstat_xadd" in calls and calls["cmdstat_xadd"]["calls"] == len(keys)
+    entries = r.xrange(STREAM)
+    assert [e.decode() for e, _ in entries] == ids
+    assert [decode_body(f[BODY_FIELD]).key for _, f in entries] == keys
+    r.delete(STREAM)
+    r.set(STREAM, "not a stream")
+    with sw.Producer.from_url(redis_url) as p, pytest.raises(redis.ResponseError):
+        p.send_many(STREAM, [{}] * 10)
+    assert r.type(STREAM) == b"string"
 
 
 async def test_async_producer_round_trip(redis_url: str, r: redis.Redis) -> None:
