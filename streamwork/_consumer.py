@@ -68,6 +68,12 @@ def max_held(concurrency: int, batch_size: int) -> int:
     return 2 * (concurrency + batch_size)
 
 
+def _raw_reply(client: Any, command: str) -> None:
+    """Have ``client`` (the consumer's own) return ``command``'s reply as Redis sent it:
+    redis-py would build a dict per stream entry, which the consumer does not need."""
+    client.set_response_callback(command, lambda response, **options: response)
+
+
 def consumer_name() -> str:
     """A unique consumer name: host-pid-random."""
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -107,7 +113,8 @@ class Consumer:
         self.stopped = False
         self.refresh_telemetry()
         # one XREADGROUP reads the stream and the group's retry stream (both from ">")
-        self._streams = {cfg.stream: ">", self.gkeys.retry: ">"}
+        self._read_args = (cfg.stream, self.gkeys.retry, ">", ">")
+        _raw_reply(self.redis, "XREADGROUP")
         self._main = cfg.stream.encode()
         self._room = asyncio.Event()
         self._empty = asyncio.Event()
@@ -328,10 +335,11 @@ class Consumer:
             self._room.clear()
             await self._room.wait()
             return
-        reply = await self.redis.xreadgroup(
-            cfg.group, self.name, self._streams, count=min(room, cfg.batch_size),
-            block=max(1, round(cfg.read_block * 1000)))
-        for stream, entries in reply or ():
+        reply = await self.redis.execute_command(
+            "XREADGROUP", "GROUP", cfg.group, self.name, "COUNT", min(room, cfg.batch_size),
+            "BLOCK", max(1, round(cfg.read_block * 1000)), "STREAMS", *self._read_args)
+        # the reply as Redis sent it (see _raw_reply): no dict per entry
+        for stream, entries in (reply.items() if isinstance(reply, dict) else reply or ()):
             src = MAIN if stream == self._main else RETRY
             await uninterrupted(self.admit(entries, src, None))
 
@@ -355,7 +363,13 @@ class Consumer:
                 self._dead_on_arrival(entry_id, src, count, "deleted_while_pending", "",
                                       "the entry was deleted from the stream while pending")
                 continue
-            body = values.get(BODY_FIELD)
+            body: bytes | None
+            used: bytes | None
+            if len(values) == 2 and values[0] == BODY_FIELD:  # what producers write
+                body, used = values[1], None
+            else:
+                found = dict(zip(values[::2], values[1::2], strict=False))
+                body, used = found.get(BODY_FIELD), found.get(ATTEMPTS_FIELD)
             try:
                 job_key, enqueued_ms, headers, payload, limit_ms = decode_fields(body, max_payload)
             except DecodeError as exc:
@@ -367,7 +381,6 @@ class Consumer:
                 self.count("undecodable", 1)
                 continue
             assert body is not None
-            used = values.get(ATTEMPTS_FIELD)
             attempt = parse_attempts(used) + count if used else count
             if attempt > max_deliveries:
                 self._dead_on_arrival(

@@ -19,7 +19,9 @@ if TYPE_CHECKING:
     from ._message import Message
     from ._scripts import AsyncScripts
 
-Entry = tuple[bytes, dict[bytes, bytes] | None]  #: a stream entry as redis-py returns it
+#: a stream entry as Redis sends it: id and the flat [field, value, ...] list (None: the
+#: entry was deleted while pending)
+Entry = tuple[bytes, list[bytes] | None]
 
 MAIN, RETRY = 0, 1  #: where a delivery came from: the stream, or the group's retry stream
 

@@ -88,7 +88,7 @@ async def _reclaim_one(h: Holder, stream: str, src: int, cursor: Any) -> tuple[A
     for (eid, flat), n in zip(raw, counts, strict=True):
         if ref(src, eid) in held:
             continue
-        claimed.append((eid, dict(zip(flat[::2], flat[1::2], strict=True)) if flat else None))
+        claimed.append((eid, list(flat) if flat else None))
         claimed_counts.append(int(n))
     if claimed:
         h.count("reclaimed", len(claimed))
