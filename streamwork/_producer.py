@@ -108,6 +108,13 @@ def _member(job: _Job) -> bytes:
     return b"0:" + new_key().encode() + b":" + job.body
 
 
+def _check_maxlen(maxlen: object) -> None:
+    if maxlen is not None and (not isinstance(maxlen, int) or isinstance(maxlen, bool)
+                               or maxlen < 1):
+        raise ConfigError("maxlen", f"must be None or an int >= 1 (entries kept, about), "
+                                    f"got {maxlen!r}")
+
+
 def _check_keys(payloads: Sequence[Payload], keys: Sequence[str] | None) -> list[str | None]:
     if keys is None:
         return [None] * len(payloads)
@@ -139,11 +146,17 @@ class _Op:
     call: scripts.Call | None = None
     bodies: Sequence[bytes] = ()
     key: str | None = None  # a delayed send returns its key
+    due: tuple[str, str] | None = None  # send_many(delay=/at=): schedule.lua's timing args
+    members: Sequence[bytes] = ()  # ... and the delayed ZSET members
+    job_keys: Sequence[str] = ()  # ... and what it returns: the jobs' keys
+    maxlen: int | None = None  # XADD MAXLEN ~ maxlen
     command: Callable[[Any], Any] | None = None  # any other round trip: client -> reply
 
     def result(self, reply: Any) -> Any:
         if self.key is not None:
             return self.key
+        if self.job_keys:
+            return list(self.job_keys)
         return _ids(reply if isinstance(reply, list) else [reply])
 
 
@@ -167,26 +180,35 @@ class _Core:
 
     def _plan_send(self, stream: str, payload: Payload, key: str | None,
                    headers: Mapping[str, str] | None, delay: float | None,
-                   at: dt.datetime | None, timeout: float | None) -> _Op:
+                   at: dt.datetime | None, timeout: float | None,
+                   maxlen: int | None = None) -> _Op:
         keys = _keys(stream)
         due = _due(delay, at)
+        _check_maxlen(maxlen)
         job = _prepare(payload, key, _headers(headers), self.max_payload_bytes,
                        limit_ms=time_limit_ms(timeout))
         what = f"send to {stream!r}"
         if due is not None:
             return _Op(what, stream, 1, call=scripts.schedule(keys, *due, [_member(job)]),
                        key=job.key)
-        return _Op(what, stream, 1, bodies=[job.body])
+        return _Op(what, stream, 1, bodies=[job.body], maxlen=maxlen)
 
     def _plan_send_many(self, stream: str, payloads: Sequence[Payload],
                         keys: Sequence[str] | None, headers: Mapping[str, str] | None,
-                        timeout: float | None) -> _Op:
+                        timeout: float | None, delay: float | None = None,
+                        at: dt.datetime | None = None, maxlen: int | None = None) -> _Op:
         _keys(stream)
+        due = _due(delay, at)
+        _check_maxlen(maxlen)
         hdrs, now_ms = _headers(headers), int(time.time() * 1000)
         limit_ms = time_limit_ms(timeout)
-        bodies = [_prepare(p, k, hdrs, self.max_payload_bytes, now_ms, limit_ms).body
-                  for p, k in zip(payloads, _check_keys(payloads, keys), strict=True)]
-        return _Op(f"send_many to {stream!r}", stream, len(bodies), bodies=bodies)
+        jobs = [_prepare(p, k, hdrs, self.max_payload_bytes, now_ms, limit_ms)
+                for p, k in zip(payloads, _check_keys(payloads, keys), strict=True)]
+        what = f"send_many to {stream!r}"
+        if due is not None:
+            return _Op(what, stream, len(jobs), bodies=[j.body for j in jobs], due=due,
+                       members=[_member(j) for j in jobs], job_keys=[j.key for j in jobs])
+        return _Op(what, stream, len(jobs), bodies=[j.body for j in jobs], maxlen=maxlen)
 
     def _chunks(self, op: _Op) -> list[_Op]:
         """``op``'s bodies as produce.lua calls of at most SEND_CHUNK jobs (or about
@@ -196,10 +218,14 @@ class _Core:
         for i, body in enumerate(bodies):
             size += len(body)
             if i + 1 - start >= SEND_CHUNK or size >= SEND_CHUNK_BYTES or i + 1 == len(bodies):
-                part = bodies[start:i + 1]
-                chunks.append(_Op(op.what, op.stream, len(part),
-                                  call=scripts.produce(keys, part)))
-                start, size = i + 1, 0
+                end = i + 1
+                if op.due is not None:
+                    chunks.append(_Op(op.what, op.stream, end - start, call=scripts.schedule(
+                        keys, *op.due, op.members[start:end]), job_keys=op.job_keys[start:end]))
+                else:
+                    chunks.append(_Op(op.what, op.stream, end - start, call=scripts.produce(
+                        keys, bodies[start:end], op.maxlen)))
+                start, size = end, 0
         return chunks
 
     def _plan_groups(self, stream: str) -> _Op:
@@ -304,6 +330,7 @@ class Producer(_Core):
         delay: float | None = None,
         at: dt.datetime | None = None,
         timeout: float | None = None,
+        maxlen: int | None = None,
     ) -> str:
         """Enqueue one job and return its stream entry id.
 
@@ -311,9 +338,12 @@ class Producer(_Core):
         (seconds) or ``at`` (aware datetime) the job waits in ``{S}:delayed`` and the
         return value is its key, since its entry id is only assigned when it falls due.
         ``timeout`` (seconds) is this job's time limit, overriding the worker's ``timeout``.
+        ``maxlen`` caps the stream near that many entries (``XADD MAXLEN ~``): entries
+        trimmed before every group read them are lost, so prefer the workers'
+        ``retention``, which trims only what all groups acknowledged.
         """
         with telemetry.producer_span(stream):
-            op = self._plan_send(stream, payload, key, headers, delay, at, timeout)
+            op = self._plan_send(stream, payload, key, headers, delay, at, timeout, maxlen)
             reply = self._perform(op)
             result: str = op.key if op.key is not None else op.result(reply)[0]
         telemetry.count("produced", 1, stream)
@@ -327,13 +357,19 @@ class Producer(_Core):
         *,
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
+        delay: float | None = None,
+        at: dt.datetime | None = None,
+        maxlen: int | None = None,
     ) -> list[str]:
         """Enqueue many jobs; returns their entry ids in order. Each chunk of up to
         SEND_CHUNK (1000) jobs is ONE script call that adds all of them or none (a pipeline
         could fail half way); a longer list is sent chunk after chunk, so a failure there
-        leaves the chunks before it enqueued (their ids are lost with the exception)."""
+        leaves the chunks before it enqueued (their ids are lost with the exception).
+        ``delay``/``at`` delay them all (one script call per chunk too) and return their
+        keys instead of ids; ``maxlen`` as for `send`."""
         with telemetry.producer_span(stream, len(payloads)):
-            op = self._plan_send_many(stream, payloads, keys, headers, timeout)
+            op = self._plan_send_many(stream, payloads, keys, headers, timeout, delay, at,
+                                      maxlen)
         ids: list[str] = []
         for chunk in self._chunks(op):
             ids += chunk.result(self._perform(chunk))
@@ -394,7 +430,8 @@ class Producer(_Core):
         if op.call is not None:
             return self._scripts.run(op.call)
         [body] = op.bodies  # send: one XADD (send_many goes through produce.lua)
-        return self._redis.xadd(op.stream, {BODY_FIELD: body})
+        return self._redis.xadd(op.stream, {BODY_FIELD: body}, maxlen=op.maxlen,
+                                approximate=True)
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -432,10 +469,11 @@ class AsyncProducer(_Core):
         delay: float | None = None,
         at: dt.datetime | None = None,
         timeout: float | None = None,
+        maxlen: int | None = None,
     ) -> str:
         """Enqueue one job; same arguments and result as ``Producer.send``."""
         with telemetry.producer_span(stream):
-            op = self._plan_send(stream, payload, key, headers, delay, at, timeout)
+            op = self._plan_send(stream, payload, key, headers, delay, at, timeout, maxlen)
             reply = await self._perform(op)
             result: str = op.key if op.key is not None else op.result(reply)[0]
         telemetry.count("produced", 1, stream)
@@ -449,10 +487,14 @@ class AsyncProducer(_Core):
         *,
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
+        delay: float | None = None,
+        at: dt.datetime | None = None,
+        maxlen: int | None = None,
     ) -> list[str]:
         """As `Producer.send_many`, awaiting: one atomic script call per chunk of jobs."""
         with telemetry.producer_span(stream, len(payloads)):
-            op = self._plan_send_many(stream, payloads, keys, headers, timeout)
+            op = self._plan_send_many(stream, payloads, keys, headers, timeout, delay, at,
+                                      maxlen)
         ids: list[str] = []
         for chunk in self._chunks(op):
             ids += chunk.result(await self._perform(chunk))
@@ -506,7 +548,8 @@ class AsyncProducer(_Core):
         if op.call is not None:
             return await self._scripts.run(op.call)
         [body] = op.bodies
-        return await self._redis.xadd(op.stream, {BODY_FIELD: body})
+        return await self._redis.xadd(op.stream, {BODY_FIELD: body}, maxlen=op.maxlen,
+                                      approximate=True)
 
     async def aclose(self) -> None:
         """Close the connection pool."""

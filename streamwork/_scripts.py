@@ -84,9 +84,10 @@ class Call:
 # ---- the scripts' calling conventions (pure: each builds the KEYS and ARGV of one script)
 
 
-def produce(keys: StreamKeys, bodies: Sequence[bytes]) -> Call:
-    """produce.lua: XADD ``bodies`` to the stream in one atomic step; returns their ids."""
-    return Call("produce", [keys.stream], [pack(list(bodies))])
+def produce(keys: StreamKeys, bodies: Sequence[bytes], maxlen: int | None = None) -> Call:
+    """produce.lua: XADD ``bodies`` to the stream in one atomic step (trimming to about
+    ``maxlen`` entries when given); returns their ids."""
+    return Call("produce", [keys.stream], [pack(list(bodies)), maxlen or ""])
 
 
 def _group_keys(g: GroupKeys) -> list[Arg]:

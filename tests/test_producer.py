@@ -13,6 +13,7 @@ import redis
 
 import streamwork as sw
 from streamwork._codec import BODY_FIELD, decode_body
+from streamwork._keys import StreamKeys
 from streamwork._producer import SEND_CHUNK
 from streamwork._server import free_port
 from streamwork.errors import ConfigError, PayloadTooLarge, RedisUnavailable
@@ -97,6 +98,32 @@ async def test_send_many_is_one_atomic_script_call_per_chunk(redis_url: str, r: 
     with sw.Producer.from_url(redis_url) as p, pytest.raises(redis.ResponseError):
         p.send_many(STREAM, [{}] * 10)
     assert r.type(STREAM) == b"string"
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_send_many_delayed_and_capped(redis_url: str, r: redis.Redis, kind: str) -> None:
+    """send_many(delay=) schedules every job in one call per chunk and returns their keys;
+    maxlen= trims the stream to about that many entries (send and send_many); a bad
+    maxlen enqueues nothing."""
+    keys = [f"d{i}" for i in range(1500)]
+    delayed = StreamKeys.for_stream(STREAM).delayed
+    if kind == "sync":
+        with sw.Producer.from_url(redis_url) as p:
+            got = p.send_many(STREAM, [{}] * len(keys), keys=keys, delay=600)
+            p.send_many(STREAM, [{}] * 3000, maxlen=100)
+            p.send(STREAM, {}, maxlen=100)
+            with pytest.raises(ConfigError, match="maxlen"):
+                p.send_many(STREAM, [{}] * 5, maxlen=0)
+    else:
+        async with sw.AsyncProducer.from_url(redis_url) as ap:
+            got = await ap.send_many(STREAM, [{}] * len(keys), keys=keys, delay=600)
+            await ap.send_many(STREAM, [{}] * 3000, maxlen=100)
+            await ap.send(STREAM, {}, maxlen=100)
+            with pytest.raises(ConfigError, match="maxlen"):
+                await ap.send_many(STREAM, [{}] * 5, maxlen=True)
+    assert got == keys, "delayed jobs are known by their keys"
+    assert r.zcard(delayed) == len(keys)
+    assert 100 <= r.xlen(STREAM) <= 300, "trimmed to about maxlen (whole stream nodes)"
 
 
 async def test_async_producer_round_trip(redis_url: str, r: redis.Redis) -> None:
