@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 import msgpack
@@ -88,21 +88,35 @@ def time_limit_ms(timeout: float | None) -> int | None:
 def pack_body(key: str, payload: Payload, headers: dict[str, str], enqueued_ms: int,
               max_payload_bytes: int, limit_ms: int | None = None) -> bytes:
     """``encode_body`` for headers already checked (a producer checks them once a batch)."""
-    if type(key) is not str or not key:
-        raise ConfigError("key", f"must be a non-empty str, got {key!r}")
-    body = {"v": FORMAT_VERSION, "k": key, "t": enqueued_ms, "h": headers, "p": payload}
-    if limit_ms is not None:
-        body["l"] = limit_ms
-    try:
-        data: bytes = msgpack.packb(body, use_bin_type=True)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise ConfigError(
-            "payload", f"cannot be encoded as MessagePack ({exc}); send dicts, lists, str, "
-            "bytes, numbers, bools or None"
-        ) from exc
-    if len(data) > max_payload_bytes:
-        raise PayloadTooLarge(len(data), max_payload_bytes)
-    return data
+    return pack_bodies([key], [payload], headers, enqueued_ms, max_payload_bytes,
+                       limit_ms)[0]
+
+
+def pack_bodies(keys: Sequence[str], payloads: Sequence[Payload], headers: dict[str, str],
+                enqueued_ms: int, max_payload_bytes: int,
+                limit_ms: int | None = None) -> list[bytes]:
+    """The bodies of many jobs sharing headers, time and limit (one send_many): one
+    Packer for all of them; raises for the first that is not valid, before any is sent."""
+    pack = msgpack.Packer(use_bin_type=True).pack
+    out: list[bytes] = []
+    append = out.append
+    for key, payload in zip(keys, payloads, strict=True):
+        if type(key) is not str or not key:
+            raise ConfigError("key", f"must be a non-empty str, got {key!r}")
+        body = {"v": FORMAT_VERSION, "k": key, "t": enqueued_ms, "h": headers, "p": payload}
+        if limit_ms is not None:
+            body["l"] = limit_ms
+        try:
+            data: bytes = pack(body)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ConfigError(
+                "payload", f"cannot be encoded as MessagePack ({exc}); send dicts, lists, "
+                "str, bytes, numbers, bools or None"
+            ) from exc
+        if len(data) > max_payload_bytes:
+            raise PayloadTooLarge(len(data), max_payload_bytes)
+        append(data)
+    return out
 
 
 #: a decoded body as a plain tuple, in Envelope's order (cheaper to build than an Envelope)

@@ -33,6 +33,7 @@ from ._codec import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     Payload,
     check_headers,
+    pack_bodies,
     pack_body,
     time_limit_ms,
 )
@@ -202,13 +203,16 @@ class _Core:
         _check_maxlen(maxlen)
         hdrs, now_ms = _headers(headers), int(time.time() * 1000)
         limit_ms = time_limit_ms(timeout)
-        jobs = [_prepare(p, k, hdrs, self.max_payload_bytes, now_ms, limit_ms)
-                for p, k in zip(payloads, _check_keys(payloads, keys), strict=True)]
+        job_keys = [new_key() if k is None else k for k in _check_keys(payloads, keys)]
+        bodies = pack_bodies(job_keys, payloads, hdrs, now_ms, self.max_payload_bytes,
+                             limit_ms)
         what = f"send_many to {stream!r}"
         if due is not None:
-            return _Op(what, stream, len(jobs), bodies=[j.body for j in jobs], due=due,
-                       members=[_member(j) for j in jobs], job_keys=[j.key for j in jobs])
-        return _Op(what, stream, len(jobs), bodies=[j.body for j in jobs], maxlen=maxlen)
+            return _Op(what, stream, len(bodies), bodies=bodies, due=due,
+                       members=[_member(_Job(k, b)) for k, b in zip(job_keys, bodies,
+                                                                     strict=True)],
+                       job_keys=job_keys)
+        return _Op(what, stream, len(bodies), bodies=bodies, maxlen=maxlen)
 
     def _chunks(self, op: _Op) -> list[_Op]:
         """``op``'s bodies as produce.lua calls of at most SEND_CHUNK jobs (or about
