@@ -14,6 +14,8 @@ import enum
 import logging
 from typing import Any, Final
 
+import msgpack
+
 from . import _scripts as scripts
 from . import _telemetry as telemetry
 from ._delivery import Delivery, Failure, Holder, State, ref
@@ -57,6 +59,7 @@ class Outcomes:
         self.done: list[Delivery] = []
         self.failed: list[Failure] = []
         self.needed = asyncio.Event()
+        self._pack = msgpack.Packer(use_bin_type=True).pack  # the flusher's, for records
         #: held deliveries whose outcome is decided (state FINISHING), written or not yet;
         #: the reader does not count them as work to come (it reads while acks are sent)
         self.finishing = 0
@@ -155,7 +158,7 @@ class Outcomes:
             batch += [[d.msg.key for d in live], [lease.value(d) for d in live],
                       [d.member for d in live],
                       [done_record(d.msg.fencing_token, d.msg.attempt, d.result,
-                                   cfg.max_result_bytes) for d in live]]
+                                   cfg.max_result_bytes, self._pack) for d in live]]
         elif any(d.member for d in live):
             batch += [[], [], [d.member for d in live]]
         res = await h.scripts.run(scripts.complete(
