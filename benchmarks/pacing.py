@@ -33,6 +33,10 @@ def pace_sends(url: str, stream: str, n: int, rate: float) -> None:
         while sent < n:
             now = time.perf_counter()
             due = min(n, int((now - start) * rate) + 1)
+            if due > sent:  # the send time, at full resolution (the body's t is whole ms)
+                sent_at = time.time()
+                for i in range(sent, due):
+                    payloads[i]["sent_at"] = sent_at
             if due - sent == 1:
                 producer.send(stream, payloads[sent], key=keys[sent])
             elif due > sent:

@@ -30,4 +30,8 @@ class LatencyWorker(StreamWorker):
         self.latencies: list[float] = []
 
     async def handle(self, msg: Message) -> None:
-        self.latencies.append(time.time() - msg.enqueued_at)
+        # the producer puts its send time in the payload at full resolution; the body's
+        # enqueue time (msg.enqueued_at) is truncated to whole milliseconds
+        payload = msg.payload
+        sent = payload.get("sent_at") if isinstance(payload, dict) else None
+        self.latencies.append(time.time() - (sent if sent is not None else msg.enqueued_at))
