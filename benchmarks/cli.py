@@ -12,7 +12,8 @@ import click
 from rich.console import Console
 
 from benchmarks.measure import Params
-from benchmarks.report import plot, render
+from benchmarks.peers import peers_plot_path
+from benchmarks.report import plot, plot_peers, render
 from benchmarks.run import run_bench
 from streamwork import StreamworkError
 
@@ -28,10 +29,16 @@ __all__ = ["bench_command", "main"]
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="Jobs per run (default 20000, 600 with --quick).")
 @click.option("--quick", is_flag=True, help="Small runs and a short sweep (for tests).")
+@click.option("--peers", "peers", is_flag=True,
+              help="Also run the peers scenario: the same protocol through taskiq-redis, "
+                   "dramatiq, arq and rq (each pip-installed on first use into a cached "
+                   "throwaway virtualenv), streamwork and the bare-handler ceiling.")
+@click.option("--peers-jobs", type=click.IntRange(min=1), default=5000, show_default=True,
+              help="Jobs per run of the peers scenario.")
 @click.option("--url", default=None, hidden=True,
               help="A Redis the bench may FLUSHALL, instead of its own redis-server.")
 def bench_command(as_json: bool, plot_path: str | None, repeats: int, jobs: int | None,
-                  quick: bool, url: str | None) -> None:
+                  quick: bool, peers: bool, peers_jobs: int, url: str | None) -> None:
     """Benchmark streamwork against raw redis-py on a private redis-server."""
     if plot_path:
         try:
@@ -41,18 +48,22 @@ def bench_command(as_json: bool, plot_path: str | None, repeats: int, jobs: int 
     err = Console(stderr=True)
     try:
         params = Params.make(jobs=jobs, repeats=repeats, quick=quick)
-        result = run_bench(params, say=lambda m: err.print(f"[dim]{m}[/dim]"), url=url)
+        result = run_bench(params, say=lambda m: err.print(f"[dim]{m}[/dim]"), url=url,
+                           peers_jobs=peers_jobs if peers else None)
         if plot_path:
             plot(result, plot_path)
             result["plot"] = plot_path
+            if "peers" in result:
+                result["plot_peers"] = plot_peers(result, peers_plot_path(plot_path))
     except StreamworkError as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
         render(result, Console(width=None if sys.stdout.isatty() else 110))
-        if plot_path:
-            click.echo(f"plot written to {plot_path}")
+        for key in ("plot", "plot_peers"):
+            if key in result:
+                click.echo(f"plot written to {result[key]}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

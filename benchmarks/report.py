@@ -1,4 +1,5 @@
-"""The result for people: rich tables (:func:`render`) and a throughput plot (:func:`plot`)."""
+"""The result for people: rich tables (:func:`render`), a throughput plot (:func:`plot`) and,
+after ``--peers``, a bar chart of the peers scenario (:func:`plot_peers`)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,45 @@ from rich.table import Table
 
 from streamwork.errors import BenchError
 
-__all__ = ["plot", "render"]
+__all__ = ["PEER_LABELS", "peer_rows", "plot", "plot_peers", "render"]
 
 
 def _fmt_rate(value: float) -> str:
     return f"{value:,.0f}"
+
+
+#: display names of the peers scenario's contenders (others keep their key)
+PEER_LABELS = {"ceiling": "bare-handler ceiling", "streamwork_dedup_off": "streamwork dedup off",
+               "streamwork_dedup_on": "streamwork dedup on"}
+
+
+def peer_rows(peers: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(display name, result row) of every contender, in the order they ran."""
+    return [(PEER_LABELS.get(k, k), v) for k, v in peers["results"].items()]
+
+
+def _versions(row: dict[str, Any]) -> str:
+    return " ".join(f"{k} {v}" for k, v in row.get("versions", {}).items())
+
+
+def render_peers(peers: dict[str, Any], console: Console) -> None:
+    """The peers table: jobs/s, ratio to the ceiling, CPU, versions; n/a with its reason."""
+    table = Table(title=f"peers: one worker process, handler = one INCR, "
+                        f"{peers['jobs']:,} jobs/run, median of {peers['repeats']}")
+    table.add_column("framework")
+    table.add_column("jobs/s", justify="right")
+    table.add_column("x ceiling", justify="right")
+    table.add_column("cpu worker/redis", justify="right")
+    table.add_column("versions")
+    for label, row in peer_rows(peers):
+        if "jobs_per_s" not in row:
+            table.add_row(label, row.get("error", "n/a"), "", "", "")
+            continue
+        table.add_row(label, _fmt_rate(row["jobs_per_s"]),
+                      f"{row['ratio']:.2f}x" if "ratio" in row else "",
+                      f"{row['worker_cpu_pct']:.0f}% / {row['redis_cpu_pct']:.0f}%",
+                      _versions(row))
+    console.print(table)
 
 
 def render(result: dict[str, Any], console: Console) -> None:
@@ -82,6 +117,8 @@ def render(result: dict[str, Any], console: Console) -> None:
     extra.add_row("used_memory per 10k done records", "",
                   f"{mem['used_memory_per_10k'] / 1024:,.0f} KiB")
     console.print(extra)
+    if "peers" in result:
+        render_peers(result["peers"], console)
 
     goals = Table(title="goals (issues 11 and 12)")
     goals.add_column("goal")
@@ -97,8 +134,7 @@ def render(result: dict[str, Any], console: Console) -> None:
                   "figures are noisy when other work shares the machine.")
 
 
-def plot(result: dict[str, Any], path: str) -> None:
-    """Write throughput by concurrency and batch size to ``path`` (PNG) with matplotlib."""
+def _pyplot() -> Any:
     try:
         matplotlib = importlib.import_module("matplotlib")
     except ImportError:
@@ -106,7 +142,12 @@ def plot(result: dict[str, Any], path: str) -> None:
             "--plot needs matplotlib: pip install matplotlib"
         ) from None
     matplotlib.use("Agg")
-    plt = importlib.import_module("matplotlib.pyplot")
+    return importlib.import_module("matplotlib.pyplot")
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    """Write throughput by concurrency and batch size to ``path`` (PNG) with matplotlib."""
+    plt = _pyplot()
     sc = result["scenarios"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=False)
     for ax, key, base, base_label in (
@@ -133,3 +174,33 @@ def plot(result: dict[str, Any], path: str) -> None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
+
+
+def plot_peers(result: dict[str, Any], path: str) -> str:
+    """Write the peers scenario as a bar chart (jobs/s, ratio to the ceiling on each bar)
+    to ``path`` (PNG); a contender that failed gets an empty bar labelled n/a."""
+    plt = _pyplot()
+    peers = result["peers"]
+    rows = peer_rows(peers)
+    rates = [row.get("jobs_per_s", 0.0) for _, row in rows]
+    colors = ["grey" if k == "ceiling" else "tab:blue" if k.startswith("streamwork")
+              else "tab:orange" for k in peers["results"]]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    bars = ax.bar(range(len(rows)), rates, color=colors)
+    for bar, (_, row) in zip(bars, rows, strict=True):
+        text = (f"{row['jobs_per_s']:,.0f}\n{row['ratio']:.2f}x" if "ratio" in row
+                else "n/a")
+        ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=8, xytext=(0, 2),
+                    textcoords="offset points")
+    ax.set_xticks(range(len(rows)), [label for label, _ in rows], rotation=20, ha="right",
+                  fontsize=9)
+    ax.set_ylabel("jobs/s")
+    ax.set_ylim(0, max([*rates, 1.0]) * 1.18)
+    ax.set_title(f"one worker process, handler = one Redis INCR, {peers['jobs']:,} jobs "
+                 f"(median of {peers['repeats']}; {result['date']}, "
+                 f"{result['machine']['cpus']} cpus)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -12,7 +12,10 @@ Measured, each as the median of ``repeats`` runs (see ``benchmarks/README.md``):
   concurrency x batch_size; the best setting is reported), and ``latency``
   (enqueue -> handler start at a steady offered load of 20 % of the dedup-off maximum);
 * Redis commands per job (INFO commandstats, and MONITOR to tell the commands a client sent
-  from those run inside scripts) and Redis memory per done-marker.
+  from those run inside scripts) and Redis memory per done-marker;
+* with ``peers_jobs`` (``--peers``): the ``peers`` scenario (:mod:`benchmarks.peers`), the
+  same protocol through streamwork, taskiq-redis, dramatiq, arq and rq beside the
+  bare-handler ceiling; its goals (:data:`PEER_GOALS`) are added only then.
 
 Figures are benchmark figures, not guarantees: they depend on the machine and its load.
 """
@@ -35,9 +38,10 @@ import redis
 from benchmarks.accounting import commands_per_job, done_marker_memory
 from benchmarks.harness import Harness
 from benchmarks.measure import BATCH, LOAD_FRACTION, Params
+from benchmarks.peers import run_peers
 from streamwork.testing import RedisServer
 
-__all__ = ["GOALS", "run_bench"]
+__all__ = ["GOALS", "PEER_GOALS", "run_bench"]
 
 GOALS: Final = (
     # name, scenario key, comparison, target (issue 12's, and issue 11's command counts)
@@ -53,18 +57,26 @@ GOALS: Final = (
     ("p99 enqueue->start <= 5 ms at 20% of max (dedup on)",
      "latency.dedup_on.p99_ms", "<=", 5.0),
 )
+#: issue 12's goals of the peers protocol: in the result only when ``--peers`` ran
+PEER_GOALS: Final = (
+    ("peers protocol: streamwork dedup off >= 0.8x ceiling",
+     "peers.results.streamwork_dedup_off.ratio", ">=", 0.8),
+    ("peers protocol: streamwork dedup on >= 0.7x ceiling",
+     "peers.results.streamwork_dedup_on.ratio", ">=", 0.7),
+)
 
 
 def run_bench(params: Params, say: Callable[[str], None] = lambda _: None,
-              url: str | None = None) -> dict[str, Any]:
+              url: str | None = None, peers_jobs: int | None = None) -> dict[str, Any]:
     """Run every scenario and return the machine-readable result.
 
     Starts (and at the end stops) a private redis-server, unless ``url`` names a loopback
-    server (``redis://127.0.0.1:PORT/0``) that the harness may FLUSHALL and MONITOR."""
+    server (``redis://127.0.0.1:PORT/0``) that the harness may FLUSHALL and MONITOR.
+    ``peers_jobs`` adds the peers scenario with that many jobs per run."""
     with _server(url) as (server_url, port):
         h = Harness(server_url, port, params, say)
         try:
-            return _run(h, params, say)
+            return _run(h, params, say, peers_jobs)
         finally:
             h.close()
 
@@ -83,7 +95,8 @@ def _server(url: str | None) -> Iterator[tuple[str, int]]:
         server.close()
 
 
-def _run(h: Harness, params: Params, say: Callable[[str], None]) -> dict[str, Any]:
+def _run(h: Harness, params: Params, say: Callable[[str], None],
+         peers_jobs: int | None = None) -> dict[str, Any]:
     started = time.time()
     result: dict[str, Any] = {
         "date": dt.date.today().isoformat(),
@@ -159,6 +172,9 @@ def _run(h: Harness, params: Params, say: Callable[[str], None]) -> dict[str, An
         f"{memory['used_memory_bytes_per_marker']} bytes of used_memory")
     result["commands"] = commands
     result["memory"] = memory
+    if peers_jobs:
+        result["params"]["peers_jobs"] = peers_jobs
+        result["peers"] = run_peers(h, peers_jobs, params.repeats, say)
     result["goals"] = _goals(result)
     result["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     result["seconds"] = round(time.time() - started, 1)
@@ -170,7 +186,8 @@ def _ratio(value: float, baseline: float) -> float:
 
 
 def _lookup(result: dict[str, Any], path: str) -> float | None:
-    node: Any = result["scenarios"] if not path.startswith(("commands", "memory")) else result
+    node: Any = (result if path.startswith(("commands", "memory", "peers"))
+                 else result["scenarios"])
     for part in path.split("."):
         if not isinstance(node, dict) or part not in node:
             return None
@@ -180,7 +197,7 @@ def _lookup(result: dict[str, Any], path: str) -> float | None:
 
 def _goals(result: dict[str, Any]) -> list[dict[str, Any]]:
     goals = []
-    for name, path, op, target in GOALS:
+    for name, path, op, target in GOALS + (PEER_GOALS if "peers" in result else ()):
         value = _lookup(result, path)
         ok = value is not None and (value >= target if op == ">=" else value <= target)
         goals.append({"goal": name, "measured": value, "op": op, "target": target,

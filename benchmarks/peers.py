@@ -1,0 +1,345 @@
+"""The ``peers`` scenario: one protocol through streamwork, other Python job queues on
+Redis, and the bare-handler ceiling, in one run on the harness's private redis-server.
+
+The protocol: ONE worker process; the handler does one Redis ``INCR`` (``async`` where the
+framework has an async worker) on its own client; N jobs are enqueued before the worker
+starts (untimed); timed from the worker's start until N jobs were handled. The ceiling is
+16 bare asyncio tasks doing just the INCR, N in all, on ``redis.asyncio``: what the
+handler's own work allows one process.
+
+streamwork (dedup off and on) and the ceiling run in this process. Each peer runs as a
+child process (``benchmarks/peer_workers/<module>.py``) in a throwaway virtualenv of its
+own (cached under ``~/.cache/streamwork-bench-peers/``; never a project dependency),
+because their pins conflict (arq wants redis-py < 6, rq and taskiq-redis >= 6). The child
+enqueues, prints a start line with ``time.monotonic()`` and serves; this process polls the
+counter and ends the child (by its pid) once it reaches N. Contenders take turns in every
+repeat (round-robin), so a drift of the machine's speed hits them all alike. A peer that
+cannot be installed or fails is reported as ``"n/a: <reason>"``; the run goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import selectors
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import redis
+import redis.asyncio as aredis
+
+from benchmarks.harness import Harness, serve_until
+from benchmarks.measure import GROUP, Run, Span, make_jobs, redis_cpu, summary
+from streamwork import Message, StreamWorker
+from streamwork.errors import BenchError
+
+__all__ = ["CONCURRENCY", "PEERS", "IncrWorker", "Peer", "peers_plot_path", "run_peers"]
+
+ROOT: Final = Path(__file__).resolve().parent.parent
+COUNTER: Final = "peers:handled"
+CONCURRENCY: Final = 16  #: handler concurrency of every contender (rq: 1, see its config)
+RUN_TIMEOUT: Final = 120.0  #: seconds one peer run may take (enqueue, then serve)
+INSTALL_TIMEOUT: Final = 600.0
+POLL: Final = 0.002  #: seconds between polls of the counter
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """A framework under the protocol: its worker module and its pinned requirements."""
+
+    name: str
+    module: str
+    requirements: tuple[str, ...]
+
+
+#: Every peer and its pins, in one place. One virtualenv per peer: their pins conflict.
+PEERS: Final = (
+    Peer("taskiq-redis", "taskiq_peer",
+         ("taskiq==0.13.0", "taskiq-redis==1.2.4", "redis==8.1.0", "hiredis==3.5.0")),
+    Peer("dramatiq", "dramatiq_peer", ("dramatiq[redis]==2.2.1", "redis==8.1.0",
+                                       "hiredis==3.5.0")),
+    Peer("arq", "arq_peer", ("arq==0.28.0", "redis==5.3.1", "hiredis==3.5.0")),
+    Peer("rq", "rq_peer", ("rq==2.12.0", "redis==8.1.0", "hiredis==3.5.0")),
+)
+
+
+class PeerError(Exception):
+    """A peer could not be installed or run: reported as n/a, the run goes on."""
+
+
+class IncrWorker(StreamWorker):
+    """streamwork under the protocol: ``handle`` INCRs on its own ``redis.asyncio`` client."""
+
+    stream = "bench"
+    group = GROUP
+
+    async def on_start(self) -> None:
+        self.bench_redis = aredis.Redis.from_url(self.url)
+
+    async def on_stop(self) -> None:
+        await self.bench_redis.aclose()
+
+    async def handle(self, msg: Message) -> None:
+        await self.bench_redis.incr(COUNTER)
+
+
+# ---- the in-process contenders ----
+
+def ceiling_once(h: Harness, jobs: int, tasks: int = CONCURRENCY) -> Run:
+    """``tasks`` bare asyncio tasks INCR ``jobs`` times in all (timed from the client's
+    creation, as a worker's time includes connecting)."""
+    h.fresh_stream("ceiling")
+
+    async def go() -> Run:
+        span = Span(h.r)
+        span.start()
+        client = aredis.Redis.from_url(h.url)
+        left = jobs
+
+        async def one() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                await client.incr(COUNTER)
+
+        try:
+            await asyncio.gather(*(one() for _ in range(tasks)))
+            return span.stop(jobs)
+        finally:
+            await client.aclose()
+
+    run = asyncio.run(go())
+    _check_counter(h.r, jobs, "ceiling")
+    return run
+
+
+def streamwork_once(h: Harness, jobs: int, dedup: bool,
+                    concurrency: int = CONCURRENCY) -> Run:
+    """A prefilled stream served in-process by :class:`IncrWorker` until every job is acked
+    (the harness's ``serve_until``: from ``serve()`` until acked == N)."""
+    stream = h.fresh_stream("peers-on" if dedup else "peers-off")
+    keys, payloads = make_jobs(jobs)
+    h.prefill(stream, keys, payloads, group=False)
+    worker = IncrWorker.from_url(h.url, stream=stream, group=GROUP, dedup=dedup,
+                                 concurrency=concurrency)
+    h.wait_clients_gone(keep=1)
+    run = asyncio.run(serve_until(worker, jobs, Span(h.r)))
+    _check_counter(h.r, jobs, "streamwork")
+    return run
+
+
+def _check_counter(r: redis.Redis, jobs: int, who: str) -> None:
+    done = int(r.get(COUNTER) or 0)
+    if done < jobs:
+        raise BenchError(f"{who}: {done}/{jobs} INCRs after the run")
+
+
+# ---- the peers: a virtualenv each, a child process per run ----
+
+def cache_dir() -> Path:
+    base = os.environ.get("STREAMWORK_BENCH_PEERS_CACHE")
+    return Path(base) if base else Path.home() / ".cache" / "streamwork-bench-peers"
+
+
+def venv_for(peer: Peer, say: Callable[[str], None]) -> Path:
+    """The python of ``peer``'s virtualenv, created and pip-installed on first use."""
+    tag = "\n".join((platform.python_version(), sys.base_prefix, *peer.requirements))
+    digest = hashlib.sha256(tag.encode()).hexdigest()[:12]
+    path = cache_dir() / f"venv-{peer.module.removesuffix('_peer')}-{digest}"
+    python = path / "bin" / "python"
+    if (path / ".complete").exists() and python.exists():
+        return python
+    shutil.rmtree(path, ignore_errors=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    say(f"peers: installing {' '.join(peer.requirements)} into {path}")
+    _check_call([sys.executable, "-m", "venv", str(path)], "python -m venv")
+    _check_call([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q",
+                 *peer.requirements], "pip install")
+    (path / ".complete").write_text(tag + "\n")
+    return python
+
+
+def _check_call(args: Sequence[str], what: str) -> None:
+    try:
+        proc = subprocess.run(args, capture_output=True, timeout=INSTALL_TIMEOUT, check=False)
+    except subprocess.TimeoutExpired:
+        raise PeerError(f"{what} took over {INSTALL_TIMEOUT:.0f} s") from None
+    if proc.returncode != 0:
+        lines = [x for x in proc.stderr.decode(errors="replace").splitlines()
+                 if x.strip() and not x.startswith("WARNING")]
+        raise PeerError(f"{what} failed: {lines[-1] if lines else proc.returncode}")
+
+
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far; 0.0 if unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def peer_once(h: Harness, peer: Peer, python: Path, jobs: int
+              ) -> tuple[Run, dict[str, Any]]:
+    """One run of ``peer``'s worker program; returns the run and its start line."""
+    h.fresh_stream(peer.module)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("VIRTUAL_ENV", None)
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            [str(python), "-m", f"benchmarks.peer_workers.{peer.module}", "--url", h.url,
+             "--jobs", str(jobs), "--concurrency", str(CONCURRENCY), "--counter", COUNTER],
+            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
+        try:
+            return _time_child(h, proc, jobs, err)
+        finally:
+            _end(proc)
+
+
+def _time_child(h: Harness, proc: subprocess.Popen[bytes], jobs: int,
+                err: Any) -> tuple[Run, dict[str, Any]]:
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + RUN_TIMEOUT
+    start: dict[str, Any] | None = None
+    while start is None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise PeerError(_why(proc, err, "exited before starting its worker"))
+        if sel.select(timeout=0.1):
+            line = proc.stdout.readline()
+            if line.startswith(b"{"):
+                start = json.loads(line)
+    sel.close()
+    cpu0, rcpu0 = _proc_cpu(proc.pid), redis_cpu(h.r)
+    r = h.r
+    while int(r.get(COUNTER) or 0) < jobs:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            done = int(r.get(COUNTER) or 0)
+            raise PeerError(_why(proc, err, f"stalled at {done}/{jobs} jobs"))
+        time.sleep(POLL)
+    now = time.monotonic()
+    run = Run(jobs, now - float(start["t"]), _proc_cpu(proc.pid) - cpu0,
+              redis_cpu(h.r) - rcpu0)
+    return run, start
+
+
+def _why(proc: subprocess.Popen[bytes], err: Any, what: str) -> str:
+    err.seek(0)
+    lines = [x for x in err.read().decode(errors="replace").splitlines() if x.strip()]
+    code = proc.poll()
+    tail = f" ({lines[-1][:200]})" if lines else ""
+    return f"{what}{'' if code is None else f', exit code {code}'}{tail}"
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """End the child this run started, by its pid: SIGTERM, then SIGKILL after 5 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+# ---- the scenario ----
+
+def run_peers(h: Harness, jobs: int, repeats: int, say: Callable[[str], None],
+              peers: Sequence[Peer] = PEERS) -> dict[str, Any]:
+    """Measure the ceiling, streamwork (dedup off, on) and ``peers`` under the protocol.
+
+    ``result["results"]`` maps each contender to its median jobs/s (``runs_jobs_per_s``,
+    CPU shares of the worker process and of redis-server), ``ratio`` to the ceiling,
+    ``versions`` and ``config``; a peer that failed has ``error`` ("n/a: ...") instead."""
+    started = time.time()
+    local_versions = {"streamwork": _version("streamwork"), "redis": redis.__version__}
+    results: dict[str, dict[str, Any]] = {
+        "ceiling": {"config": f"{CONCURRENCY} asyncio tasks, one INCR each per job, "
+                              "redis.asyncio", "versions": {"redis": redis.__version__}},
+        "streamwork_dedup_off": {"config": f"StreamWorker(concurrency={CONCURRENCY}, "
+                                           "dedup=False), async handle",
+                                 "versions": local_versions},
+        "streamwork_dedup_on": {"config": f"StreamWorker(concurrency={CONCURRENCY}, "
+                                          "dedup=True), async handle",
+                                "versions": local_versions},
+    }
+    pythons: dict[str, Path] = {}
+    for peer in peers:
+        results[peer.name] = {"requirements": list(peer.requirements)}
+        try:
+            pythons[peer.name] = venv_for(peer, say)
+        except (PeerError, OSError) as exc:
+            results[peer.name]["error"] = f"n/a: {exc}"
+            say(f"peers: {peer.name} n/a: {exc}")
+
+    once: dict[str, Callable[[], Run]] = {
+        "ceiling": lambda: ceiling_once(h, jobs),
+        "streamwork_dedup_off": lambda: streamwork_once(h, jobs, dedup=False),
+        "streamwork_dedup_on": lambda: streamwork_once(h, jobs, dedup=True),
+    }
+    for peer in peers:
+        if peer.name in pythons:
+            once[peer.name] = _peer_runner(h, peer, pythons[peer.name], jobs, results)
+
+    runs: dict[str, list[Run]] = {name: [] for name in once}
+    for i in range(repeats):  # round-robin: every contender once per repeat
+        for name, fn in once.items():
+            if "error" in results[name]:
+                continue
+            try:
+                run = fn()
+            except PeerError as exc:
+                results[name]["error"] = f"n/a: {exc}"
+                say(f"peers: {name} n/a: {exc}")
+                continue
+            runs[name].append(run)
+            say(f"peers {name} [{i + 1}/{repeats}]: {run.rate:,.0f} jobs/s")
+
+    for name, done in runs.items():
+        if done and "error" not in results[name]:
+            results[name].update(summary(done))
+            results[name]["worker_cpu_pct"] = results[name].pop("client_cpu_pct")
+    ceiling = results["ceiling"].get("jobs_per_s", 0.0)
+    for row in results.values():
+        if "jobs_per_s" in row and ceiling > 0:
+            row["ratio"] = round(row["jobs_per_s"] / ceiling, 3)
+    return {"jobs": jobs, "repeats": repeats, "concurrency": CONCURRENCY,
+            "results": results, "seconds": round(time.time() - started, 1)}
+
+
+def _peer_runner(h: Harness, peer: Peer, python: Path, jobs: int,
+                 results: dict[str, dict[str, Any]]) -> Callable[[], Run]:
+    def once() -> Run:
+        run, start = peer_once(h, peer, python, jobs)
+        results[peer.name]["versions"] = start.get("versions", {})
+        results[peer.name]["config"] = start.get("config", "")
+        return run
+    return once
+
+
+def _version(dist: str) -> str:
+    import importlib.metadata
+
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        return importlib.metadata.version(dist)
+    return "?"
+
+
+def peers_plot_path(path: str) -> str:
+    """``bench.png`` -> ``bench-peers.png``: the peers plot sits next to the main one."""
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}-peers{p.suffix or '.png'}"))
