@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ._leases import Lease
     from ._lock import AsyncHeldLock
     from ._message import Message
+    from ._recent import KeyCache
     from ._scripts import AsyncScripts
 
 #: a stream entry as Redis sends it: id and the flat [field, value, ...] list (None: the
@@ -49,6 +50,7 @@ class Delivery:
     msg: Message
     body: bytes  # the raw body: kept to adopt an entry deleted while pending
     limit: float | None  # the job's time limit, s
+    ref: bytes  # what the worker knows it by: ref(src, entry_id)
     lease: str = ""  # lease value "<owner>:<token>" when dedup is on, else ""
     deadline: float = 0.0  # monotonic time after which the lease counts as lost
     state: State = State.WAITING
@@ -61,10 +63,6 @@ class Delivery:
     held: AsyncHeldLock | None = None  # the Redlock lease, when leases come from lock_urls
     span: Any = None  # the delivery's OpenTelemetry span, ended when Redis has the outcome
     result: Any = None  # what handle() returned
-
-    @property
-    def ref(self) -> bytes:
-        return self.entry_id if self.src == MAIN else b"r" + self.entry_id  # ref()
 
 
 @dataclass(slots=True)
@@ -167,6 +165,7 @@ class Holder(Protocol):
     lease: Lease
     counts: Counter[str]
     isolating: bool
+    cache: KeyCache | None  # keys completed here recently (dedup on)
 
     @property
     def stopping(self) -> bool: ...
@@ -178,6 +177,7 @@ class Holder(Protocol):
     def lose(self, d: Delivery, why: str) -> None: ...
     def vanish(self, d: Delivery) -> None: ...
     def forget(self, d: Delivery, outcome: str = "lost") -> None: ...
+    def forget_acked(self, ds: list[Delivery]) -> None: ...
     def release_loose(self, ref: bytes) -> None: ...
     def remember_done(self, key: str) -> None: ...
     def wake_reader(self) -> None: ...

@@ -166,15 +166,17 @@ class Outcomes:
             staged_keys, batch, oom_ok=not cfg.dedup and not staged,
             lease_ttl_ms=cfg.visibility_ms))
         acked = 0
-        remember, forget = h.remember_done, h.forget
+        finished: list[Delivery] = []
+        cache = h.cache
         for d, code in zip(live, res, strict=True):
             if code == ACKED:
                 acked += 1
-                remember(d.msg.key)
-                forget(d, "acked")
+                finished.append(d)
+                if cache is not None:
+                    cache.add(d.msg.key)
             elif code in (Done.STAGED_REJECTED, Done.DUPLICATE):
                 acked += 1
-                remember(d.msg.key)
+                h.remember_done(d.msg.key)
                 if code == Done.DUPLICATE:
                     h.count("deduplicated", 1, "duplicate")
                 elif code == Done.STAGED_REJECTED:
@@ -188,6 +190,7 @@ class Outcomes:
             else:
                 h.lose(d, "not the owner at completion (reclaimed by another worker)")
                 h.forget(d, "lost")
+        h.forget_acked(finished)
         h.count("acked", acked, "success")
         await lease.release(live)
 

@@ -88,6 +88,7 @@ class Runner:
         call = self._handle if self._pool is None else self._call_sync
         monotonic = time.monotonic
         running = State.RUNNING
+        finish = self._succeeded
         try:
             while True:
                 # take a ready delivery without a round trip through the loop
@@ -142,7 +143,7 @@ class Runner:
                     else:
                         if host.metering or debug:
                             self._finished(d, "ok", debug)
-                        self._succeeded(d)
+                        finish(d)
                 finally:
                     watch.d = None
         finally:
