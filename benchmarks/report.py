@@ -11,7 +11,7 @@ from rich.table import Table
 
 from streamwork.errors import BenchError
 
-__all__ = ["PEER_LABELS", "peer_rows", "plot", "plot_peers", "render"]
+__all__ = ["PEER_LABELS", "peer_rows", "plot", "plot_peers", "render", "render_peers"]
 
 
 def _fmt_rate(value: float) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +17,11 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from benchmarks import cli as bench_cli
-from benchmarks.report import render
-from benchmarks.run import GOALS
+from benchmarks.harness import Harness
+from benchmarks.measure import Params
+from benchmarks.peers import PEERS, peers_plot_path, run_peers
+from benchmarks.report import plot_peers, render, render_peers
+from benchmarks.run import GOALS, PEER_GOALS, _goals
 from streamwork import _bench_cli
 from streamwork._server import find_server_binary
 from streamwork.errors import StreamworkError
@@ -97,6 +101,7 @@ def test_quick_run_reports_latency_commands_memory_and_goals(
     mem = result["memory"]
     assert mem["markers"] > 0 and mem["memory_usage_bytes"] > 0
     assert mem["used_memory_per_10k"] > 0
+    assert "peers" not in result  # without --peers: no peers section and no peer goals
     assert len(result["goals"]) == len(GOALS)
     for goal in result["goals"]:
         assert goal["measured"] is not None and goal["measured"] > 0, goal
@@ -128,7 +133,8 @@ def test_register_adds_bench_to_a_cli_group() -> None:
     _bench_cli.register(group)
     result = CliRunner().invoke(group, ["bench", "--help"])
     assert result.exit_code == 0, result.output
-    for option in ("--json", "--plot", "--repeats", "--jobs", "--quick"):
+    for option in ("--json", "--plot", "--repeats", "--jobs", "--quick", "--peers",
+                   "--peers-jobs"):
         assert option in result.output
 
 
@@ -210,3 +216,88 @@ def test_importing_streamwork_and_its_cli_help_leave_the_harness_unloaded() -> N
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+
+
+# ---- the peers scenario ----
+
+LOCAL = ("ceiling", "streamwork_dedup_off", "streamwork_dedup_on")
+
+
+def _harness(redis_url: str) -> Harness:
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    return Harness(redis_url, port, Params.make(quick=True), lambda _: None)
+
+
+def test_peers_scenario_measures_streamwork_and_the_ceiling_in_process(redis_url: str) -> None:
+    """The in-process part of the peers scenario (no install, no network): the bare-handler
+    ceiling and streamwork with dedup off and on each handle every job (one INCR each) and
+    report a positive rate and their ratio to the ceiling."""
+    h = _harness(redis_url)
+    try:
+        peers = run_peers(h, 200, 1, lambda _: None, peers=())
+        assert int(h.r.get("peers:handled") or 0) == 200  # the last run's INCRs
+    finally:
+        h.close()
+    assert (peers["jobs"], peers["repeats"], peers["concurrency"]) == (200, 1, 16)
+    assert tuple(peers["results"]) == LOCAL
+    for name in LOCAL:
+        row = peers["results"][name]
+        assert row["jobs_per_s"] > 0, name
+        assert row["ratio"] == pytest.approx(
+            row["jobs_per_s"] / peers["results"]["ceiling"]["jobs_per_s"], rel=0.01)
+        assert row["versions"]["redis"]
+    assert peers["results"]["ceiling"]["ratio"] == 1.0
+
+
+def _fake_peers() -> dict[str, Any]:
+    rows: dict[str, Any] = {
+        name: {"jobs_per_s": rate, "ratio": rate / 1000, "worker_cpu_pct": 90.0,
+               "redis_cpu_pct": 10.0, "versions": {"redis": "8.1.0"}, "config": "c"}
+        for name, rate in (("ceiling", 1000.0), ("streamwork_dedup_off", 850.0),
+                           ("streamwork_dedup_on", 650.0), ("arq", 100.0))}
+    rows["rq"] = {"requirements": ["rq==2.12.0"], "error": "n/a: pip install failed: boom"}
+    return {"jobs": 100, "repeats": 1, "concurrency": 16, "results": rows, "seconds": 1.0}
+
+
+def test_peer_goals_count_only_when_the_peers_scenario_ran() -> None:
+    """Without a peers section the goals are GOALS (none missing for lack of data); with it,
+    the two peer goals follow, judged on streamwork's ratios to the ceiling."""
+    assert [g["goal"] for g in _goals({"scenarios": {}})] == [g[0] for g in GOALS]
+    goals = _goals({"scenarios": {}, "peers": _fake_peers()})
+    assert len(goals) == len(GOALS) + len(PEER_GOALS)
+    off, on = goals[-2:]
+    assert (off["measured"], off["pass"]) == (0.85, True)
+    assert (on["measured"], on["pass"]) == (0.65, False)
+
+
+def test_peers_table_and_bar_chart_show_every_contender_and_failures(tmp_path: Path) -> None:
+    """The peers table lists each contender with its ratio to the ceiling and a failed peer
+    with its reason; --plot's bar chart lands next to the main PNG."""
+    result = {"date": "2026-12-01", "machine": {"cpus": 2}, "peers": _fake_peers()}
+    console = Console(record=True, width=160)
+    render_peers(result["peers"], console)
+    text = console.export_text()
+    for needle in ("bare-handler ceiling", "streamwork dedup off", "0.85x", "arq",
+                   "n/a: pip install failed: boom"):
+        assert needle in text
+    assert peers_plot_path(str(tmp_path / "bench.png")) == str(tmp_path / "bench-peers.png")
+    if _have_matplotlib():
+        out = plot_peers(result, peers_plot_path(str(tmp_path / "bench.png")))
+        assert Path(out).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif(not os.environ.get("STREAMWORK_BENCH_PEERS"),
+                    reason="installs taskiq-redis, dramatiq, arq and rq from the package "
+                           "registry: set STREAMWORK_BENCH_PEERS=1 to run it")
+def test_peers_scenario_installs_and_runs_every_peer(redis_url: str) -> None:
+    """Every peer installs into its throwaway virtualenv and handles every job (network)."""
+    h = _harness(redis_url)
+    try:
+        peers = run_peers(h, 300, 1, lambda _: None)
+    finally:
+        h.close()
+    for peer in PEERS:
+        row = peers["results"][peer.name]
+        assert "error" not in row, row
+        assert row["jobs_per_s"] > 0 and row["ratio"] > 0, peer.name
+        assert row["versions"], peer.name
