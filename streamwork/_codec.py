@@ -139,9 +139,7 @@ def decode_fields(data: bytes | None, max_payload_bytes: int = DEFAULT_MAX_PAYLO
     if not data:
         raise DecodeError("decode_error:incomplete", "the 'd' field is empty")
     try:
-        body = msgpack.unpackb(
-            data, raw=False, strict_map_key=False, ext_hook=_reject_ext, use_list=True
-        )
+        body = _unpackb(data, strict_map_key=False, ext_hook=_reject_ext)  # str, lists
     except DecodeError:
         raise
     except msgpack.ExtraData:
@@ -162,6 +160,7 @@ def decode_fields(data: bytes | None, max_payload_bytes: int = DEFAULT_MAX_PAYLO
 
 
 _FIELDS: Final = frozenset({"v", "k", "t", "h", "p", "l"})
+_unpackb: Final = msgpack.unpackb
 
 
 def _validate(body: object) -> Fields:

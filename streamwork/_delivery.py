@@ -54,7 +54,7 @@ class Delivery:
     lease: str = ""  # lease value "<owner>:<token>" when dedup is on, else ""
     deadline: float = 0.0  # monotonic time after which the lease counts as lost
     state: State = State.WAITING
-    started: float = 0.0  # monotonic time the handler began
+    started: float = 0.0  # the loop's time (loop.time()) the handler began
     waiting_since: float = 0.0  # monotonic time its lease was first found busy
     member: bytes = b""  # adopted (entry deleted while pending): its delayed-ZSET member
     dropped: bool = False  # its outcome must not be written (lease lost, vanished)

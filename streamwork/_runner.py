@@ -13,7 +13,6 @@ import asyncio
 import contextvars
 import inspect
 import logging
-import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
@@ -86,7 +85,7 @@ class Runner:
         debug = log.isEnabledFor(logging.DEBUG)
         watch = _Watch(self, runner, loop)
         call = self._handle if self._pool is None else self._call_sync
-        monotonic = time.monotonic
+        clock = loop.time  # the loop's clock: what its timers (the time limit) run on
         running = State.RUNNING
         finish = self._succeeded
         try:
@@ -103,10 +102,10 @@ class Runner:
                     host.forget(d)
                     continue
                 d.state = running
-                d.started = monotonic()
+                d.started = now = clock()
                 if d.limit is not None:
                     watch.d = d
-                    watch.due = due = loop.time() + d.limit
+                    watch.due = due = now + d.limit
                     if watch.timer is None or watch.when > due:
                         watch.arm(due)
                 if host.tracing:
@@ -178,7 +177,7 @@ class Runner:
     def _finished(self, d: Delivery, result: str, debug: bool) -> None:
         if not (self.host.metering or debug):
             return
-        took = time.monotonic() - d.started
+        took = asyncio.get_running_loop().time() - d.started
         if self.host.metering:
             telemetry.record_duration(took, self.host.cfg.stream, self.host.cfg.group, result)
         if debug:
@@ -214,7 +213,9 @@ class Runner:
                     extra=fields(stream=cfg.stream, group=cfg.group, consumer=self.host.name,
                                  key=msg.key, entry_id=msg.id, attempt=msg.attempt,
                                  error_type=etype, reason=reason,
-                                 duration_ms=round((time.monotonic() - d.started) * 1000, 1)))
+                                 duration_ms=round(
+                                     (asyncio.get_running_loop().time() - d.started) * 1000,
+                                     1)))
         self.host.outcomes.add_failure(Failure(
             d, d.entry_id, d.src, action, round(delay * 1000), msg.attempt, reason, etype, detail,
             msg.key, d.body, exc))
