@@ -8,7 +8,10 @@ It lives outside the library, and only a source checkout has it; see ``benchmark
     measure.py    parameters, timed spans (wall + CPU of both sides), medians, the jobs
     workers.py    the no-op and latency-recording workers under test
     pacing.py     a steady offered load from a producer child process (latency run)
-    accounting.py Redis commands per job (commandstats, MONITOR), memory per done-marker
-    report.py     rich tables and the matplotlib plot
+    accounting.py Redis commands per job (commandstats, MONITOR), memory per job record
+    peers.py      the peers' protocol (--peers): taskiq-redis, dramatiq, arq, rq, each in a
+                  cached throwaway virtualenv, beside streamwork and the bare-handler ceiling
+    peer_workers/ one small worker program per peer (run in the peer's virtualenv)
+    report.py     rich tables and the matplotlib plots
     scenarios/    diagnostic tools built on the harness (profiling, GC pauses)
 """
