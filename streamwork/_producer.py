@@ -132,7 +132,11 @@ def _check_options(max_payload_bytes: int, retry_timeout: float) -> None:
 
 
 def _ids(raw: Iterable[Any]) -> list[str]:
-    return [r.decode() if isinstance(r, bytes) else str(r) for r in raw]
+    ids = list(raw)
+    if ids and type(ids[0]) is bytes:  # one reply: all bytes, or all str
+        # one join, decode and split for a batch (ids are ASCII, never hold a space)
+        return b" ".join(ids).decode().split(" ")
+    return [r.decode() if isinstance(r, bytes) else str(r) for r in ids]
 
 
 @dataclass(frozen=True, slots=True)
