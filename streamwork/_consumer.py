@@ -369,6 +369,8 @@ class Consumer:
         stream, group, consumer, timeout = cfg.stream, cfg.group, self.name, cfg.timeout
         retry = src != MAIN
         fresh: list[Delivery] = []
+        claims = self.lease.claims  # a lease must be taken first: they start WAITING
+        initial = State.WAITING if claims else State.QUEUED
         for i, (entry_id, values) in enumerate(entries):
             key = b"r" + entry_id if retry else entry_id  # ref(src, entry_id)
             if key in inflight or key in loose:
@@ -410,14 +412,13 @@ class Consumer:
             msg = Message(entry_id.decode(), stream, job_key, payload, attempt,
                           enqueued_ms / 1000, headers, None, group, consumer)
             d = Delivery(entry_id, src, msg, body,
-                         timeout if limit_ms is None else limit_ms / 1000, key)
+                         timeout if limit_ms is None else limit_ms / 1000, key, "", 0.0,
+                         initial)
             inflight[key] = d
             fresh.append(d)
         if not fresh:
             return
-        if not self.lease.claims:
-            for d in fresh:
-                d.state = State.QUEUED
+        if not claims:  # built QUEUED: they may run at once
             self.queue.put_many(fresh)
             self.count("consumed", len(fresh))
             return
