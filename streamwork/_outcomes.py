@@ -26,6 +26,7 @@ from ._supervisor import uninterrupted
 log = logging.getLogger(WORKER_LOGGER)
 
 FLUSH_CHUNK: Final = 500  #: outcomes per script call (keeps one call around a millisecond)
+FLUSH_WINDOW: Final = 0.002  #: s a flush waits for handlers still running to finish too
 
 
 class Done(enum.IntEnum):
@@ -99,6 +100,13 @@ class Outcomes:
         """Wait for something to flush, then flush it (one turn of the flusher loop). A
         stop lets a flush under way finish: its scripts already ran."""
         await self.needed.wait()
+        h = self.host
+        if (len(self.done) + len(self.failed) + len(self.acks) < h.cfg.batch_size
+                and h.held() > self.finishing):
+            # handlers are still running: give them FLUSH_WINDOW to finish too, so one
+            # script call carries a batch of outcomes rather than one or two (outcomes
+            # wait at most this long; a job's start is not delayed)
+            await asyncio.sleep(FLUSH_WINDOW)
         self.needed.clear()
         await uninterrupted(self.flush())
 
