@@ -193,7 +193,9 @@ class Harness:
         if monitor:
             tally = Monitor(self.port, marker, str(self.r.client_info()["addr"]))
             tally.start()
-        run = asyncio.run(serve_until(worker, n, Span(self.r)))
+        # timed runs start at the join; counting runs (commands, memory) take every job
+        run = asyncio.run(serve_until(worker, n, Span(self.r),
+                                      from_join=not (monitor or accounting)))
         if tally is not None:
             self.r.echo(marker)
             tally.join(30)
@@ -235,11 +237,28 @@ class Harness:
         }
 
 
-async def serve_until(worker: StreamWorker, n: int, span: Span) -> Run:
-    """Time ``worker.serve()`` from its start until ``n`` jobs are acked; then stop it."""
-    span.start()
+async def serve_until(worker: StreamWorker, n: int, span: Span,
+                      from_join: bool = False) -> Run:
+    """Time ``worker.serve()`` from its start until ``n`` jobs are acked; then stop it.
+    ``from_join``: start the clock once the worker has joined its group (its start-up -
+    connecting, creating the group, loading scripts - left out, as the raw loops' set-up
+    is) and count only the jobs acked after that."""
+    if not from_join:
+        span.start()
     task = asyncio.create_task(worker.serve())
+    base = 0
     try:
+        if from_join:
+            deadline = time.monotonic() + RUN_TIMEOUT
+            while not worker.health().ready:
+                if task.done():
+                    task.result()
+                    raise BenchError("the worker stopped before it joined its group")
+                if time.monotonic() > deadline:
+                    raise BenchError("the worker did not join its group")
+                await asyncio.sleep(0.0005)
+            base = worker.counts["acked"]
+            span.start()
         while worker.counts["acked"] < n:
             if task.done():
                 task.result()
@@ -248,7 +267,7 @@ async def serve_until(worker: StreamWorker, n: int, span: Span) -> Run:
                 raise BenchError(f"stalled: {worker.counts['acked']}/{n} jobs acked "
                                  f"after {RUN_TIMEOUT:.0f} s ({dict(worker.counts)})")
             await asyncio.sleep(0.002)
-        return span.stop(n)
+        return span.stop(n - base)
     finally:
         worker.stop()
         await task
