@@ -59,8 +59,8 @@ HELP: Final[dict[str, str]] = {
     "visibility_timeout": "s of idle time after which another worker may reclaim a delivery "
                           "(also the lease TTL)",
     "max_deliveries": "deliveries before a job goes to the dead letters",
-    "dedup": "once-only effect per job key (done-marker, lease, fencing token)",
-    "dedup_window": "s a done-marker is kept",
+    "dedup": "once-only effect per job key and group (job record: lease, then done; fencing token)",
+    "dedup_window": "s a done record (and its result) is kept",
     "retry_delay": "s before the first retry (exponential with jitter after)",
     "retry_max_delay": "s, cap of one retry's delay",
     "batch_size": "entries per XREADGROUP/XAUTOCLAIM call",
@@ -152,7 +152,7 @@ class WorkerConfig(WorkerOptions):
                     "dedup_window",
                     f"{self.dedup_window:g}s is shorter than the redelivery horizon "
                     f"max_deliveries x (visibility_timeout + retry_max_delay) = {horizon:g}s; a "
-                    "job redelivered after its done-marker expired would run again. Raise "
+                    "job redelivered after its done record expired would run again. Raise "
                     "dedup_window or lower the others.",
                 )
 

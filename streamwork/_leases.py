@@ -35,7 +35,7 @@ class Claim(enum.IntEnum):
     token (> 0) when the lease was taken."""
 
     GO = 0  #: may run without a lease (dedup off) / checked only (Redlock mode)
-    DUPLICATE = -1  #: its done-marker exists: acknowledged, skip it
+    DUPLICATE = -1  #: its job record says done: acknowledged, skip it
     BUSY = -2  #: another holder has the lease: keep waiting
     NOT_OURS = -3  #: reclaimed by another consumer meanwhile
 
@@ -136,9 +136,9 @@ class RedisLease(Lease):
 
 
 class RedlockLease(Lease):
-    """The lease lives in a Redlock quorum over ``lock_urls`` (the done-marker and the ack
+    """The lease lives in a Redlock quorum over ``lock_urls`` (the job record and the ack
     stay on the stream's Redis). The done-check runs again once the lease is held
-    (double-checked), so a copy that waited for the first holder sees its done-marker."""
+    (double-checked), so a copy that waited for the first holder sees its done record."""
 
     mode = LeaseMode.REDLOCK
     claims = True

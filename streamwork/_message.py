@@ -79,7 +79,7 @@ class Message:
     def stage(self, command: str, keys: Sequence[StageValue] = (),
               args: Sequence[StageValue] = ()) -> None:
         """Stage a Redis write that is applied atomically with this job's acknowledgement
-        (and done-marker), so it takes effect exactly once, or not at all if the job's
+        (and done record), so it takes effect exactly once, or not at all if the job's
         outcome is not recorded (crash, lost lease, failure).
 
         ``keys`` come first in the command, then ``args``: ``msg.stage("HINCRBY",

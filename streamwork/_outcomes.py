@@ -35,7 +35,7 @@ class Done(enum.IntEnum):
     LOST = 0  #: not ours any more: nothing written
     ACKED = 1
     STAGED_REJECTED = 2  #: acked, but Redis rejected a staged command (others applied)
-    DUPLICATE = 3  #: acked as a duplicate (done-marker already there): staged writes skipped
+    DUPLICATE = 3  #: acked as a duplicate (the record already said done): staged writes skipped
     VANISHED = 4  #: neither the stream nor the group knows the entry: the server lost it
 
 

@@ -2,7 +2,7 @@
 
 Checked before Redis so a duplicate delivery of a job finished here moments ago is acked
 without running a script. Entries live ``ttl`` seconds (always shorter than the Redis
-done-marker's ``dedup_window``), at most ``maxsize`` of them.
+done record's ``dedup_window``), at most ``maxsize`` of them.
 
 Why not ``cachetools.TTLCache``: it allocates a GC-tracked link object per entry, and at
 tens of thousands of completions per second those allocations set off full garbage

@@ -48,7 +48,7 @@ def retry_delay_for(attempt: int, retry_delay: float, retry_max_delay: float, *,
 
     ``explicit`` is a delay the handler asked for (``Retry(delay=...)``): used as it is,
     but never longer than ``retry_max_delay``, so a retried job always comes back within
-    the redelivery horizon that ``dedup_window`` is checked against (its done-marker is
+    the redelivery horizon that ``dedup_window`` is checked against (its done record is
     still there). Without it (or if it is NaN) the backoff of :func:`job_wait` applies."""
     if explicit is not None and not math.isnan(explicit):
         return float(min(max(explicit, 0.0), retry_max_delay))

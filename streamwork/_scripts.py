@@ -11,7 +11,7 @@ Preludes (Lua has no includes): ``fields`` (the wire field names, generated from
 goes before every script, ``lib`` (time, ownership, chunked XACK) before the worker scripts.
 Where the server understands script flags (Redis 7+, Valkey), each worker script starts
 with a ``#!lua`` line: scripts that add data are refused *whole* while Redis is out of
-memory, before they write anything (so staged writes, done-markers and acks land together
+memory, before they write anything (so staged writes, done records and acks land together
 or not at all), and the scripts that only extend, acknowledge or delete (heartbeat, ack,
 adopt, trim, reap) carry ``allow-oom`` so live jobs stay alive and acks still free memory.
 """

@@ -44,9 +44,10 @@ class StreamWorker(WorkerOptions):
     """Base class of job workers; class attributes are the defaults of its options.
 
     Delivery is at-least-once: a job is acknowledged only after ``handle`` returned. With
-    ``dedup`` on, a job key's effect is taken once: a done-marker and a lease with a fencing
-    token stop a duplicate or redelivered job from running again after success (see the
-    README's "Guarantees" for what that covers and what it does not).
+    ``dedup`` on, a job key's effect is taken once per group: a job record (the lease,
+    then the done record) and a fencing token stop a duplicate or redelivered job from
+    running again after success (see the README's "Guarantees" for what that covers and
+    what it does not).
     """
 
     # the options (stream, group, concurrency, visibility_timeout, ...) and their defaults

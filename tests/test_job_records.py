@@ -426,3 +426,35 @@ def test_job_command_on_a_missing_stream(redis_url: str, r: redis.Redis) -> None
     assert isinstance(out.exception, SystemExit), (
         f"a raw {type(out.exception).__name__} ({out.exception}) escaped the command")
     assert "nosuch" in out.output, out.output
+
+
+# ---- 7. a waiting record does not block a later copy --------------------------------------
+
+async def test_a_waiting_job_does_not_block_a_later_copy_and_its_retry_is_then_a_duplicate(
+    redis_url: str, r: redis.Redis
+) -> None:
+    """Copy 1 of a key fails and waits for a retry (record: waiting). Copy 2 of the same key,
+    sent meanwhile, runs at once and completes (record: done, its result). When copy 1's
+    retry comes due, it is acknowledged as a duplicate without running: one effect."""
+    worker = RecordsWorker.from_url(redis_url, retry_delay=600.0, retry_max_delay=600.0,
+                                    dedup_window=3600.0)
+    g = KEYS.group("billing")
+    with sw.Producer.from_url(redis_url) as producer:
+        async with serving(worker):
+            producer.send(S, {"fail_once_in": "billing"}, key="k")
+            await await_for(lambda: worker.counts["retried"] == 1, message="copy 1 failed")
+            waiting = producer.status(S, "k", group="billing")
+            assert waiting.state == "waiting" and "card declined" in waiting.error
+            producer.send(S, {}, key="k")
+            await await_for(lambda: producer.status(S, "k", group="billing").state == "done",
+                            message="copy 2 done while copy 1 waits")
+            first = producer.status(S, "k", group="billing")
+            assert first.result["attempt"] == 1 and runs(r, "billing", "k") == [1, 1]
+            [member] = r.zrange(g.retries, 0, -1)
+            r.zadd(g.retries, {member: 0})  # copy 1's retry is due now
+            await await_for(lambda: worker.counts["deduplicated"] == 1,
+                            message="copy 1's retry acked as a duplicate")
+            await until_idle(r)
+        assert runs(r, "billing", "k") == [1, 1], "the retry did not run the handler"
+        assert ledger(r, "billing") == {"k": 1}
+        assert producer.status(S, "k", group="billing") == first
