@@ -100,18 +100,8 @@ class RunQueue:
         self._getters: deque[asyncio.Future[None]] = deque()
         self.waking = 0  # runners woken that have not taken a delivery yet
 
-    def qsize(self) -> int:
-        return len(self.ready)
-
-    def empty(self) -> bool:
-        return not self.ready
-
-    def put_nowait(self, d: Delivery) -> None:
-        self.ready.append(d)
-        self.kick()
-
     def put_many(self, ds: list[Delivery]) -> None:
-        """``put_nowait`` each of ``ds``, in order."""
+        """Queue ``ds``, in order, and wake a runner for them if none is on its way."""
         self.ready.extend(ds)
         self.kick()
 

@@ -261,7 +261,9 @@ def _groups_of(client: Any, stream: str) -> Any:
     """XINFO GROUPS of ``stream`` (an awaitable for an async client); StreamNotFound when
     there is no such stream."""
     def missing(exc: redis.ResponseError) -> StreamNotFound:
-        return StreamNotFound(stream, f"does not exist ({exc})")
+        if "no such key" in str(exc).lower():
+            return StreamNotFound(stream)
+        return StreamNotFound(stream, f"is not a stream ({exc})")
 
     try:
         reply = client.xinfo_groups(stream)
