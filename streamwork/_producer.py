@@ -133,10 +133,20 @@ def _check_options(max_payload_bytes: int, retry_timeout: float) -> None:
 
 def _ids(raw: Iterable[Any]) -> list[str]:
     ids = list(raw)
+    if len(ids) == 2 and type(ids[1]) is int:  # produce.lua's [first id, count]
+        return _consecutive(ids[0], ids[1])
     if ids and type(ids[0]) is bytes:  # one reply: all bytes, or all str
         # one join, decode and split for a batch (ids are ASCII, never hold a space)
         return b" ".join(ids).decode().split(" ")
     return [r.decode() if isinstance(r, bytes) else str(r) for r in ids]
+
+
+def _consecutive(first: bytes | str, count: int) -> list[str]:
+    """The ``count`` ids from ``first`` on, in one millisecond with consecutive sequence
+    numbers: what produce.lua's XADDs made (a script's clock stands still)."""
+    ms, seq = (first.decode() if isinstance(first, bytes) else first).split("-")
+    start = int(seq)
+    return [f"{ms}-{n}" for n in range(start, start + count)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,20 +231,24 @@ class _Core:
     def _chunks(self, op: _Op) -> list[_Op]:
         """``op``'s bodies as produce.lua calls of at most SEND_CHUNK jobs (or about
         SEND_CHUNK_BYTES): each one atomic, and short enough not to hold Redis up."""
-        keys, bodies, chunks = _keys(op.stream), op.bodies, []
-        start = size = 0
-        for i, body in enumerate(bodies):
-            size += len(body)
-            if i + 1 - start >= SEND_CHUNK or size >= SEND_CHUNK_BYTES or i + 1 == len(bodies):
-                end = i + 1
-                if op.due is not None:
-                    chunks.append(_Op(op.what, op.stream, end - start, call=scripts.schedule(
-                        keys, *op.due, op.members[start:end]), job_keys=op.job_keys[start:end]))
-                else:
-                    chunks.append(_Op(op.what, op.stream, end - start, call=scripts.produce(
-                        keys, bodies[start:end], op.maxlen)))
-                start, size = end, 0
-        return chunks
+        keys, bodies = _keys(op.stream), op.bodies
+        if sum(map(len, bodies)) < SEND_CHUNK_BYTES:  # the usual case: cut by count alone
+            bounds = [(i, min(i + SEND_CHUNK, len(bodies)))
+                      for i in range(0, len(bodies), SEND_CHUNK)]
+        else:
+            bounds, start, size = [], 0, 0
+            for i, body in enumerate(bodies):
+                size += len(body)
+                if i + 1 - start >= SEND_CHUNK or size >= SEND_CHUNK_BYTES or i + 1 == len(bodies):
+                    bounds.append((start, i + 1))
+                    start, size = i + 1, 0
+        if op.due is not None:
+            return [_Op(op.what, op.stream, end - start, call=scripts.schedule(
+                        keys, *op.due, op.members[start:end]), job_keys=op.job_keys[start:end])
+                    for start, end in bounds]
+        return [_Op(op.what, op.stream, end - start,
+                    call=scripts.produce(keys, bodies[start:end], op.maxlen))
+                for start, end in bounds]
 
     def _plan_groups(self, stream: str) -> _Op:
         _keys(stream)

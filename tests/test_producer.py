@@ -73,6 +73,20 @@ def test_send_many_keeps_order_keys_and_payloads(redis_url: str, r: redis.Redis)
     assert len({g[1] for g in got[300:]}) == 2
 
 
+@pytest.mark.parametrize("last", ["99999999999999-0", "99999999999999-9007199254740990"])
+def test_send_many_ids_are_the_entries_ids(redis_url: str, r: redis.Redis, last: str) -> None:
+    """produce.lua answers a run of ids in one millisecond as [first, count] and other
+    runs id by id; either way send_many returns exactly the ids XADD gave. An entry with
+    a future id pins the millisecond: after "...-0" the ids are consecutive (the short
+    answer); past 2^52 the sequence numbers are sent in full (Lua numbers lose digits)."""
+    r.xadd(STREAM, {"x": "1"}, id=last)
+    with sw.Producer.from_url(redis_url) as p:
+        ids = p.send_many(STREAM, [{"i": i} for i in range(50)])
+    assert ids == [e.decode() for e, _ in r.xrange(STREAM)][1:]
+    ms, seq = last.split("-")
+    assert ids == [f"{ms}-{int(seq) + 1 + i}" for i in range(50)]
+
+
 @pytest.mark.parametrize("kind", ["sync", "async"])
 async def test_send_many_is_one_atomic_script_call_per_chunk(redis_url: str, r: redis.Redis,
                                                              kind: str) -> None:

@@ -4,7 +4,8 @@
 -- KEYS[1] stream
 -- ARGV[1] MessagePack list of bodies (the 'd' field of each entry), ARGV[2] "" or N: trim
 -- the stream to about N entries (XADD MAXLEN ~ N)
--- Returns: the new entry ids, in order
+-- Returns: {first id, count} when the ids are first's millisecond with consecutive
+-- sequence numbers (the usual case: a script's clock stands still), else every id, in order
 local ids = {}
 local stream = KEYS[1]
 if ARGV[2] == '' then
@@ -15,5 +16,15 @@ else
   for i, body in ipairs(cmsgpack.unpack(ARGV[1])) do
     ids[i] = redis.call('XADD', stream, 'MAXLEN', '~', ARGV[2], '*', BODY, body)
   end
+end
+local n = #ids
+if n < 2 then
+  return ids
+end
+local ms1, seq1 = string.match(ids[1], '^(%d+)%-(%d+)$')
+local msn, seqn = string.match(ids[n], '^(%d+)%-(%d+)$')
+-- sequence numbers past 2^52 would lose digits as Lua numbers: send every id then
+if ms1 == msn and #seqn < 16 and tonumber(seqn) - tonumber(seq1) == n - 1 then
+  return {ids[1], n}
 end
 return ids
