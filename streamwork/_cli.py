@@ -57,9 +57,10 @@ def _option_for(name: str, hint: Any) -> Any | None:
     inner = next((a for a in args if a is not type(None)), None) if optional else hint
     if hint is bool:
         return click.option(f"{flag}/--no-{flag[2:]}", name, default=None, help=help_text)
-    if typing.get_origin(inner) is tuple and typing.get_args(inner)[:1] == (str,):
-        # a list of strings: one repeatable option in the singular (--lock-url a --lock-url b)
-        return click.option(flag.removesuffix("s"), name, multiple=True, help=help_text)
+    if typing.get_origin(inner) is tuple and typing.get_args(inner)[:1] in ((str,), (int,)):
+        # a list: one repeatable option in the singular (--lock-url a --lock-url b)
+        return click.option(flag.removesuffix("s"), name, multiple=True, help=help_text,
+                            type=_SCALARS[typing.get_args(inner)[0]])
     if inner in _SCALARS and optional:
         kind = _SCALARS[inner]
         return click.option(flag, name, type=click.STRING, default=None, help=help_text,

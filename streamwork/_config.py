@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from ._codec import DEFAULT_MAX_PAYLOAD_BYTES
 from ._keys import StreamKeys, check_name
+from ._partitions import check_partitions, check_stream, check_subset, partition_names
 from ._records import DEFAULT_MAX_RESULT_BYTES
 from .errors import ConfigError
 
@@ -49,6 +50,9 @@ class WorkerOptions:
     lock_urls: tuple[str, ...] | None = None
     timeout: float | None = 300.0
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
+    partitions: int = 1
+    ordered: bool = False
+    only_partitions: tuple[int, ...] | None = None
 
 
 #: one line of help per option (``streamwork run --help``; tests check every option has one)
@@ -76,6 +80,9 @@ HELP: Final[dict[str, str]] = {
     "lock_urls": "take job leases from a Redlock over these masters (repeat)",
     "timeout": "s a job may run (none: no limit)",
     "max_result_bytes": "largest handle() result kept in the job record (bigger: not kept)",
+    "partitions": "streams the stream is split into (as the producers say; cluster scale-out)",
+    "ordered": "one job in flight per order key, in enqueue order (a lease per partition)",
+    "only_partitions": "consume only these partitions (repeat; default: all)",
 }
 
 
@@ -140,7 +147,11 @@ class WorkerConfig(WorkerOptions):
             _num(self, "retention", 0.0)
         if self.timeout is not None:
             _num(self, "timeout", 0.001)
-        for flag in ("dedup", "heartbeat"):
+        check_partitions(self.partitions)
+        check_stream(self.stream, self.partitions)
+        object.__setattr__(self, "only_partitions",
+                           check_subset(self.only_partitions, self.partitions))
+        for flag in ("dedup", "heartbeat", "ordered"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(flag, f"must be True or False, got {getattr(self, flag)!r}")
         if self.lock_urls is not None:
@@ -155,6 +166,15 @@ class WorkerConfig(WorkerOptions):
                     "job redelivered after its done record expired would run again. Raise "
                     "dedup_window or lower the others.",
                 )
+
+    @property
+    def streams(self) -> tuple[str, ...]:
+        """The streams this worker consumes: its partitions (those of ``only_partitions``),
+        or just ``stream``."""
+        names = partition_names(self.stream, self.partitions)
+        if self.only_partitions is None:
+            return names
+        return tuple(names[i] for i in self.only_partitions)
 
     @property
     def visibility_ms(self) -> int:

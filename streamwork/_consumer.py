@@ -26,7 +26,7 @@ import os
 import secrets
 import socket
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable
 from typing import Any, Final
 
@@ -83,14 +83,22 @@ class Consumer:
     """Runs one handler against a stream's consumer group until stopped."""
 
     def __init__(self, handle: Handler, cfg: WorkerConfig, url: str, name: str,
-                 worker_name: str = "", cache: KeyCache | str | None = "built-in") -> None:
+                 worker_name: str = "", cache: KeyCache | str | None = "built-in", *,
+                 client: Any = None, slots: asyncio.Semaphore | None = None) -> None:
         self.handle = handle
         self.cfg = cfg
         self.name = name
         self.worker_name = worker_name or name
         self.keys = StreamKeys.for_stream(cfg.stream)
         self.gkeys = self.keys.group(cfg.group)
-        self.redis: Any = connection.async_client(url)
+        # a partitioned worker's consumers share one client and one pool of handler slots
+        self.own_client = client is None
+        self.redis: Any = connection.async_client(url) if client is None else client
+        self.slots = slots
+        # ordered mode: each order key's deliveries, in admission order; the head alone
+        # may run, and those in ``gated`` are leased and wait only for their turn
+        self.gate: dict[str, deque[Delivery]] = {}
+        self.gated: set[bytes] = set()
         self.scripts = scripts.AsyncScripts(self.redis, flags=False)
         self.lease = leases.choose(self.scripts, self.gkeys, cfg, name,
                                    f"{name}:{secrets.token_hex(10)}")
@@ -136,6 +144,8 @@ class Consumer:
             flags = await sup.until_ok("start", lambda: scripts.supports_flags(self.redis))
             self.scripts.use_flags(flags)
             await sup.until_ok("start", self.ensure_group)
+            if self.cfg.ordered:  # the partition is ours now: its pending jobs come first
+                await sup.until_ok("start", self._take_over)
             self.joined = True
         except BaseException:
             await self._close()
@@ -173,8 +183,9 @@ class Consumer:
 
     async def _close(self) -> None:
         self.runner.close()
-        with contextlib.suppress(Exception):
-            await self.redis.aclose()
+        if self.own_client:
+            with contextlib.suppress(Exception):
+                await self.redis.aclose()
         with contextlib.suppress(Exception):
             await self.lease.close()
 
@@ -221,7 +232,10 @@ class Consumer:
         await self.ensure_group()
 
     async def _drain(self) -> int:
-        """Let held deliveries finish within drain_timeout; return how many are left."""
+        """Let held deliveries finish within drain_timeout; return how many are left.
+        In ordered mode what has not started is let go at once, to the next owner."""
+        if self.cfg.ordered:
+            self.let_go_unstarted()
         deadline = time.monotonic() + self.cfg.drain_timeout
         while self.held() and time.monotonic() < deadline:
             self._empty.clear()
@@ -269,6 +283,8 @@ class Consumer:
 
     def forget(self, d: Delivery, outcome: str = "lost") -> None:
         """Drop a delivery from what this process holds, without touching Redis."""
+        if self.gate:
+            self._ungate(d)
         if d.span is not None:
             telemetry.end_span(d.span, outcome)
             d.span = None
@@ -285,6 +301,9 @@ class Consumer:
     def forget_acked(self, ds: list[Delivery]) -> None:
         """`forget` for a batch whose outcomes Redis now has (the hot path: one pass)."""
         inflight, finishing = self.inflight, 0
+        if self.gate:
+            for d in ds:
+                self._ungate(d)
         for d in ds:
             if d.span is not None:
                 telemetry.end_span(d.span, "acked")
@@ -418,8 +437,12 @@ class Consumer:
             fresh.append(d)
         if not fresh:
             return
+        if cfg.ordered:
+            gate = self.gate
+            for d in fresh:
+                gate.setdefault(d.msg.order_key, deque()).append(d)
         if not claims:  # built QUEUED: they may run at once
-            self.queue.put_many(fresh)
+            self._enqueue(fresh)
             self.count("consumed", len(fresh))
             return
         for d in fresh:
@@ -474,8 +497,88 @@ class Consumer:
                     self.count("not_ours", 1)
                     self.forget(d, "lost")
         if ready:
-            self.queue.put_many(ready)
+            self._enqueue(ready)
             self.count("consumed", len(ready))
+
+    def _enqueue(self, ds: list[Delivery]) -> None:
+        """Queue deliveries that may run; in ordered mode only the head of each order key's
+        line runs, the others wait in ``gated`` for their turn."""
+        if not self.cfg.ordered:
+            self.queue.put_many(ds)
+            return
+        run = []
+        for d in ds:
+            line = self.gate.get(d.msg.order_key)
+            if line and line[0] is d:
+                run.append(d)
+            else:
+                self.gated.add(d.ref)
+        if run:
+            self.queue.put_many(run)
+
+    def _ungate(self, d: Delivery) -> None:
+        """``d`` leaves (its outcome is written, or it was let go): the next delivery of
+        its order key may run, once leased."""
+        order_key = d.msg.order_key
+        line = self.gate.get(order_key)
+        if not line:
+            return
+        if line[0] is d:
+            line.popleft()
+            if line and line[0].ref in self.gated:
+                self.gated.discard(line[0].ref)
+                self.queue.put_many([line[0]])
+        elif d in line:
+            line.remove(d)
+        self.gated.discard(d.ref)
+        if not line:
+            del self.gate[order_key]
+
+    def retry_in_place(self, d: Delivery, delay: float) -> None:
+        """Ordered mode: a failed job is retried here, after ``delay``, still at the head
+        of its order key's line (a retry through the retry stream would let the jobs
+        behind it overtake it). It stays pending and heartbeated meanwhile."""
+        self.count("retried", 1, "timeout" if d.timed_out else "error")
+        m = d.msg
+        d.msg = Message(m.id, m.stream, m.key, m.payload, m.attempt + 1, m.enqueued_at,
+                        m.headers, m.fencing_token, m.group, m.consumer)
+        d.timed_out = False
+        d.result = None
+        d.state = State.QUEUED
+        asyncio.get_running_loop().call_later(delay, self._retry_due, d)
+
+    def _retry_due(self, d: Delivery) -> None:
+        if not d.dropped and self.inflight.get(d.ref) is d and d.state == State.QUEUED:
+            self.queue.put_many([d])
+
+    def let_go_unstarted(self) -> None:
+        """Ordered mode, stopping or no longer the owner: deliveries that have not started
+        (queued, gated, waiting, retrying later) are let go without touching Redis; they
+        stay pending and the partition's next owner takes them over, in order."""
+        for d in list(self.inflight.values()):
+            if d.state in (State.QUEUED, State.WAITING):
+                d.dropped = True
+                self.waiting.pop(d.ref, None)
+                self.forget(d, "released")
+
+    async def _take_over(self) -> None:
+        """Ordered mode, on becoming the partition's owner: claim every delivery still
+        pending in the group on the stream (previous owners', whatever their idle time), in
+        entry order, before reading new ones; so no job overtakes an older one of its key."""
+        cursor: Any = b"0-0"
+        while True:
+            nxt, raw, deleted, counts = await self.scripts.run(scripts.reclaim(
+                self.cfg.stream, self.keys.dead, self.cfg.group, self.name, 0, cursor,
+                self.cfg.batch_size, self.worker_name))
+            if deleted:
+                self.count("deleted_while_pending", len(deleted))
+            entries: list[Entry] = [(eid, list(flat) if flat else None) for eid, flat in raw]
+            if entries:
+                self.count("taken_over", len(entries))
+                await self.admit(entries, MAIN, [int(n) for n in counts])
+            if nxt in (b"0-0", "0-0"):
+                return
+            cursor = nxt
 
     async def _lease_waiting_once(self) -> None:
         """Try again to lease deliveries that wait, pausing longer while nothing gets

@@ -4,7 +4,9 @@ Layout version 2. All keys owned for stream ``S`` start with ``S``'s hash tag, s
 script touches one Cluster slot. For a plain name (prefix ``{S}``): ``{S}:dead``,
 ``{S}:delayed``, ``{S}:fence``; per group ``G``: ``{S}:retry:<len(G)>:G`` (stream),
 ``{S}:retries:<len(G)>:G`` (ZSET), and one job record per job key ``K``:
-``{S}:job:<len(G)>:G:K``. A name carrying its own tag (``{orders}:eu``) gets the prefix
+``{S}:job:<len(G)>:G:K``; ordered mode adds ``{S}:owner:<len(G)>:G`` (the partition's
+lease) and ``{S}:members:<len(G)>:G`` (the group's live workers, on the base stream).
+A name carrying its own tag (``{orders}:eu``) gets the prefix
 ``{orders}~<len(S)>:S`` instead. Lengths in front of names make the layout injective: two
 different (stream, group, job key) triples never share a key, whatever characters they hold.
 """
@@ -24,7 +26,8 @@ MAX_NAME_BYTES: Final = 200  #: longest stream/group/consumer name accepted, in 
 _TAG: Final = re.compile(r"\{([^{}]+)\}")
 _BAD_CHARS: Final = re.compile(r"[\s\x00]")
 #: names of keys derived from some stream (see StreamKeys); never a stream of its own
-_OWNED: Final = re.compile(r"^\{[^{}]+\}(~|:(dead|delayed|fence)$|:(retry|retries|job):)")
+_OWNED: Final = re.compile(
+    r"^\{[^{}]+\}(~|:(dead|delayed|fence)$|:(retry|retries|job|owner|members):)")
 
 
 def check_name(option: str, name: object, *, allow_tag: bool = False) -> str:
@@ -143,6 +146,18 @@ class GroupKeys:
     def job_prefix(self) -> str:
         """What the job records of this group start with; a record is this + the job key."""
         return f"{self.stream.prefix}:job:{_lp(self.name)}:"
+
+    @property
+    def owner(self) -> str:
+        """Ordered mode: the lease naming the worker that owns this stream (partition) for
+        the group; it alone reads and runs its jobs."""
+        return f"{self.stream.prefix}:owner:{_lp(self.name)}"
+
+    @property
+    def members(self) -> str:
+        """Ordered mode, on the base stream: ZSET of the group's live workers (score: when
+        each one's membership lapses, Unix ms); partitions are shared out among them."""
+        return f"{self.stream.prefix}:members:{_lp(self.name)}"
 
     def job(self, key: str) -> str:
         """The job record of job ``key`` in this group: the lease while it runs, then its

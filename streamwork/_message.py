@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from ._codec import Payload
 from .errors import ConfigError, LockLost
 
+#: the header a job's order key travels in when it differs from its key (see _partitions)
+ORDER_KEY_HEADER = "sw-order-key"
+
 __all__ = ["Message", "revoke"]
 
 #: what ``Message.stage`` accepts as a key or argument (what redis-py accepts in a command)
@@ -94,6 +97,12 @@ class Message:
         if not isinstance(command, str) or not command:
             raise ValueError("stage(): command must be a Redis command name such as 'SET'")
         self.staged.append((command, _wire_all(keys, "key"), _wire_all(args, "arg")))
+
+    @property
+    def order_key(self) -> str:
+        """What orders this job among others (ordered mode) and picks its partition: the
+        ``order_key`` it was sent with, else its key."""
+        return self.headers.get(ORDER_KEY_HEADER, self.key)
 
     @property
     def lock_lost(self) -> bool:

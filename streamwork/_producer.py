@@ -39,6 +39,13 @@ from ._codec import (
 )
 from ._faults import is_transient
 from ._keys import StreamKeys
+from ._partitions import (
+    ORDER_KEY_HEADER,
+    check_order_key,
+    check_partitions,
+    partition_names,
+    partition_of,
+)
 from ._records import JobStatus
 from .errors import ConfigError, JobFailed, RedisUnavailable, StreamNotFound
 
@@ -175,6 +182,35 @@ class _Op:
         return _ids(reply if isinstance(reply, list) else [reply])
 
 
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    """A send_many op for one partition and where its jobs were in the caller's list
+    (None: all of them, in order)."""
+
+    op: _Op
+    positions: list[int] | None
+
+
+def _check_partition_option(value: object) -> int | Mapping[str, int]:
+    """``partitions``: an int for every stream, or a mapping stream -> count (others: 1)."""
+    if isinstance(value, Mapping):
+        for stream, count in value.items():
+            check_partitions(count)
+            partition_names(stream, count)  # checks the name suits partitioning
+        return dict(value)
+    return check_partitions(value)
+
+
+def _check_order_keys(order_keys: Sequence[str] | None,
+                      keys: list[str]) -> list[str] | None:
+    """send_many's ``order_keys``, checked; None when not given."""
+    if order_keys is None:
+        return None
+    if len(order_keys) != len(keys):
+        raise ConfigError("order_keys", f"has {len(order_keys)} order keys for {len(keys)} jobs")
+    return [check_order_key(o) for o in order_keys]
+
+
 class _Core:
     """What the sync and async producers share: the options and every step that does no
     I/O (checking, encoding, choosing the round trip)."""
@@ -186,47 +222,107 @@ class _Core:
         url: str = "",
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
+        partitions: int | Mapping[str, int] = 1,
     ) -> None:
         _check_options(max_payload_bytes, retry_timeout)
         self._redis = client
         self.url = url
         self.max_payload_bytes = max_payload_bytes
         self.retry_timeout = retry_timeout
+        self.partitions = _check_partition_option(partitions)
+
+    def partitions_of(self, stream: str) -> int:
+        """How many partitions ``stream`` is split into (the ``partitions`` option)."""
+        p = self.partitions
+        return p if isinstance(p, int) else p.get(stream, 1)
+
+    def _target(self, stream: str, key: str, order_key: str | None) -> str:
+        """The stream (partition) a job with this key and order key goes to."""
+        count = self.partitions_of(stream)
+        if count == 1:
+            return stream
+        names = partition_names(stream, count)
+        return names[partition_of(key if order_key is None else order_key, count)]
+
+    def _streams(self, stream: str) -> tuple[str, ...]:
+        """Every partition of ``stream`` (just ``stream`` when it is not partitioned)."""
+        return partition_names(stream, self.partitions_of(stream))
 
     def _plan_send(self, stream: str, payload: Payload, key: str | None,
                    headers: Mapping[str, str] | None, delay: float | None,
                    at: dt.datetime | None, timeout: float | None,
-                   maxlen: int | None = None) -> _Op:
-        keys = _keys(stream)
+                   maxlen: int | None = None, order_key: str | None = None) -> _Op:
+        _keys(stream)
         due = _due(delay, at)
         _check_maxlen(maxlen)
-        job = _prepare(payload, key, _headers(headers), self.max_payload_bytes,
+        hdrs = _headers(headers)
+        job_key = new_key() if key is None else key
+        if order_key is not None and check_order_key(order_key) != job_key:
+            hdrs[ORDER_KEY_HEADER] = order_key
+        target = self._target(stream, job_key, order_key)
+        job = _prepare(payload, job_key, hdrs, self.max_payload_bytes,
                        limit_ms=time_limit_ms(timeout))
         what = f"send to {stream!r}"
         if due is not None:
-            return _Op(what, stream, 1, call=scripts.schedule(keys, *due, [_member(job)]),
-                       key=job.key)
-        return _Op(what, stream, 1, bodies=[job.body], maxlen=maxlen)
+            return _Op(what, target, 1, call=scripts.schedule(_keys(target), *due,
+                                                              [_member(job)]), key=job.key)
+        return _Op(what, target, 1, bodies=[job.body], maxlen=maxlen)
 
     def _plan_send_many(self, stream: str, payloads: Sequence[Payload],
                         keys: Sequence[str] | None, headers: Mapping[str, str] | None,
                         timeout: float | None, delay: float | None = None,
-                        at: dt.datetime | None = None, maxlen: int | None = None) -> _Op:
+                        at: dt.datetime | None = None, maxlen: int | None = None,
+                        order_keys: Sequence[str] | None = None) -> list[_Planned]:
+        """One op per partition the jobs go to (one for an unpartitioned stream), each
+        with the positions of its jobs in ``payloads``."""
         _keys(stream)
         due = _due(delay, at)
         _check_maxlen(maxlen)
         hdrs, now_ms = _headers(headers), int(time.time() * 1000)
         limit_ms = time_limit_ms(timeout)
         job_keys = [new_key() if k is None else k for k in _check_keys(payloads, keys)]
-        bodies = pack_bodies(job_keys, payloads, hdrs, now_ms, self.max_payload_bytes,
-                             limit_ms)
+        orders = _check_order_keys(order_keys, job_keys)
+        count = self.partitions_of(stream)
+        if orders is None:
+            bodies = pack_bodies(job_keys, payloads, hdrs, now_ms, self.max_payload_bytes,
+                                 limit_ms)
+        else:  # a job whose order key is not its key carries it in a header
+            bodies = [pack_bodies([k], [p], hdrs if o == k else {**hdrs, ORDER_KEY_HEADER: o},
+                                  now_ms, self.max_payload_bytes, limit_ms)[0]
+                      for k, p, o in zip(job_keys, payloads, orders, strict=True)]
         what = f"send_many to {stream!r}"
-        if due is not None:
-            return _Op(what, stream, len(bodies), bodies=bodies, due=due,
-                       members=[_member(_Job(k, b)) for k, b in zip(job_keys, bodies,
-                                                                     strict=True)],
-                       job_keys=job_keys)
-        return _Op(what, stream, len(bodies), bodies=bodies, maxlen=maxlen)
+        if count == 1:
+            groups: dict[str, list[int]] = {stream: list(range(len(bodies)))}
+        else:
+            names = partition_names(stream, count)
+            groups = {}
+            for i, o in enumerate(job_keys if orders is None else orders):
+                groups.setdefault(names[partition_of(o, count)], []).append(i)
+        planned = []
+        for target, at_ in groups.items():
+            part_bodies = bodies if len(groups) == 1 else [bodies[i] for i in at_]
+            part_keys = job_keys if len(groups) == 1 else [job_keys[i] for i in at_]
+            if due is not None:
+                op = _Op(what, target, len(part_bodies), bodies=part_bodies, due=due,
+                         members=[_member(_Job(k, b)) for k, b in zip(part_keys, part_bodies,
+                                                                       strict=True)],
+                         job_keys=part_keys)
+            else:
+                op = _Op(what, target, len(part_bodies), bodies=part_bodies, maxlen=maxlen)
+            planned.append(_Planned(op, None if len(groups) == 1 else at_))
+        return planned
+
+    @staticmethod
+    def _place(planned: list[_Planned], results: list[list[str]], n: int) -> list[str]:
+        """The ids (or keys) of each op's jobs put back in the order the jobs were given."""
+        if len(planned) == 1:
+            return results[0]
+        out = [""] * n
+        for plan, got in zip(planned, results, strict=True):
+            assert plan.positions is not None
+            for i, value in zip(plan.positions, got, strict=True):
+                out[i] = value
+        return out
 
     def _chunks(self, op: _Op) -> list[_Op]:
         """``op``'s bodies as produce.lua calls of at most SEND_CHUNK jobs (or about
@@ -252,13 +348,23 @@ class _Core:
 
     def _plan_groups(self, stream: str) -> _Op:
         _keys(stream)
+        names = self._streams(stream)
         return _Op(f"list the groups of {stream!r}", stream, 1,
-                   command=lambda r: _groups_of(r, stream))
+                   command=lambda r: _groups_of_all(r, stream, names))
 
-    def _plan_status(self, stream: str, key: str, group: str) -> _Op:
-        record = _keys(stream).group(group).job(_check_key(key))
-        return _Op(f"status of {key!r} in {stream!r}", stream, 1,
-                   command=lambda r: r.get(record))
+    def _plan_status(self, stream: str, key: str, group: str,
+                     order_key: str | None = None) -> list[_Op]:
+        """The GETs that may find job ``key``'s record: its partition's first (by its order
+        key, which defaults to its key), then the other partitions'."""
+        _check_key(key)
+        names = self._streams(stream)
+        home = self._target(stream, key, order_key)
+        if order_key is not None:
+            names = (home,)
+        what = f"status of {key!r} in {stream!r}"
+        return [_Op(what, name, 1, command=functools.partial(_get, _keys(name).group(group)
+                                                             .job(key)))
+                for name in (home, *(n for n in names if n != home))]
 
     def _unavailable(self, what: str, exc: BaseException) -> RedisUnavailable:
         return RedisUnavailable(what, self.url, exc)
@@ -292,6 +398,44 @@ def _groups_of(client: Any, stream: str) -> Any:
         except redis.ResponseError as exc:
             raise missing(exc) from exc
     return wait()
+
+
+def _get(record: str, client: Any) -> Any:
+    return client.get(record)
+
+
+def _groups_of_all(client: Any, stream: str, names: tuple[str, ...]) -> Any:
+    """XINFO GROUPS of every partition of ``stream``, merged by group name (an awaitable
+    for an async client); StreamNotFound when no partition exists."""
+    if len(names) == 1:
+        return _groups_of(client, names[0])
+
+    def merged(replies: list[Any]) -> list[Any]:
+        if all(r is None for r in replies):
+            raise StreamNotFound(stream)
+        seen: dict[Any, Any] = {}
+        for reply in replies:
+            for g in reply or ():
+                seen.setdefault(g["name"], g)
+        return list(seen.values())
+
+    if inspect.iscoroutinefunction(client.execute_command):
+        async def wait() -> list[Any]:
+            replies = []
+            for name in names:
+                try:
+                    replies.append(await _groups_of(client, name))
+                except StreamNotFound:
+                    replies.append(None)
+            return merged(replies)
+        return wait()
+    replies = []
+    for name in names:
+        try:
+            replies.append(_groups_of(client, name))
+        except StreamNotFound:
+            replies.append(None)
+    return merged(replies)
 
 
 def _only_group(stream: str, groups: Iterable[Any]) -> str:
@@ -355,6 +499,7 @@ class Producer(_Core):
         at: dt.datetime | None = None,
         timeout: float | None = None,
         maxlen: int | None = None,
+        order_key: str | None = None,
     ) -> str:
         """Enqueue one job and return its stream entry id.
 
@@ -364,10 +509,13 @@ class Producer(_Core):
         ``timeout`` (seconds) is this job's time limit, overriding the worker's ``timeout``.
         ``maxlen`` caps the stream near that many entries (``XADD MAXLEN ~``): entries
         trimmed before every group read them are lost, so prefer the workers'
-        ``retention``, which trims only what all groups acknowledged.
+        ``retention``, which trims only what all groups acknowledged. ``order_key`` picks
+        the partition of a partitioned stream and orders the job among those sharing it
+        in ``ordered`` mode (default: ``key``); send a key always with the same one.
         """
         with telemetry.producer_span(stream):
-            op = self._plan_send(stream, payload, key, headers, delay, at, timeout, maxlen)
+            op = self._plan_send(stream, payload, key, headers, delay, at, timeout, maxlen,
+                                 order_key)
             reply = self._perform(op)
             result: str = op.key if op.key is not None else op.result(reply)[0]
         telemetry.count("produced", 1, stream)
@@ -384,33 +532,46 @@ class Producer(_Core):
         delay: float | None = None,
         at: dt.datetime | None = None,
         maxlen: int | None = None,
+        order_keys: Sequence[str] | None = None,
     ) -> list[str]:
         """Enqueue many jobs; returns their entry ids in order. Each chunk of up to
         SEND_CHUNK (1000) jobs is ONE script call that adds all of them or none (a pipeline
         could fail half way); a longer list is sent chunk after chunk, so a failure there
         leaves the chunks before it enqueued (their ids are lost with the exception).
         ``delay``/``at`` delay them all (one script call per chunk too) and return their
-        keys instead of ids; ``maxlen`` as for `send`."""
+        keys instead of ids; ``maxlen`` and ``order_keys`` (one per job) as for `send`.
+        On a partitioned stream each partition's jobs are sent as above, partition after
+        partition: atomic per partition, in order within each."""
         with telemetry.producer_span(stream, len(payloads)):
-            op = self._plan_send_many(stream, payloads, keys, headers, timeout, delay, at,
-                                      maxlen)
-        ids: list[str] = []
-        for chunk in self._chunks(op):
-            ids += chunk.result(self._perform(chunk))
-            telemetry.count("produced", chunk.count, stream)
-        return ids
+            planned = self._plan_send_many(stream, payloads, keys, headers, timeout, delay,
+                                           at, maxlen, order_keys)
+        results = []
+        for plan in planned:
+            ids: list[str] = []
+            for chunk in self._chunks(plan.op):
+                ids += chunk.result(self._perform(chunk))
+                telemetry.count("produced", chunk.count, stream)
+            results.append(ids)
+        return self._place(planned, results, len(payloads))
 
-    def status(self, stream: str, key: str, *, group: str | None = None) -> JobStatus:
+    def status(self, stream: str, key: str, *, group: str | None = None,
+               order_key: str | None = None) -> JobStatus:
         """What ``group`` knows of job ``key`` (one GET of its job record). ``group`` may be
         left out when the stream has exactly one consumer group. With dedup off no record
-        is written and the state is always "unknown"."""
+        is written and the state is always "unknown". On a partitioned stream the record
+        is looked for in the key's partition (by ``order_key``, default the key) first,
+        then, unless ``order_key`` was given, in the others."""
         if group is None:
             group = _only_group(stream, self._perform(self._plan_groups(stream)))
-        raw = self._perform(self._plan_status(stream, key, group))
+        raw = None
+        for op in self._plan_status(stream, key, group, order_key):
+            raw = self._perform(op)
+            if raw:
+                break
         return records.parse(stream, group, key, raw)
 
     def result(self, stream: str, key: str, *, group: str | None = None,
-               timeout: float | None = 30.0) -> Any:
+               timeout: float | None = 30.0, order_key: str | None = None) -> Any:
         """Wait until ``group`` has finished job ``key`` and return what ``handle()``
         returned (None if it returned nothing, or the result was too large to keep:
         `status` says why). Raises `JobFailed` if the job is dead and `TimeoutError`
@@ -420,7 +581,7 @@ class Producer(_Core):
             group = _only_group(stream, self._perform(self._plan_groups(stream)))
         waits = _Waits(timeout)
         while True:
-            st = self.status(stream, key, group=group)
+            st = self.status(stream, key, group=group, order_key=order_key)
             if st.state == "done":
                 return st.result
             if st.state == "dead":
@@ -494,10 +655,12 @@ class AsyncProducer(_Core):
         at: dt.datetime | None = None,
         timeout: float | None = None,
         maxlen: int | None = None,
+        order_key: str | None = None,
     ) -> str:
         """Enqueue one job; same arguments and result as ``Producer.send``."""
         with telemetry.producer_span(stream):
-            op = self._plan_send(stream, payload, key, headers, delay, at, timeout, maxlen)
+            op = self._plan_send(stream, payload, key, headers, delay, at, timeout, maxlen,
+                                 order_key)
             reply = await self._perform(op)
             result: str = op.key if op.key is not None else op.result(reply)[0]
         telemetry.count("produced", 1, stream)
@@ -514,32 +677,41 @@ class AsyncProducer(_Core):
         delay: float | None = None,
         at: dt.datetime | None = None,
         maxlen: int | None = None,
+        order_keys: Sequence[str] | None = None,
     ) -> list[str]:
         """As `Producer.send_many`, awaiting: one atomic script call per chunk of jobs."""
         with telemetry.producer_span(stream, len(payloads)):
-            op = self._plan_send_many(stream, payloads, keys, headers, timeout, delay, at,
-                                      maxlen)
-        ids: list[str] = []
-        for chunk in self._chunks(op):
-            ids += chunk.result(await self._perform(chunk))
-            telemetry.count("produced", chunk.count, stream)
-        return ids
+            planned = self._plan_send_many(stream, payloads, keys, headers, timeout, delay,
+                                           at, maxlen, order_keys)
+        results = []
+        for plan in planned:
+            ids: list[str] = []
+            for chunk in self._chunks(plan.op):
+                ids += chunk.result(await self._perform(chunk))
+                telemetry.count("produced", chunk.count, stream)
+            results.append(ids)
+        return self._place(planned, results, len(payloads))
 
-    async def status(self, stream: str, key: str, *, group: str | None = None) -> JobStatus:
+    async def status(self, stream: str, key: str, *, group: str | None = None,
+                     order_key: str | None = None) -> JobStatus:
         """As `Producer.status`, awaiting."""
         if group is None:
             group = _only_group(stream, await self._perform(self._plan_groups(stream)))
-        raw = await self._perform(self._plan_status(stream, key, group))
+        raw = None
+        for op in self._plan_status(stream, key, group, order_key):
+            raw = await self._perform(op)
+            if raw:
+                break
         return records.parse(stream, group, key, raw)
 
     async def result(self, stream: str, key: str, *, group: str | None = None,
-                     timeout: float | None = 30.0) -> Any:
+                     timeout: float | None = 30.0, order_key: str | None = None) -> Any:
         """As `Producer.result`, awaiting (other tasks run while it waits)."""
         if group is None:
             group = _only_group(stream, await self._perform(self._plan_groups(stream)))
         waits = _Waits(timeout)
         while True:
-            st = await self.status(stream, key, group=group)
+            st = await self.status(stream, key, group=group, order_key=order_key)
             if st.state == "done":
                 return st.result
             if st.state == "dead":

@@ -54,8 +54,11 @@ class RunnerHost(Protocol):
     metering: bool
     counts: Counter[str]
 
+    slots: asyncio.Semaphore | None
+
     def count(self, what: str, n: int = 1, outcome: str | None = None) -> None: ...
     def forget(self, d: Delivery, outcome: str = "lost") -> None: ...
+    def retry_in_place(self, d: Delivery, delay: float) -> None: ...
 
 
 class Runner:
@@ -88,6 +91,7 @@ class Runner:
         clock = loop.time  # the loop's clock: what its timers (the time limit) run on
         running = State.RUNNING
         finish = self._succeeded
+        slots = host.slots  # shared by the consumers of a partitioned worker
         try:
             while True:
                 # take a ready delivery without a round trip through the loop
@@ -97,6 +101,14 @@ class Runner:
                         queue.kick()  # more ready: a parked runner may take the next
                 else:
                     d = await queue.get()
+                if slots is not None:
+                    try:
+                        await slots.acquire()
+                    except asyncio.CancelledError:
+                        host.forget(d)
+                        raise
+                    if d.dropped:
+                        slots.release()
                 msg = d.msg
                 if d.dropped:
                     host.forget(d)
@@ -145,6 +157,8 @@ class Runner:
                         finish(d)
                 finally:
                     watch.d = None
+                    if slots is not None:
+                        slots.release()
         finally:
             watch.close()
 
@@ -209,6 +223,12 @@ class Runner:
             explicit = exc.delay if isinstance(exc, Retry) else None
             delay = retry_delay_for(msg.attempt, cfg.retry_delay, cfg.retry_max_delay,
                                     explicit=explicit)
+        if action == "r" and cfg.ordered:
+            log.warning("job failed: retrying in place (ordered)", extra=fields(
+                stream=cfg.stream, group=cfg.group, consumer=self.host.name, key=msg.key,
+                entry_id=msg.id, attempt=msg.attempt, error_type=etype, reason=reason))
+            self.host.retry_in_place(d, delay)
+            return
         log.warning("job failed: %s", "retrying" if action == "r" else "dead-lettered",
                     extra=fields(stream=cfg.stream, group=cfg.group, consumer=self.host.name,
                                  key=msg.key, entry_id=msg.id, attempt=msg.attempt,

@@ -21,6 +21,7 @@ from ._config import WorkerConfig, WorkerOptions
 from ._consumer import Consumer, consumer_name
 from ._keys import check_name
 from ._message import Message
+from ._partitioned import Partitioned
 from ._recent import local_cache
 
 __all__ = ["Health", "StreamWorker"]
@@ -74,6 +75,7 @@ class StreamWorker(WorkerOptions):
         self._stop_event: asyncio.Event | None = None
         self._stop_requested = threading.Event()
         self._consumer: Consumer | None = None
+        self._partitioned: Partitioned | None = None
         self._counts: Counter[str] = Counter()
 
     @classmethod
@@ -98,6 +100,10 @@ class StreamWorker(WorkerOptions):
 
     def health(self) -> Health:
         """Whether the worker is whole (every internal loop running) and ready for work."""
+        p = self._partitioned
+        if p is not None:
+            alive, ready = p.health()
+            return Health(alive, ready, p.stopping, p.redis_ok, p.dead_tasks())
         c = self._consumer
         if c is None:
             return Health(False, False, False, False, ())
@@ -108,7 +114,16 @@ class StreamWorker(WorkerOptions):
     @property
     def counts(self) -> Counter[str]:
         """Live counters: consumed, acked, retried, dead_lettered, deduplicated, ..."""
+        if self._partitioned is not None:
+            return self._partitioned.counts
         return self._consumer.counts if self._consumer else self._counts
+
+    @property
+    def partitions_served(self) -> list[int]:
+        """The partitions this worker serves now (in ordered mode: those it owns)."""
+        if self._partitioned is not None:
+            return self._partitioned.owned()
+        return [0] if self._consumer is not None and not self._consumer.stopped else []
 
     def run(self) -> None:
         """Serve until SIGINT/SIGTERM or ``stop()``, then drain and return (blocking)."""
@@ -126,16 +141,22 @@ class StreamWorker(WorkerOptions):
         if install_signal_handlers:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._loop.add_signal_handler(sig, self.stop)
-        self._consumer = Consumer(self.handle, self.config, self.url, self.consumer_name,
-                                  self.worker_name, cache=self._cache)
+        cfg = self.config
+        runner: Consumer | Partitioned
+        if cfg.partitions > 1 or cfg.ordered:
+            runner = self._partitioned = Partitioned(
+                self.handle, cfg, self.url, self.consumer_name, self.worker_name, self._cache)
+        else:
+            runner = self._consumer = Consumer(self.handle, cfg, self.url, self.consumer_name,
+                                               self.worker_name, cache=self._cache)
         try:
             await _call_hook(self.on_start)
             try:
-                await self._consumer.run(self._stop_event)
+                await runner.run(self._stop_event)
             finally:
                 await _call_hook(self.on_stop)
         finally:
-            self._counts = self._consumer.counts
+            self._counts = Counter(runner.counts)
             if install_signal_handlers:
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     self._loop.remove_signal_handler(sig)

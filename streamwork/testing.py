@@ -130,8 +130,9 @@ async def run_until_idle(worker: StreamWorker, client: Any, timeout: float = 30.
     task = asyncio.create_task(worker.serve())
     cfg = worker.config
 
-    def idle() -> bool:
-        return bool(client.exists(cfg.stream)) and stream_idle(client, cfg.stream, cfg.group)
+    def idle() -> bool:  # every partition there is (a partitioned stream) is idle
+        there = [s for s in cfg.streams if client.exists(s)]
+        return bool(there) and all(stream_idle(client, s, cfg.group) for s in there)
 
     deadline = time.monotonic() + timeout
     try:
