@@ -6,6 +6,7 @@ workers, a SIGKILLed owner) and bad input."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import zlib
 from collections import defaultdict
@@ -191,7 +192,7 @@ async def test_ordered_one_at_a_time_in_order_through_retries_and_a_dead_letter(
     for key, runs in by_key.items():
         runs.sort(key=lambda x: x[2])  # by start time
         assert [s for s, *_ in runs] == sorted(s for s, *_ in runs), key  # in order
-        for before, after in zip(runs, runs[1:], strict=False):
+        for before, after in itertools.pairwise(runs):
             assert after[2] >= before[3], f"{key}: overlapping runs {before} {after}"
         assert {s for s, *_ in runs} == set(range(15))
     assert w.counts["retried"] == 6 * 3 * 2 and w.counts["dead_lettered"] == 1
