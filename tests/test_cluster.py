@@ -12,8 +12,10 @@ import redis.cluster
 
 import streamwork as sw
 from streamwork._keys import StreamKeys
+from streamwork._partitions import partition_names, partition_of
 from streamwork.testing import run_until_idle
 from tests.cluster_util import local_cluster
+from tests.ordered_campaign import expected_logs, run_campaign
 
 
 def _ledger(stream: str) -> str:
@@ -83,3 +85,61 @@ def test_local_cluster_with_replicas_is_whole(make_server: Any) -> None:
                 assert direct.execute_command("READONLY") and direct.get(key) == b"v"
             finally:
                 direct.close()
+
+
+class PartitionLedger(sw.StreamWorker):
+    """6 partitions; keys ending in 3 fail once, keys ending in 9 are dead-lettered; each
+    effect is a staged HINCRBY under the partition's own tag."""
+
+    group = "testers"
+    partitions = 6
+    read_block = 0.1
+    retry_delay = 0.05
+    retry_max_delay = 0.5
+    visibility_timeout = 2.0
+
+    async def handle(self, msg: sw.Message) -> int:
+        if msg.key.endswith("9"):
+            raise sw.DeadLetter("nines are refused")
+        if msg.attempt == 1 and msg.key.endswith("3"):
+            raise RuntimeError("flaky once")
+        msg.stage("HINCRBY", [_ledger(msg.stream)], [msg.key, 1])
+        return len(msg.key)
+
+
+async def test_six_partitions_over_three_masters(cluster: redis.cluster.RedisCluster) -> None:
+    """A stream split in 6 partitions spread over the 3 masters: every job takes effect once
+    (retries included), the refused ones are dead letters of their partitions, and status
+    finds a job's record without being told its partition."""
+    names = partition_names("payments", 6)
+    assert len({cluster.get_node_from_key(n).name for n in names}) == 3
+    url = f"redis+cluster://{cluster.get_default_node().name}"
+    keys = [f"pay-{i}" for i in range(150)]
+    with sw.Producer.from_url(url, partitions=6) as producer:
+        producer.send_many("payments", [{}] * len(keys), keys=keys)
+        worker = PartitionLedger.from_url(url, stream="payments")
+        await run_until_idle(worker, cluster, timeout=90)
+        applied: dict[bytes, bytes] = {}
+        for name in names:
+            applied.update(cluster.hgetall(_ledger(name)))
+        good = [k for k in keys if not k.endswith("9")]
+        assert sorted(applied) == sorted(k.encode() for k in good)
+        assert set(applied.values()) == {b"1"}
+        assert worker.counts["retried"] == sum(k.endswith("3") for k in keys)
+        dead = sum(cluster.xlen(StreamKeys.for_stream(n).dead) for n in names)
+        assert dead == worker.counts["dead_lettered"] == sum(k.endswith("9") for k in keys)
+        far = next(k for k in good if partition_of(k, 6) == 5)
+        assert producer.result("payments", far, timeout=5) == len(far)
+        assert producer.status("payments", "pay-19").state == "dead"
+
+
+def test_ordered_three_processes_on_the_cluster(cluster: redis.cluster.RedisCluster,
+                                                spawn_worker: Any) -> None:
+    """Ordered mode over 6 partitions on 3 masters, 3 worker processes, retries and a dead
+    letter, one process SIGKILLed mid-run: each order key's effect log is exact and in
+    order."""
+    url = f"redis+cluster://{cluster.get_default_node().name}"
+    out = run_campaign(url, cluster, spawn_worker)
+    assert out["logs"] == expected_logs()
+    assert out["alive"] == [True, True]
+    assert out["dead"] == 1
