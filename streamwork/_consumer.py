@@ -49,6 +49,7 @@ from ._leases import Claim
 from ._logs import WORKER_LOGGER, fields
 from ._message import Message, revoke
 from ._outcomes import Outcomes
+from ._partitions import check_recorded
 from ._recent import KeyCache, local_cache
 from ._runner import Handler, Runner
 from ._supervisor import Supervisor, cancel, uninterrupted
@@ -218,6 +219,8 @@ class Consumer:
     async def ensure_group(self) -> None:
         """Create the consumer group at id 0 (so earlier jobs are delivered) if missing, on
         the stream and on the group's own retry stream."""
+        # a stream split into partitions is served by partitioned workers only
+        check_recorded(self.cfg.stream, await self.redis.get(self.keys.partitions), 1, "worker")
         for stream in (self.cfg.stream, self.gkeys.retry):
             try:
                 await self.redis.xgroup_create(stream, self.cfg.group, id="0", mkstream=True)

@@ -27,7 +27,7 @@ _TAG: Final = re.compile(r"\{([^{}]+)\}")
 _BAD_CHARS: Final = re.compile(r"[\s\x00]")
 #: names of keys derived from some stream (see StreamKeys); never a stream of its own
 _OWNED: Final = re.compile(
-    r"^\{[^{}]+\}(~|:(dead|delayed|fence)$|:(retry|retries|job|owner|members):)")
+    r"^\{[^{}]+\}(~|:(dead|delayed|fence|partitions)$|:(retry|retries|job|owner|members):)")
 
 
 def check_name(option: str, name: object, *, allow_tag: bool = False) -> str:
@@ -111,6 +111,12 @@ class StreamKeys:
     def fence(self) -> str:
         """Counter that hands out fencing tokens."""
         return f"{self.prefix}:fence"
+
+    @property
+    def partitions(self) -> str:
+        """How many partitions this stream is split into, as its first partitioned producer
+        or worker recorded it (absent: not partitioned); a mismatch is refused."""
+        return f"{self.prefix}:partitions"
 
     @property
     def retry_prefix(self) -> str:

@@ -34,7 +34,7 @@ from ._consumer import Consumer
 from ._faults import Fault, classify
 from ._keys import StreamKeys
 from ._logs import WORKER_LOGGER, fields
-from ._partitions import partition_names
+from ._partitions import check_recorded, partition_names
 from ._recent import KeyCache
 from ._runner import Handler
 from .errors import WorkerFailed
@@ -125,6 +125,9 @@ class Partitioned:
     async def run(self, stop: asyncio.Event) -> None:
         self.slots = asyncio.Semaphore(self.cfg.concurrency)
         try:
+            await self._record_partitions(stop)
+            if stop.is_set():
+                return
             if self.cfg.ordered:
                 await self._run_ordered(stop)
             else:
@@ -139,6 +142,28 @@ class Partitioned:
                 await self.redis.aclose()
         if self.fatal is not None:
             raise self.fatal
+
+    async def _record_partitions(self, stop: asyncio.Event) -> None:
+        """Record the stream's partition count (or find it recorded) before serving: a
+        producer or worker with another count is refused (ConfigError, fatal)."""
+        failures = 0
+        while not stop.is_set():
+            try:
+                recorded = await self.redis.set(self.base.stream.partitions,
+                                                self.cfg.partitions, nx=True, get=True)
+            except Exception as exc:
+                if classify(exc) is Fault.FATAL:
+                    raise WorkerFailed("start", exc) from exc
+                failures += 1
+                self.redis_ok = False
+                await asyncio.sleep(connection.reconnect_delay(failures))
+                continue
+            self.redis_ok = True
+            try:
+                check_recorded(self.cfg.stream, recorded, self.cfg.partitions, "worker")
+            except Exception as exc:
+                raise WorkerFailed("start", exc) from exc
+            return
 
     def _start(self, i: int) -> None:
         """Start serving partition ``i``."""

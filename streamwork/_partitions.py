@@ -23,7 +23,7 @@ from ._message import ORDER_KEY_HEADER
 from .errors import ConfigError
 
 __all__ = ["MAX_PARTITIONS", "ORDER_KEY_HEADER", "check_order_key", "check_partitions",
-           "check_stream", "check_subset", "partition_names", "partition_of"]
+           "check_recorded", "check_stream", "check_subset", "partition_names", "partition_of"]
 
 MAX_PARTITIONS: Final = 1024
 SLOTS: Final = 16384
@@ -83,6 +83,21 @@ def check_subset(subset: object, partitions: int) -> tuple[int, ...] | None:
         raise ConfigError("only_partitions", f"must be distinct ints from 0 to {partitions - 1}"
                                              f" (partitions={partitions}), got {subset!r}")
     return picked
+
+
+def check_recorded(stream: str, recorded: bytes | str | None, partitions: int,
+                   who: str) -> None:
+    """Refuse to go on when ``stream``'s recorded partition count (``{S}:partitions``) is not
+    ``partitions``: jobs would go to, or be read from, streams the others never use."""
+    if recorded is None:
+        return
+    found = int(recorded)
+    if found != partitions:
+        raise ConfigError("partitions", (
+            f"stream {stream!r} is split into {found} partitions (recorded in "
+            f"{StreamKeys.for_stream(stream).partitions!r}) but this {who} has "
+            f"partitions={partitions}: give every producer and worker of the stream the same "
+            f"count. To change it, drain the stream, then delete that key."))
 
 
 def check_order_key(order_key: object) -> str:

@@ -43,6 +43,7 @@ from ._partitions import (
     ORDER_KEY_HEADER,
     check_order_key,
     check_partitions,
+    check_recorded,
     partition_names,
     partition_of,
 )
@@ -230,6 +231,21 @@ class _Core:
         self.max_payload_bytes = max_payload_bytes
         self.retry_timeout = retry_timeout
         self.partitions = _check_partition_option(partitions)
+        self._recorded: set[str] = set()  # partitioned streams whose count was checked
+
+    def _plan_record(self, stream: str) -> _Op | None:
+        """A partitioned stream's first send: record its partition count, or find it
+        recorded (a different count is refused); None when there is nothing to do."""
+        count = self.partitions_of(stream)
+        if count == 1 or stream in self._recorded:
+            return None
+        key = _keys(stream).partitions
+        return _Op(f"record the partitions of {stream!r}", stream, count,
+                   command=lambda r: r.set(key, count, nx=True, get=True))
+
+    def _recorded_as(self, stream: str, op: _Op, reply: Any) -> None:
+        check_recorded(stream, reply, op.count, "producer")
+        self._recorded.add(stream)
 
     def partitions_of(self, stream: str) -> int:
         """How many partitions ``stream`` is split into (the ``partitions`` option)."""
@@ -516,6 +532,8 @@ class Producer(_Core):
         with telemetry.producer_span(stream):
             op = self._plan_send(stream, payload, key, headers, delay, at, timeout, maxlen,
                                  order_key)
+            if (record := self._plan_record(stream)) is not None:
+                self._recorded_as(stream, record, self._perform(record))
             reply = self._perform(op)
             result: str = op.key if op.key is not None else op.result(reply)[0]
         telemetry.count("produced", 1, stream)
@@ -545,6 +563,8 @@ class Producer(_Core):
         with telemetry.producer_span(stream, len(payloads)):
             planned = self._plan_send_many(stream, payloads, keys, headers, timeout, delay,
                                            at, maxlen, order_keys)
+        if (record := self._plan_record(stream)) is not None:
+            self._recorded_as(stream, record, self._perform(record))
         results = []
         for plan in planned:
             ids: list[str] = []
@@ -661,6 +681,8 @@ class AsyncProducer(_Core):
         with telemetry.producer_span(stream):
             op = self._plan_send(stream, payload, key, headers, delay, at, timeout, maxlen,
                                  order_key)
+            if (record := self._plan_record(stream)) is not None:
+                self._recorded_as(stream, record, await self._perform(record))
             reply = await self._perform(op)
             result: str = op.key if op.key is not None else op.result(reply)[0]
         telemetry.count("produced", 1, stream)
@@ -683,6 +705,8 @@ class AsyncProducer(_Core):
         with telemetry.producer_span(stream, len(payloads)):
             planned = self._plan_send_many(stream, payloads, keys, headers, timeout, delay,
                                            at, maxlen, order_keys)
+        if (record := self._plan_record(stream)) is not None:
+            self._recorded_as(stream, record, await self._perform(record))
         results = []
         for plan in planned:
             ids: list[str] = []

@@ -236,3 +236,25 @@ def test_ordered_three_processes_one_sigkilled(redis_url: str, r: redis.Redis,
     assert out["logs"] == expected_logs()
     assert out["alive"] == [True, True]
     assert out["dead"] == 1
+
+
+async def test_a_different_partition_count_is_refused(redis_url: str, r: redis.Redis) -> None:
+    """The first partitioned producer records the count in {S}:partitions; a producer or a
+    worker with another count (an unpartitioned worker too) is refused with what to do,
+    and nothing is enqueued by the refused producer."""
+    with sw.Producer.from_url(redis_url, partitions=4) as p:
+        p.send(STREAM, {"i": 1})
+    assert r.get(StreamKeys.for_stream(STREAM).partitions) == b"4"
+    before = sum(r.xlen(n) for n in partition_names(STREAM, 4))
+    with sw.Producer.from_url(redis_url, partitions=6) as p6, \
+            pytest.raises(sw.ConfigError, match="split into 4 partitions"):
+        p6.send_many(STREAM, [{"i": 2}, {"i": 3}])
+    assert not any(r.exists(n) for n in partition_names(STREAM, 6))
+    assert sum(r.xlen(n) for n in partition_names(STREAM, 4)) == before
+    for options in ({"partitions": 6}, {"partitions": 1}):
+        w = Tally.from_url(redis_url, **options)
+        with pytest.raises(sw.WorkerFailed, match="split into 4 partitions"):
+            await asyncio.wait_for(w.serve(), 10)
+    w = Tally.from_url(redis_url, partitions=4)
+    await run_until_idle(w, r, timeout=20)
+    assert w.seen and len(w.seen) == before
