@@ -234,17 +234,23 @@ class _Core:
         self._recorded: set[str] = set()  # partitioned streams whose count was checked
 
     def _plan_record(self, stream: str) -> _Op | None:
-        """A partitioned stream's first send: record its partition count, or find it
-        recorded (a different count is refused); None when there is nothing to do."""
-        count = self.partitions_of(stream)
-        if count == 1 or stream in self._recorded:
+        """A stream's first send from this producer: a partitioned stream records its
+        partition count (or finds it recorded), an unpartitioned one checks none is
+        recorded; a different count is refused. None when already checked."""
+        if stream in self._recorded:
             return None
+        count = self.partitions_of(stream)
         key = _keys(stream).partitions
+        if count == 1:
+            return _Op(f"check the partitions of {stream!r}", stream, 1,
+                       command=functools.partial(_get, key))
         return _Op(f"record the partitions of {stream!r}", stream, count,
                    command=lambda r: r.set(key, count, nx=True, get=True))
 
     def _recorded_as(self, stream: str, op: _Op, reply: Any) -> None:
         check_recorded(stream, reply, op.count, "producer")
+        if len(self._recorded) >= 10_000:  # a producer of very many streams: check again
+            self._recorded.clear()
         self._recorded.add(stream)
 
     def partitions_of(self, stream: str) -> int:

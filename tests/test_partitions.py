@@ -249,7 +249,11 @@ async def test_a_different_partition_count_is_refused(redis_url: str, r: redis.R
     with sw.Producer.from_url(redis_url, partitions=6) as p6, \
             pytest.raises(sw.ConfigError, match="split into 4 partitions"):
         p6.send_many(STREAM, [{"i": 2}, {"i": 3}])
+    with sw.Producer.from_url(redis_url) as p1, \
+            pytest.raises(sw.ConfigError, match="split into 4 partitions"):
+        p1.send(STREAM, {"i": 4})
     assert not any(r.exists(n) for n in partition_names(STREAM, 6))
+    assert not r.exists(STREAM)
     assert sum(r.xlen(n) for n in partition_names(STREAM, 4)) == before
     for options in ({"partitions": 6}, {"partitions": 1}):
         w = Tally.from_url(redis_url, **options)
