@@ -17,6 +17,8 @@ from streamwork.testing import run_until_idle
 from tests.cluster_util import local_cluster
 from tests.ordered_campaign import expected_logs, run_campaign
 
+pytestmark = pytest.mark.cluster
+
 
 def _ledger(stream: str) -> str:
     """A ledger key under the stream's hash tag, so staged writes stay in its slot."""
