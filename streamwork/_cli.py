@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import importlib
 import json
 import os
 import sys
-import time
 import types
 import typing
 from typing import Any, Final
@@ -166,38 +164,6 @@ def send(stream: str, payload: str, key: str | None, delay: float | None,
             click.echo(producer.send(stream, data, key=key, delay=delay))
     except StreamworkError as exc:
         fail(str(exc))
-
-
-@main.command()
-@click.argument("stream")
-@click.argument("key")
-@click.option("--group", default=None,
-              help="consumer group (may be left out when the stream has only one)")
-@click.option("--json", "as_json", is_flag=True, help="print the status as one JSON object")
-@url_option
-def job(stream: str, key: str, group: str | None, as_json: bool, url: str | None) -> None:
-    """Show what GROUP knows of job KEY: running, waiting, done (with its result), dead
-    (with reason and dead-letter id) or unknown."""
-    try:
-        with Producer.from_url(url) as producer:
-            st = producer.status(stream, key, group=group)
-    except StreamworkError as exc:
-        fail(str(exc))
-    fields = {f.name: getattr(st, f.name) for f in dataclasses.fields(st)}
-    if as_json:
-        click.echo(json.dumps(fields, default=repr, ensure_ascii=False))
-        return
-    for name, value in fields.items():
-        if value in (None, "") and name not in ("state", "result"):
-            continue
-        if name in ("updated_at", "due") and value is not None:
-            value = f"{value:.3f} ({_ago(value)})"
-        click.echo(f"{name:>15}: {value!r}" if name == "result" else f"{name:>15}: {value}")
-
-
-def _ago(when: float) -> str:
-    delta = time.time() - when
-    return f"{delta:.1f} s ago" if delta >= 0 else f"in {-delta:.1f} s"
 
 
 @main.command()

@@ -1,7 +1,13 @@
-"""``streamwork inspect`` and ``streamwork top``: what operators look at (read-only).
+"""``streamwork inspect``, ``streamwork top`` and ``streamwork job``: what operators look at
+(read-only).
 
-``register(main)`` adds both commands to the ``streamwork`` click group. The figures come
+``register(main)`` adds the commands to the ``streamwork`` click group. The figures come
 from :mod:`streamwork._stats`; see the README's "Operating streamwork" for what they mean.
+
+``--partitions P`` reads a partitioned stream's P partitions and shows their sums, plus a
+table per partition (with the worker owning it in ordered mode and, on a Cluster, the node
+serving it); ``--partition N`` looks at partition N alone. ``job --partitions P`` finds the
+job's record in whichever partition holds it.
 
 Exit codes of ``inspect``: 0 fine, 1 error (Redis unreachable, no such stream), 2 a
 ``--fail-if`` threshold was crossed (click also uses 2 for a usage error, such as a bad
@@ -10,6 +16,7 @@ Exit codes of ``inspect``: 0 fine, 1 error (Redis unreachable, no such stream), 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -27,8 +34,16 @@ from rich.text import Text
 
 from . import _connection as connection
 from . import _stats as stats
-from ._cli_common import url_option
-from ._stats import GroupStats, StreamRates, StreamStats
+from ._cli_common import (
+    chosen_partition,
+    fail,
+    partition_options,
+    partition_streams,
+    url_option,
+)
+from ._partitions import partition_of
+from ._producer import Producer
+from ._stats import GroupStats, PartitionStats, StreamRates, StreamStats
 from .errors import RedisUnavailable, StreamworkError
 
 __all__ = [
@@ -36,6 +51,7 @@ __all__ = [
     "Threshold",
     "check_thresholds",
     "fmt_age",
+    "job_command",
     "parse_threshold",
     "register",
     "render_inspect",
@@ -164,8 +180,16 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:,.1f}"
 
 
+def _title(s: StreamStats) -> str:
+    if not s.partitions:
+        return f"stream {s.stream}"
+    if len(s.partitions) == 1 and s.partition_count > 1:
+        return f"stream {s.stream} (partition {s.partitions[0].index} of {s.partition_count})"
+    return f"stream {s.stream} (totals of {len(s.partitions)} partitions)"
+
+
 def _stream_table(s: StreamStats) -> Table:
-    table = Table(title=f"stream {s.stream}", title_justify="left", title_style="bold")
+    table = Table(title=_title(s), title_justify="left", title_style="bold")
     for col in ("length", "entries added", "first id", "last id", "delayed due/all", "dead"):
         table.add_column(col, justify="left" if "id" in col else "right", no_wrap=True)
     table.add_row(_n(s.length), _n(s.entries_added), s.first_id or "-", s.last_id,
@@ -201,8 +225,43 @@ def _consumers_table(s: StreamStats) -> Table:
     return table
 
 
+def _owner(p: PartitionStats, group: str) -> str:
+    return p.owners.get(group) or "-"
+
+
+def _partitions_table(s: StreamStats) -> Table:
+    """One row per partition and group: the partition's own figures and, in ordered mode,
+    the member id of the worker that owns it (and its Cluster node, on a Cluster)."""
+    cluster = any(p.node for p in s.partitions)
+    table = Table(title=f"partitions of {s.stream}", title_justify="left")
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("stream", no_wrap=True)
+    if cluster:
+        table.add_column("node", no_wrap=True)
+    for col in ("length", "delayed due/all", "dead"):
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("group", no_wrap=True)
+    for col in ("lag", "pending", "oldest pending"):
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("owner (ordered)")
+    for p in s.partitions:
+        head = [str(p.index), p.stream] + ([p.node or "?"] if cluster else [])
+        st = p.stats
+        if st is None:
+            table.add_row(*head, "-", "-", "-", "(no stream yet)", "", "", "", "")
+            continue
+        figures = [_n(st.length), f"{st.delayed_due:,} / {st.delayed_total:,}", _n(st.dead)]
+        if not st.groups:
+            table.add_row(*head, *figures, "-", "", "", "", "")
+        for g in st.groups:
+            table.add_row(*head, *figures, g.name, _n(g.lag), _n(g.pending),
+                          fmt_age(g.oldest_pending_age_s), _owner(p, g.name))
+    return table
+
+
 def render_inspect(s: StreamStats) -> RenderableType:
-    """The human view of one stream: stream figures, groups, consumers."""
+    """The human view of one stream: stream figures, groups, consumers (and, for a
+    partitioned stream, each partition's figures)."""
     parts: list[RenderableType] = [_stream_table(s)]
     if s.groups:
         parts.append(_groups_table(s))
@@ -210,6 +269,8 @@ def render_inspect(s: StreamStats) -> RenderableType:
             parts.append(_consumers_table(s))
     else:
         parts.append(Text("  no consumer groups: nothing reads this stream yet", style="yellow"))
+    if s.partitions:
+        parts.append(_partitions_table(s))
     parts.append(Text(""))
     return Group(*parts)
 
@@ -231,6 +292,15 @@ def render_top(samples: Sequence[StreamStats], rates: dict[str, StreamRates],
     groups.add_column("stream/group", no_wrap=True)
     for col in ("lag", "pending", "oldest pending", "acked/s", "consumers"):
         groups.add_column(col, justify="right", no_wrap=True)
+    split = Table(title="partitions", title_justify="left")
+    split.add_column("stream#partition", no_wrap=True)
+    split.add_column("group", no_wrap=True)
+    for col in ("length", "produced/s", "lag", "pending", "acked/s", "dead"):
+        split.add_column(col, justify="right", no_wrap=True)
+    split.add_column("owner (ordered)")
+    cluster = any(p.node for s in samples for p in s.partitions)
+    if cluster:
+        split.add_column("node", no_wrap=True)
     busy = Table(title="busiest consumers", title_justify="left")
     busy.add_column("stream/group", no_wrap=True)
     busy.add_column("consumer")
@@ -247,12 +317,33 @@ def render_top(samples: Sequence[StreamStats], rates: dict[str, StreamRates],
             idle = {c.name: c.idle_s for c in g.consumer_list}
             for name, pending in g.top_consumers:
                 busy.add_row(label, name, _n(pending), fmt_age(idle.get(name)))
+        for p in s.partitions:
+            _partition_rows(split, s, p, rates.get(p.stream), cluster)
     parts: list[RenderableType] = [streams]
     if groups.row_count:
         parts.append(groups)
+    if split.row_count:
+        parts.append(split)
     if busy.row_count:
         parts.append(busy)
     return Group(*parts)
+
+
+def _partition_rows(table: Table, s: StreamStats, p: PartitionStats,
+                    r: StreamRates | None, cluster: bool) -> None:
+    label = f"{s.stream}#{p.index}" if len(s.partitions) > 1 else p.stream
+    node = [p.node or "?"] if cluster else []
+    st = p.stats
+    if st is None:
+        table.add_row(label, "(no stream yet)", "-", "-", "", "", "", "", "", *node)
+        return
+    produced = _rate(r.produced_per_s if r else None)
+    if not st.groups:
+        table.add_row(label, "-", _n(st.length), produced, "", "", "", _n(st.dead), "", *node)
+    for g in st.groups:
+        table.add_row(label, g.name, _n(st.length), produced, _n(g.lag), _n(g.pending),
+                      _rate(r.acked_per_s.get(g.name) if r else None), _n(st.dead),
+                      _owner(p, g.name), *node)
 
 
 # ---------------------------------------------------------------- commands
@@ -278,20 +369,52 @@ def _errors(url: str, what: str) -> Iterator[None]:
         raise click.ClickException(f"Redis at {url} answered with an error: {exc}") from None
 
 
-def _sample(client: Any, stream: str | None) -> list[StreamStats]:
-    if stream is not None:
-        return [stats.stream_stats(client, stream)]
+@dataclass(frozen=True, slots=True)
+class _View:
+    """What ``inspect``/``top`` look at: one stream or all, and its partitions."""
+
+    stream: str | None
+    partitions: int = 1
+    partition: int | None = None
+
+
+def _view(stream: str | None, partitions: int, partition: int | None) -> _View:
+    """The checked options (a click usage error, before any connection, when they do not
+    fit together)."""
+    chosen = chosen_partition(partitions, partition)
+    if partitions == 1:
+        return _View(stream)
+    if stream is None:
+        if chosen is not None:
+            raise click.UsageError("--partition N needs a STREAM: name the partitioned stream, "
+                                   "e.g. `streamwork inspect orders --partitions 4 "
+                                   "--partition 2`")
+        return _View(None, partitions)
+    partition_streams(stream, partitions, chosen)  # checks the name suits partitioning
+    return _View(stream, partitions, chosen)
+
+
+def _sample(client: Any, view: _View) -> list[StreamStats]:
+    if view.partitions > 1:
+        if view.stream is not None:
+            return [stats.partitioned_stats(client, view.stream, view.partitions,
+                                            view.partition)]
+        return stats.sample_partitioned(client, view.partitions)
+    if view.stream is not None:
+        return [stats.stream_stats(client, view.stream)]
     return stats.sample(client)
 
 
 def inspect_command(stream: str | None, as_json: bool, fail_if: Sequence[Threshold],
-                    quiet: bool, url: str | None) -> None:
+                    quiet: bool, url: str | None, partitions: int = 1,
+                    partition: int | None = None) -> None:
     """Body of ``streamwork inspect`` (see ``register``)."""
+    view = _view(stream, partitions, partition)
     resolved = connection.resolve_url(url)
     with _errors(resolved, "streamwork inspect"):
         client = connection.sync_client(resolved)
         try:
-            samples = _sample(client, stream)
+            samples = _sample(client, view)
         finally:
             client.close()
     if as_json:
@@ -305,24 +428,41 @@ def inspect_command(stream: str | None, as_json: bool, fail_if: Sequence[Thresho
         for s in samples:
             console.print(render_inspect(s))
     failures, warnings = check_thresholds(samples, fail_if)
-    for line in warnings + failures:
+    for line in _missing_partitions(samples) + warnings + failures:
         click.echo(line, err=True)
     if failures:
         click.get_current_context().exit(FAIL_EXIT_CODE)
 
 
-def top_command(stream: str | None, interval: float, once: bool, url: str | None) -> None:
+def _missing_partitions(samples: Sequence[StreamStats]) -> list[str]:
+    """A WARN line per partitioned stream some of whose partitions have no stream: nothing
+    was sent or read there yet, or --partitions is not the stream's partition count."""
+    lines = []
+    for s in samples:
+        missing = [p for p in s.partitions if p.stats is None]
+        if missing:
+            which = ", ".join(f"{p.index} ({p.stream})" for p in missing)
+            lines.append(f"WARN {s.stream}: no stream for partition {which} of "
+                         f"{s.partition_count}: nothing sent or read there yet, or the stream "
+                         f"is not split into {s.partition_count} (check --partitions)")
+    return lines
+
+
+def top_command(stream: str | None, interval: float, once: bool, url: str | None,
+                partitions: int = 1, partition: int | None = None) -> None:
     """Body of ``streamwork top`` (see ``register``)."""
+    view = _view(stream, partitions, partition)
     resolved = connection.resolve_url(url)
     console = _console()
     with _errors(resolved, "streamwork top"):
         client = connection.sync_client(resolved)
         try:
-            before = _sample(client, stream)
+            before = _sample(client, view)
             names = [s.stream for s in before]
             if once:
                 time.sleep(interval)
-                after = stats.sample(client, names)
+                after = (_sample(client, view) if view.partitions > 1
+                         else stats.sample(client, names))
                 console.print(_frame(before, after, interval))
                 return
             with Live(_frame([], before, interval), console=console, auto_refresh=False,
@@ -330,7 +470,8 @@ def top_command(stream: str | None, interval: float, once: bool, url: str | None
                 try:
                     while True:
                         time.sleep(interval)
-                        after = stats.sample(client, [stream] if stream else None)
+                        after = (_sample(client, view) if view.partitions > 1
+                                 else stats.sample(client, [stream] if stream else None))
                         live.update(_frame(before, after, interval), refresh=True)
                         before = after
                 except KeyboardInterrupt:
@@ -344,11 +485,76 @@ def _frame(before: Sequence[StreamStats], after: Sequence[StreamStats],
     prev = {s.stream: s for s in before}
     rates = {s.stream: stats.compute_rates(prev[s.stream], s)
              for s in after if s.stream in prev}
+    for s in after:  # a partitioned stream: each partition's rates too
+        old = {p.stream: p.stats for p in prev[s.stream].partitions} if s.stream in prev else {}
+        for p in s.partitions:
+            was = old.get(p.stream)
+            if p.stats is not None and was is not None:
+                rates[p.stream] = stats.compute_rates(was, p.stats)
     return render_top(after, rates, interval)
 
 
+def _found_in(producer: Producer, picked: Sequence[tuple[int, str]], group: str,
+              key: str) -> tuple[int, str] | None:
+    """The partition whose record of job ``key`` the status came from: the key's own
+    partition first (where the producer sent it, unless an order key chose another)."""
+    home = partition_of(key, len(picked))
+    for i, name in sorted(picked, key=lambda p: p[0] != home):
+        if producer.status(name, key, group=group).state != "unknown":
+            return i, name
+    return None
+
+
+def job_command(stream: str, key: str, group: str | None, as_json: bool, url: str | None,
+                partitions: int = 1, partition: int | None = None) -> None:
+    """Body of ``streamwork job`` (see ``register``)."""
+    picked = partition_streams(stream, partitions, partition)
+    where: tuple[int, str] | None = None
+    try:
+        if partitions == 1:
+            with Producer.from_url(url) as producer:
+                st = producer.status(stream, key, group=group)
+        else:
+            # a mapping: the partitions' own names are plain streams to this producer
+            with Producer.from_url(url, partitions={stream: partitions}) as producer:
+                if partition is not None:
+                    where = picked[0]
+                    st = producer.status(where[1], key, group=group)
+                else:
+                    st = producer.status(stream, key, group=group)
+                    if st.state != "unknown":
+                        where = _found_in(producer, picked, st.group, key)
+    except StreamworkError as exc:
+        fail(str(exc))
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(st):
+        fields[f.name] = getattr(st, f.name)
+        if f.name == "stream" and partitions > 1:
+            fields["partition"] = None if where is None else where[0]
+            fields["partition_stream"] = None if where is None else where[1]
+    if as_json:
+        click.echo(json.dumps(fields, default=repr, ensure_ascii=False))
+        return
+    for name, value in fields.items():
+        if name == "partition_stream":
+            continue
+        if name == "partition":
+            value = "none has a record" if where is None else f"{where[0]} ({where[1]})"
+        if value in (None, "") and name not in ("state", "result"):
+            continue
+        if name in ("updated_at", "due") and value is not None:
+            value = f"{value:.3f} ({_ago(value)})"
+        click.echo(f"{name:>15}: {value!r}" if name == "result" else f"{name:>15}: {value}")
+
+
+def _ago(when: float) -> str:
+    delta = time.time() - when
+    return f"{delta:.1f} s ago" if delta >= 0 else f"in {-delta:.1f} s"
+
+
 def register(main: click.Group) -> None:
-    """Add ``inspect`` and ``top`` to the ``streamwork`` command group (idempotent)."""
+    """Add ``inspect``, ``top`` and ``job`` to the ``streamwork`` command group
+    (idempotent)."""
     @click.command("inspect")
     @click.argument("stream", required=False)
     @click.option("--json", "as_json", is_flag=True, help="print JSON instead of tables")
@@ -359,12 +565,14 @@ def register(main: click.Group) -> None:
                        "'delayed-due>0' (repeatable; quote it)")
     @click.option("--quiet", "-q", is_flag=True,
                   help="no tables (JSON on one line): only FAIL/WARN lines and the exit code")
+    @partition_options
     @url_option
     def inspect(stream: str | None, as_json: bool, fail_if: tuple[Threshold, ...],
-                quiet: bool, url: str | None) -> None:
+                quiet: bool, partitions: int, partition: int | None, url: str | None) -> None:
         """Groups, consumers, lag, pending (count, oldest age), delayed and dead letters of
-        STREAM, or of every stream when none is given. Exit 0 OK, 1 error, 2 --fail-if hit."""
-        inspect_command(stream, as_json, fail_if, quiet, url)
+        STREAM, or of every stream when none is given; a partitioned stream's totals and
+        each partition with --partitions P. Exit 0 OK, 1 error, 2 --fail-if hit."""
+        inspect_command(stream, as_json, fail_if, quiet, url, partitions, partition)
 
     @click.command("top")
     @click.argument("stream", required=False)
@@ -372,12 +580,30 @@ def register(main: click.Group) -> None:
                   show_default=True, help="seconds between refreshes (and rate windows)")
     @click.option("--once", is_flag=True,
                   help="take two samples --interval apart, print one frame and exit")
+    @partition_options
     @url_option
-    def top(stream: str | None, interval: float, once: bool, url: str | None) -> None:
+    def top(stream: str | None, interval: float, once: bool, partitions: int,
+            partition: int | None, url: str | None) -> None:
         """Live view of every stream (or STREAM): inspect's figures plus produced/s and
-        acked/s. Ctrl-C quits."""
-        top_command(stream, interval, once, url)
+        acked/s (partitioned streams as totals and per partition with --partitions P).
+        Ctrl-C quits."""
+        top_command(stream, interval, once, url, partitions, partition)
 
-    for command in (inspect, top):
+    @click.command("job")
+    @click.argument("stream")
+    @click.argument("key")
+    @click.option("--group", default=None,
+                  help="consumer group (may be left out when the stream has only one)")
+    @click.option("--json", "as_json", is_flag=True, help="print the status as one JSON object")
+    @partition_options
+    @url_option
+    def job(stream: str, key: str, group: str | None, as_json: bool, partitions: int,
+            partition: int | None, url: str | None) -> None:
+        """Show what GROUP knows of job KEY: running, waiting, done (with its result), dead
+        (with reason and dead-letter id) or unknown; with --partitions P, from whichever
+        partition holds it (and which one that is)."""
+        job_command(stream, key, group, as_json, url, partitions, partition)
+
+    for command in (inspect, top, job):
         if command.name not in main.commands:
             main.add_command(command)

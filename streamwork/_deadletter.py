@@ -4,20 +4,28 @@ A dead letter ``{S}:dead`` entry has the fields ``reason``, ``error_type``, ``de
 (message and short traceback), ``src_stream``, ``src_id``, ``attempts``, ``group``,
 ``consumer``, ``worker``, ``ts`` (Unix ms) and every original field of the job's entry,
 byte for byte, under ``f.<name>`` (``f.d`` is the body).
+
+A partitioned stream keeps one dead-letter stream per partition (each partition's own keys):
+:func:`list_dead_partitions` merges them oldest first, :func:`locate_dead` says which
+partition holds a dead-letter id, and a replay or purge runs per partition, each replay
+going back into the same partition's group retry stream.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import redis
 
 from . import _scripts as scripts
 from ._codec import decode_body
 from ._keys import StreamKeys
 from .errors import DecodeError
 
-__all__ = ["DeadLetterEntry", "list_dead", "purge_dead", "replay_dead"]
+__all__ = ["DeadLetterEntry", "PartitionDeadLetter", "list_dead", "list_dead_partitions",
+           "locate_dead", "purge_dead", "replay_dead"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,3 +145,52 @@ def purge_dead(client: Any, stream: str, *, older_than_ms: int | None = None,
     if older_than_ms is None:
         return int(client.xtrim(keys.dead, maxlen=0, approximate=False))
     return int(client.xtrim(keys.dead, minid=f"{older_than_ms}-0", approximate=False))
+
+
+# ---------------------------------------------------------------- partitioned streams
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionDeadLetter:
+    """A dead letter of one partition of a partitioned stream."""
+
+    partition: int  #: 0-based
+    stream: str  #: the partition's stream name (``S#i.n``)
+    entry: DeadLetterEntry
+
+    def as_json(self) -> dict[str, Any]:
+        return {"partition": self.partition, "stream": self.stream, **self.entry.as_json()}
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    try:
+        return int(ms), int(seq or 0)
+    except ValueError:
+        return 0, 0
+
+
+def list_dead_partitions(client: Any, partitions: Iterable[tuple[int, str]],
+                         count: int = 100) -> list[PartitionDeadLetter]:
+    """The oldest ``count`` dead letters over ``partitions`` (``(number, stream name)``
+    pairs), oldest first: dead-letter ids are times, so they order across partitions."""
+    merged: list[PartitionDeadLetter] = []
+    for i, name in partitions:
+        merged += [PartitionDeadLetter(i, name, e) for e in list_dead(client, name, count)]
+    merged.sort(key=lambda d: (_id_key(d.entry.id), d.partition))
+    return merged[:count]
+
+
+def locate_dead(client: Any, streams: Sequence[str], ids: Sequence[str]) -> dict[str, list[str]]:
+    """Which of ``streams`` (partitions) hold each dead-letter id in their dead-letter stream:
+    id -> the streams, in the order given (empty: none has it). Reads only."""
+    where: dict[str, list[str]] = {i: [] for i in ids}
+    for name in streams:
+        dead = StreamKeys.for_stream(name).dead
+        pipe = client.pipeline(transaction=False)
+        for entry_id in where:
+            pipe.xrange(dead, entry_id, entry_id, count=1)
+        for entry_id, found in zip(where, pipe.execute(raise_on_error=False), strict=True):
+            if found and not isinstance(found, redis.RedisError):
+                where[entry_id].append(name)
+    return where

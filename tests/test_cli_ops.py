@@ -22,7 +22,7 @@ from streamwork._cli_ops import (
 from streamwork._stats import StreamStats
 from tests.test_stats import STREAM, prepare, wait_idle
 
-if "inspect" not in main.commands or "top" not in main.commands:
+if not {"inspect", "top", "job"} <= set(main.commands):
     register(main)
 
 
@@ -45,10 +45,25 @@ def row(output: str, first_cell: str) -> list[str]:
 
 
 def test_register_is_idempotent() -> None:
-    """Registering again keeps the one inspect/top pair (works before and after cli wiring)."""
-    inspect_cmd = main.commands["inspect"]
+    """Registering again keeps the one inspect/top/job set (works before and after cli
+    wiring)."""
+    inspect_cmd, job_cmd = main.commands["inspect"], main.commands["job"]
     register(main)
     assert main.commands["inspect"] is inspect_cmd and "top" in main.commands
+    assert main.commands["job"] is job_cmd
+
+
+def test_partition_options_leave_plain_streams_alone(redis_url: str, r: redis.Redis) -> None:
+    """`--partitions 1` (the default) and `--partition 0` of it read the plain stream, and
+    the JSON document has no partition fields: the same as without the options."""
+    prepare(redis_url, r)
+    plain = cli("inspect", STREAM, "--json", "--url", redis_url)
+    same = cli("inspect", STREAM, "--json", "--partitions", "1", "--partition", "0",
+               "--url", redis_url)
+    assert same.exit_code == 0, same.output
+    one, two = json.loads(plain.stdout), json.loads(same.stdout)
+    assert "partitions" not in one and one.keys() == two.keys()
+    assert (one["length"], one["dead"]) == (two["length"], two["dead"])
 
 
 def test_inspect_json_matches_xinfo_and_xpending(redis_url: str, r: redis.Redis) -> None:
