@@ -9,6 +9,7 @@ from typing import Any, Final, NoReturn, TypeVar
 
 import click
 
+from ._keys import StreamKeys
 from ._partitions import MAX_PARTITIONS, partition_names
 from .errors import ConfigError
 
@@ -91,3 +92,15 @@ def partition_streams(stream: str, partitions: int,
     if chosen is not None:
         return [(chosen, names[chosen])]
     return list(enumerate(names))
+
+
+def check_recorded_partitions(client: Any, stream: str, partitions: int) -> None:
+    """With ``--partitions P`` (P > 1): fail (exit 1) when the stream's partition count, as
+    its first partitioned producer or worker recorded it, is another one; one GET."""
+    if partitions == 1:
+        return
+    key = StreamKeys.for_stream(stream).partitions
+    raw = client.get(key)
+    if raw is not None and int(raw) != partitions:
+        fail(f"stream {stream!r} is split into {int(raw)} partitions (recorded in {key!r}), "
+             f"not {partitions}: give --partitions {int(raw)}")

@@ -20,7 +20,13 @@ from rich.table import Table
 
 from . import _connection as connection
 from . import _deadletter as deadletter
-from ._cli_common import fail, partition_options, partition_streams, url_option
+from ._cli_common import (
+    check_recorded_partitions,
+    fail,
+    partition_options,
+    partition_streams,
+    url_option,
+)
 from .errors import StreamworkError
 
 
@@ -64,6 +70,7 @@ def dlq_list(stream: str, count: int, as_json: bool, partitions: int, partition:
     merged oldest first, each with its partition)."""
     picked = partition_streams(stream, partitions, partition)
     client = connection.sync_client(connection.resolve_url(url))
+    check_recorded_partitions(client, stream, partitions)
     if partitions == 1:
         entries = deadletter.list_dead(client, stream, count)
         if as_json:
@@ -127,6 +134,7 @@ def dlq_replay(stream: str, ids: tuple[str, ...], replay_all: bool, group: str |
         fail("say which dead letters: --id ID (repeatable) or --all")
     picked = partition_streams(stream, partitions, partition)
     client = connection.sync_client(connection.resolve_url(url))
+    check_recorded_partitions(client, stream, partitions)
     other = ", another group's" if group else ""
     if partitions == 1:
         try:
@@ -183,9 +191,10 @@ def dlq_purge(stream: str, older_than: float | None, ids: tuple[str, ...], yes: 
     what = (f"{len(ids)} dead letters" if ids else
             f"dead letters older than {older_than:g}s" if older_than is not None else
             "ALL dead letters")
+    client = connection.sync_client(connection.resolve_url(url))
+    check_recorded_partitions(client, stream, partitions)
     if not yes:
         click.confirm(f"Delete {what} of {_which(stream, picked, partitions)}?", abort=True)
-    client = connection.sync_client(connection.resolve_url(url))
     cutoff = None if older_than is None else int((time.time() - older_than) * 1000)
     if partitions == 1:
         n = deadletter.purge_dead(client, stream, older_than_ms=cutoff, ids=list(ids) or None)

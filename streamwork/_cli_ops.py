@@ -35,6 +35,7 @@ from rich.text import Text
 from . import _connection as connection
 from . import _stats as stats
 from ._cli_common import (
+    check_recorded_partitions,
     chosen_partition,
     fail,
     partition_options,
@@ -394,9 +395,11 @@ def _view(stream: str | None, partitions: int, partition: int | None) -> _View:
     return _View(stream, partitions, chosen)
 
 
-def _sample(client: Any, view: _View) -> list[StreamStats]:
+def _sample(client: Any, view: _View, first: bool = True) -> list[StreamStats]:
     if view.partitions > 1:
         if view.stream is not None:
+            if first:
+                check_recorded_partitions(client, view.stream, view.partitions)
             return [stats.partitioned_stats(client, view.stream, view.partitions,
                                             view.partition)]
         return stats.sample_partitioned(client, view.partitions)
@@ -461,7 +464,7 @@ def top_command(stream: str | None, interval: float, once: bool, url: str | None
             names = [s.stream for s in before]
             if once:
                 time.sleep(interval)
-                after = (_sample(client, view) if view.partitions > 1
+                after = (_sample(client, view, first=False) if view.partitions > 1
                          else stats.sample(client, names))
                 console.print(_frame(before, after, interval))
                 return
@@ -470,7 +473,7 @@ def top_command(stream: str | None, interval: float, once: bool, url: str | None
                 try:
                     while True:
                         time.sleep(interval)
-                        after = (_sample(client, view) if view.partitions > 1
+                        after = (_sample(client, view, first=False) if view.partitions > 1
                                  else stats.sample(client, [stream] if stream else None))
                         live.update(_frame(before, after, interval), refresh=True)
                         before = after
@@ -510,6 +513,14 @@ def job_command(stream: str, key: str, group: str | None, as_json: bool, url: st
     """Body of ``streamwork job`` (see ``register``)."""
     picked = partition_streams(stream, partitions, partition)
     where: tuple[int, str] | None = None
+    if partitions > 1:
+        resolved = connection.resolve_url(url)
+        with _errors(resolved, "streamwork job"):
+            client = connection.sync_client(resolved)
+            try:
+                check_recorded_partitions(client, stream, partitions)
+            finally:
+                client.close()
     try:
         if partitions == 1:
             with Producer.from_url(url) as producer:

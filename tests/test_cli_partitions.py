@@ -9,6 +9,7 @@ import json
 from collections import Counter
 from typing import Any
 
+import pytest
 import redis
 from click.testing import CliRunner, Result
 
@@ -132,7 +133,17 @@ async def test_inspect_and_top_add_up_the_partitions(redis_url: str, r: redis.Re
     plain = json.loads(cli("inspect", "--json", "--url", redis_url).stdout)
     assert sorted(s["stream"] for s in plain) == sorted(["emails", *NAMES])  # unchanged
 
-    # a wrong partition count: the partitions it does not find are named on stderr
+    # a wrong partition count: refused, with the recorded one to give instead
+    for args in (["inspect", STREAM], ["top", STREAM, "--once"], ["job", STREAM, "job-1"],
+                 ["dlq", "list", STREAM], ["dlq", "replay", STREAM, "--all"],
+                 ["dlq", "purge", STREAM, "--yes"]):
+        refused = cli(*args, "--partitions", "3", "--url", redis_url)
+        assert refused.exit_code == 1, (args, refused.output)
+        assert "is split into 4 partitions" in refused.output, refused.output
+        assert "give --partitions 4" in refused.output, refused.output
+    assert sum(r.xlen(dead_key(i)) for i in range(P)) == len(BAD)
+    # ... and when no count is recorded, the partitions not found are named on stderr
+    r.delete(StreamKeys.for_stream(STREAM).partitions)
     wrong = cli("inspect", STREAM, "--partitions", "3", "-q", "--url", redis_url)
     missing = [i for i, n in enumerate(partition_names(STREAM, 3)) if not r.exists(n)]
     assert wrong.exit_code == 0 and missing, wrong.output
@@ -329,6 +340,7 @@ async def test_inspect_shows_the_owner_of_each_partition_in_ordered_mode(
     assert all(row(human.stdout, str(i))[-1] == who for i in range(P)), human.stdout
 
 
+@pytest.mark.cluster
 def test_inspect_names_the_cluster_node_of_each_partition(make_server: Any) -> None:
     """On a Cluster URL each partition's row says which master serves its slot."""
     with local_cluster(make_server, masters=3) as formed:
