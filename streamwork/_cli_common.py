@@ -9,6 +9,7 @@ from typing import Any, Final, NoReturn, TypeVar
 
 import click
 
+from . import _connection as connection
 from ._keys import StreamKeys
 from ._partitions import MAX_PARTITIONS, partition_names
 from .errors import ConfigError
@@ -28,8 +29,9 @@ def fail(message: str) -> NoReturn:
     raise click.ClickException(message)
 
 
-def _check_partitions(ctx: click.Context, param: click.Parameter, value: int) -> int:
-    if not 1 <= value <= MAX_PARTITIONS:
+def _check_partitions(ctx: click.Context, param: click.Parameter,
+                      value: int | None) -> int | None:
+    if value is not None and not 1 <= value <= MAX_PARTITIONS:
         raise click.BadParameter(
             f"{value} is not a partition count: give how many partitions the stream is split "
             f"into (1 to {MAX_PARTITIONS}, the partitions= of its producers and workers), or "
@@ -54,10 +56,33 @@ def partition_options(fn: F) -> F:
         callback=_check_partition,
         help="only partition N (0-based; needs --partitions greater than N)")(fn)
     return click.option(
-        "--partitions", "partitions", type=int, default=1, show_default=True, metavar="P",
+        "--partitions", "partitions", type=int, default=None, metavar="P",
         envvar=PARTITIONS_ENV, show_envvar=True, callback=_check_partitions,
         help="the stream is split into P partitions (as its producers and workers were "
-             "told): look at all of them together")(fn)
+             "told): look at all of them together [default: the count recorded in "
+             "{S}:partitions, else 1]")(fn)
+
+
+def detect_partitions(url: str | None, stream: str | None, given: int | None) -> int:
+    """``--partitions`` as given, else the count the stream's first partitioned producer or
+    worker recorded (``{S}:partitions``, one GET), else 1. Unreachable Redis or a name
+    that cannot be partitioned: 1, and the command then reports what is wrong."""
+    if given is not None:
+        return given
+    if stream is None:
+        return 1
+    try:
+        key = StreamKeys.for_stream(stream).partitions
+        client = connection.sync_client(connection.resolve_url(url))
+    except Exception:
+        return 1
+    try:
+        raw = client.get(key)
+    except Exception:
+        return 1
+    finally:
+        client.close()
+    return int(raw) if raw is not None else 1
 
 
 def chosen_partition(partitions: int, partition: int | None) -> int | None:

@@ -22,6 +22,7 @@ from . import _connection as connection
 from . import _deadletter as deadletter
 from ._cli_common import (
     check_recorded_partitions,
+    detect_partitions,
     fail,
     partition_options,
     partition_streams,
@@ -64,10 +65,11 @@ def _which(stream: str, picked: Sequence[tuple[int, str]], partitions: int) -> s
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per line")
 @partition_options
 @url_option
-def dlq_list(stream: str, count: int, as_json: bool, partitions: int, partition: int | None,
+def dlq_list(stream: str, count: int, as_json: bool, partitions: int | None, partition: int | None,
              url: str | None) -> None:
     """Show the oldest dead letters of STREAM (of all its partitions with --partitions,
     merged oldest first, each with its partition)."""
+    partitions = detect_partitions(url, stream, partitions)
     picked = partition_streams(stream, partitions, partition)
     client = connection.sync_client(connection.resolve_url(url))
     check_recorded_partitions(client, stream, partitions)
@@ -126,12 +128,13 @@ def _located(client: Any, stream: str, picked: Sequence[tuple[int, str]],
 @partition_options
 @url_option
 def dlq_replay(stream: str, ids: tuple[str, ...], replay_all: bool, group: str | None,
-               partitions: int, partition: int | None, url: str | None) -> None:
+               partitions: int | None, partition: int | None, url: str | None) -> None:
     """Hand dead letters of STREAM back, as fresh jobs (attempts start again), to the
     group each died in: other groups of the stream do not see them again. With
     --partitions, each partition's dead letters go back into that same partition."""
     if bool(ids) == replay_all:
         fail("say which dead letters: --id ID (repeatable) or --all")
+    partitions = detect_partitions(url, stream, partitions)
     picked = partition_streams(stream, partitions, partition)
     client = connection.sync_client(connection.resolve_url(url))
     check_recorded_partitions(client, stream, partitions)
@@ -184,9 +187,10 @@ def dlq_replay(stream: str, ids: tuple[str, ...], replay_all: bool, group: str |
 @partition_options
 @url_option
 def dlq_purge(stream: str, older_than: float | None, ids: tuple[str, ...], yes: bool,
-              partitions: int, partition: int | None, url: str | None) -> None:
+              partitions: int | None, partition: int | None, url: str | None) -> None:
     """Delete dead letters of STREAM for good (all, --older-than, or --id); of each of its
     partitions with --partitions."""
+    partitions = detect_partitions(url, stream, partitions)
     picked = partition_streams(stream, partitions, partition)
     what = (f"{len(ids)} dead letters" if ids else
             f"dead letters older than {older_than:g}s" if older_than is not None else

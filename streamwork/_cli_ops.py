@@ -37,6 +37,7 @@ from . import _stats as stats
 from ._cli_common import (
     check_recorded_partitions,
     chosen_partition,
+    detect_partitions,
     fail,
     partition_options,
     partition_streams,
@@ -409,10 +410,10 @@ def _sample(client: Any, view: _View, first: bool = True) -> list[StreamStats]:
 
 
 def inspect_command(stream: str | None, as_json: bool, fail_if: Sequence[Threshold],
-                    quiet: bool, url: str | None, partitions: int = 1,
+                    quiet: bool, url: str | None, partitions: int | None = None,
                     partition: int | None = None) -> None:
     """Body of ``streamwork inspect`` (see ``register``)."""
-    view = _view(stream, partitions, partition)
+    view = _view(stream, detect_partitions(url, stream, partitions), partition)
     resolved = connection.resolve_url(url)
     with _errors(resolved, "streamwork inspect"):
         client = connection.sync_client(resolved)
@@ -452,9 +453,9 @@ def _missing_partitions(samples: Sequence[StreamStats]) -> list[str]:
 
 
 def top_command(stream: str | None, interval: float, once: bool, url: str | None,
-                partitions: int = 1, partition: int | None = None) -> None:
+                partitions: int | None = None, partition: int | None = None) -> None:
     """Body of ``streamwork top`` (see ``register``)."""
-    view = _view(stream, partitions, partition)
+    view = _view(stream, detect_partitions(url, stream, partitions), partition)
     resolved = connection.resolve_url(url)
     console = _console()
     with _errors(resolved, "streamwork top"):
@@ -509,8 +510,9 @@ def _found_in(producer: Producer, picked: Sequence[tuple[int, str]], group: str,
 
 
 def job_command(stream: str, key: str, group: str | None, as_json: bool, url: str | None,
-                partitions: int = 1, partition: int | None = None) -> None:
+                given: int | None = None, partition: int | None = None) -> None:
     """Body of ``streamwork job`` (see ``register``)."""
+    partitions = detect_partitions(url, stream, given)
     picked = partition_streams(stream, partitions, partition)
     where: tuple[int, str] | None = None
     if partitions > 1:
@@ -579,7 +581,8 @@ def register(main: click.Group) -> None:
     @partition_options
     @url_option
     def inspect(stream: str | None, as_json: bool, fail_if: tuple[Threshold, ...],
-                quiet: bool, partitions: int, partition: int | None, url: str | None) -> None:
+                quiet: bool, partitions: int | None, partition: int | None,
+                url: str | None) -> None:
         """Groups, consumers, lag, pending (count, oldest age), delayed and dead letters of
         STREAM, or of every stream when none is given; a partitioned stream's totals and
         each partition with --partitions P. Exit 0 OK, 1 error, 2 --fail-if hit."""
@@ -593,7 +596,7 @@ def register(main: click.Group) -> None:
                   help="take two samples --interval apart, print one frame and exit")
     @partition_options
     @url_option
-    def top(stream: str | None, interval: float, once: bool, partitions: int,
+    def top(stream: str | None, interval: float, once: bool, partitions: int | None,
             partition: int | None, url: str | None) -> None:
         """Live view of every stream (or STREAM): inspect's figures plus produced/s and
         acked/s (partitioned streams as totals and per partition with --partitions P).
@@ -608,7 +611,7 @@ def register(main: click.Group) -> None:
     @click.option("--json", "as_json", is_flag=True, help="print the status as one JSON object")
     @partition_options
     @url_option
-    def job(stream: str, key: str, group: str | None, as_json: bool, partitions: int,
+    def job(stream: str, key: str, group: str | None, as_json: bool, partitions: int | None,
             partition: int | None, url: str | None) -> None:
         """Show what GROUP knows of job KEY: running, waiting, done (with its result), dead
         (with reason and dead-letter id) or unknown; with --partitions P, from whichever

@@ -189,8 +189,13 @@ async def test_job_finds_the_record_in_its_partition(redis_url: str, r: redis.Re
     assert json.loads(elsewhere.output)["state"] == "unknown", elsewhere.output
     never = cli("job", STREAM, "never-sent", "--partitions", "4", "--url", redis_url)
     assert "state: unknown" in never.output and "partition: none has a record" in never.output
-    # without --partitions the plain stream "orders" does not exist: said so, as before
-    plain = cli("job", STREAM, good, "--url", redis_url)
+    # without --partitions the count recorded in {S}:partitions is used: found all the same
+    auto = cli("job", STREAM, good, "--json", "--url", redis_url)
+    assert auto.exit_code == 0, auto.output
+    assert (json.loads(auto.output)["state"], json.loads(auto.output)["partition"]) == (
+        "done", home)
+    # an explicit --partitions 1 looks at the plain stream "orders", which does not exist
+    plain = cli("job", STREAM, good, "--partitions", "1", "--url", redis_url)
     assert plain.exit_code == 1 and "does not exist" in plain.output
 
 
@@ -215,7 +220,10 @@ async def test_dlq_lists_and_replays_every_partition(redis_url: str, r: redis.Re
                "--url", redis_url)
     assert sorted(json.loads(line)["key"] for line in only.output.splitlines()) == sorted(
         k for k in BAD if partition_of(k, P) == 3)
-    assert "0 shown" in cli("dlq", "list", STREAM, "--url", redis_url).output  # as before
+    # without --partitions: the recorded count; with --partitions 1: the plain stream
+    assert "all 4 partitions (8 shown)" in cli("dlq", "list", STREAM, "--url", redis_url).output
+    assert "0 shown" in cli("dlq", "list", STREAM, "--partitions", "1", "--url",
+                            redis_url).output
 
     # by id: the partition holding it is found; an id two partitions share (dead letters
     # written in the same millisecond) needs --partition
