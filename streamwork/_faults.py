@@ -6,7 +6,10 @@ rule, DESIGN.md "A worker is whole, or it exits"):
 * `Fault.TRANSIENT` - the server is busy, full, restarting, read-only, failing over or out
   of reach: back off and retry, keeping every finished outcome in memory until it is
   written. Connection loss, timeouts, ``LOADING``, ``BUSY``, ``TRYAGAIN``,
-  ``CLUSTERDOWN``, ``MASTERDOWN``, ``READONLY``, ``OOM`` (and ``NOREPLICAS``).
+  ``CLUSTERDOWN``, ``MASTERDOWN``, ``READONLY``, ``OOM`` (and ``NOREPLICAS``); also a
+  connection torn down under a command, which some redis-py versions report as an
+  ``AttributeError``/``TypeError`` on ``None`` instead of a ConnectionError (see
+  `_torn_down`).
 * `Fault.GONE` - the consumer group or the stream itself is gone (a server that came back
   empty, a ``FLUSHALL``, a deleted key): recreate the group (``MKSTREAM``) and go on.
 * `Fault.FATAL` - anything else is a bug or a misconfiguration (``WRONGTYPE``, a wrong
@@ -16,8 +19,10 @@ rule, DESIGN.md "A worker is whole, or it exits"):
 from __future__ import annotations
 
 import enum
+import os
 from typing import Final
 
+import redis
 import redis.exceptions
 
 
@@ -68,6 +73,37 @@ def _code(exc: BaseException) -> str:
     return text.split(" ", 1)[0]
 
 
+#: redis-py's connection and reply-parser modules, relative to its package directory
+_REDIS_DIR: Final = os.path.dirname(os.path.abspath(redis.__file__)) + os.sep
+_CONNECTION_MODULES: Final = (os.path.join("asyncio", "connection.py"), "connection.py",
+                              "_parsers" + os.sep)
+
+
+def _torn_down(exc: BaseException) -> bool:
+    """True for a connection closed under a command, as redis-py up to 8.1 reports it.
+
+    redis-py's async ``RedisCluster`` closes every node's connections on ``CLUSTERDOWN``
+    and when it rebuilds its slot map (``RedisCluster.aclose``), while other coroutines
+    sharing the client are in the middle of a command on them; the next write then finds
+    ``Connection._writer`` gone and raises ``AttributeError: 'NoneType' object has no
+    attribute 'writelines'`` (and, on a socket the peer reset, ``TypeError: 'NoneType'
+    object is not callable`` on CPython 3.12 / ``AttributeError ... '_add_writer'`` on
+    3.13.0-3.13.9: redis/redis-py#4287, fixed upstream by #4288). The command never
+    reached the server, or its reply is lost as with any connection loss: a retry is
+    safe. Recognised narrowly: an AttributeError/TypeError about ``None`` whose traceback
+    passes through redis-py's connection or parser code last among redis-py's frames."""
+    if not isinstance(exc, (AttributeError, TypeError)) or "'NoneType'" not in str(exc):
+        return False
+    last = None
+    tb = exc.__traceback__
+    while tb is not None:
+        name = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if name.startswith(_REDIS_DIR):
+            last = name[len(_REDIS_DIR):]
+        tb = tb.tb_next
+    return last is not None and last.startswith(_CONNECTION_MODULES)
+
+
 def classify(exc: BaseException) -> Fault:
     """Whether ``exc`` is worth a retry, calls for recreating the group, or is fatal."""
     if isinstance(exc, _FATAL_TYPES):
@@ -79,7 +115,7 @@ def classify(exc: BaseException) -> Fault:
         if code in _TRANSIENT_CODES or isinstance(exc, _TRANSIENT_TYPES):
             return Fault.TRANSIENT
         return Fault.FATAL
-    if isinstance(exc, _TRANSIENT_TYPES):
+    if isinstance(exc, _TRANSIENT_TYPES) or _torn_down(exc):
         return Fault.TRANSIENT
     return Fault.FATAL
 
