@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -194,7 +195,10 @@ def _start_nodes(make_server: Callable[..., RedisServer], n: int,
             "--cluster-enabled", "yes", "--cluster-port", str(bus),
             "--cluster-config-file", f"nodes-{port}.conf",
             # a replica's first full sync starts at once, not after the default 5 s
-            "--repl-diskless-sync-delay", "0", *extra_args]))
+            "--repl-diskless-sync-delay", "0",
+            # CLUSTER SLOTS lists a replica only once its replication offset is above 0,
+            # which on an idle master takes its first PING to replicas (default: 10 s)
+            "--repl-ping-replica-period", "1", *extra_args]))
     return servers
 
 
@@ -269,3 +273,112 @@ def local_cluster(
             client.close()
         for node in nodes.values():
             node.close()
+
+
+def _nodes_table(text: str) -> dict[str, tuple[frozenset[str], str, str, frozenset[str]]]:
+    """CLUSTER NODES as {address: (flags, master address or "-", link, slot ranges)},
+    unhealthy nodes included."""
+    lines = [line.split() for line in text.splitlines() if line.strip()]
+    addr_of = {parts[0]: parts[1].split("@")[0] for parts in lines}
+    return {addr_of[parts[0]]: (frozenset(parts[2].split(",")),
+                                addr_of.get(parts[3], parts[3]) if parts[3] != "-" else "-",
+                                parts[7], frozenset(parts[8:]))
+            for parts in lines}
+
+
+def _not_failed_over(survivors: dict[int, redis.Redis], dead: int, promoted: int,
+                     slots: frozenset[str]) -> str | None:
+    """Why the cluster has not (yet) recovered from the death of master ``dead``, whose
+    ``slots`` replica ``promoted`` should now serve, or None when every survivor agrees it
+    has: ``promoted`` is a master, ``dead`` is flagged ``fail``, every other node is healthy
+    and connected, the state is ok with all 16384 slots covered, and every survivor's
+    CLUSTER SLOTS is the same and names ``promoted`` (never ``dead``) for those slots."""
+    role = survivors[promoted].info("replication").get("role")
+    if role != "master":
+        return f"replica {promoted} is still {role}"
+    dead_addr, new_addr = f"127.0.0.1:{dead}", f"127.0.0.1:{promoted}"
+    slot_views = {}
+    for port, node in survivors.items():
+        info = _info(_raw(node, "CLUSTER", "INFO"))
+        for name, want in (("cluster_state", "ok"), ("cluster_slots_assigned", str(SLOTS)),
+                           ("cluster_slots_ok", str(SLOTS))):
+            if info.get(name) != want:
+                return f"node {port}: {name}:{info.get(name)} (want {want})"
+        table = _nodes_table(_raw(node, "CLUSTER", "NODES"))
+        for addr, (flags, _, link, _) in table.items():
+            if addr == dead_addr:
+                if "fail" not in flags:
+                    return f"node {port} sees the dead master as {','.join(sorted(flags))}"
+            elif flags & BAD_FLAGS or link != "connected":
+                return f"node {port} sees {addr} as {','.join(sorted(flags))}, link {link}"
+        new_flags, _, _, new_slots = table[new_addr]
+        if "master" not in new_flags or new_slots != slots:
+            return (f"node {port} sees {new_addr} as {','.join(sorted(new_flags))} with slots "
+                    f"{sorted(new_slots)} (want master of {sorted(slots)})")
+        slot_views[port] = _slots_view(node.execute_command("CLUSTER", "SLOTS"))
+        if any(owner == dead for _, _, owner, _ in slot_views[port]):
+            return f"CLUSTER SLOTS of {port} still names the dead master {dead}"
+    first_port, first = next(iter(slot_views.items()))
+    for port, view in slot_views.items():
+        if view != first:
+            return f"CLUSTER SLOTS of {port} and {first_port} disagree: {view} != {first}"
+    return None
+
+
+def pause(server: RedisServer) -> None:
+    """SIGSTOP ``server`` (by its pid): a replica stopped so stops replicating, and every
+    write its master acknowledges meanwhile exists on the master alone."""
+    assert server.pid is not None, f"server {server.port} is not running"
+    os.kill(server.pid, signal.SIGSTOP)
+
+
+def resume(server: RedisServer) -> None:
+    """SIGCONT a server `pause` stopped."""
+    assert server.pid is not None, f"server {server.port} is not running"
+    os.kill(server.pid, signal.SIGCONT)
+
+
+def kill_master(cluster: LocalCluster, master: RedisServer, timeout: float = 30.0, *,
+                then: Callable[[], None] | None = None) -> RedisServer:
+    """SIGKILL ``master`` (by its pid, a crash: whatever it had not sent its replica is
+    lost), call ``then`` (e.g. `resume` a replica paused to make it lag), and wait until
+    its replica is promoted and every surviving node agrees the cluster is whole again
+    (see `_not_failed_over`); return the promoted replica. ``cluster``'s lists are
+    updated: the replica is now among its masters, with no replica of its own. Needs a
+    master with exactly one replica; pass a small ``node_timeout_ms`` to `local_cluster`
+    for a quick failover."""
+    [replica] = cluster.replicas_of[master.port]
+    dead = master.port
+    survivors = {s.port: redis.Redis(host="127.0.0.1", port=s.port, socket_timeout=5)
+                 for s in cluster.servers if s is not master}
+    # asked of another master: the replica may be paused
+    peer = next(m.port for m in cluster.masters if m is not master)
+    owner = _nodes_table(_raw(survivors[peer], "CLUSTER", "NODES"))
+    slots = owner[f"127.0.0.1:{dead}"][3]
+    why: str | None = "not looked at yet"
+
+    def recovered() -> bool:
+        nonlocal why
+        try:
+            why = _not_failed_over(survivors, dead, replica.port, slots)
+        except (redis.exceptions.RedisError, KeyError, ValueError) as e:
+            why = f"a node did not answer as expected: {e!r}"
+        return why is None
+
+    try:
+        master.kill()
+        if then is not None:
+            then()
+        try:
+            wait_for(recovered, timeout, 0.05, message="the failover")
+        except AssertionError:
+            raise AssertionError(f"no failover {timeout:g}s after master {dead} was killed: "
+                                 f"{why}") from None
+    finally:
+        for node in survivors.values():
+            node.close()
+    cluster.masters[cluster.masters.index(master)] = replica
+    cluster.replicas.remove(replica)
+    del cluster.replicas_of[dead]
+    cluster.replicas_of[replica.port] = []
+    return replica
