@@ -115,8 +115,8 @@ class Consumer:
         if cfg.dedup:
             self.cache = (local_cache(None, cfg.local_cache_size, cfg.local_cache_ttl)
                           if isinstance(cache, str) else cache)
-        self.sup = Supervisor(self._recreate_group, stream=cfg.stream, group=cfg.group,
-                              consumer=name)
+        self.sup = Supervisor(self._recreate_group, self._distrust_cache, stream=cfg.stream,
+                              group=cfg.group, consumer=name)
         self.isolating = False  # a reclaimed suspect runs alone: no reading meanwhile
         self.joined = False
         self.stopped = False
@@ -228,9 +228,17 @@ class Consumer:
                 if not str(exc).startswith("BUSYGROUP"):
                     raise
 
+    def _distrust_cache(self) -> None:
+        """Redis failed or came back: completions we cached may not have survived it (a
+        failover loses what the replica had not received; a restart without persistence
+        loses everything), so forget them and let the job records decide again."""
+        if self.cache is not None:
+            self.cache.clear()
+
     async def _recreate_group(self) -> None:
         """The group or the stream is gone (the server came back empty, a FLUSHALL):
         create it again. Deliveries held meanwhile are reported by the heartbeat."""
+        self._distrust_cache()
         self.count("group_recreated")
         await self.ensure_group()
 

@@ -42,6 +42,12 @@ class RecentKeys:
     def __len__(self) -> int:
         return len(self._expiry)
 
+    def clear(self) -> None:
+        """Forget every key (Redis may have lost what they stand for)."""
+        self._expiry.clear()
+        self._keys.clear()
+        self._times.clear()
+
     def add(self, key: str) -> None:
         """Remember ``key`` as completed now; forget what expired or overflows."""
         now = self._clock()
@@ -63,6 +69,8 @@ class KeyCache(Protocol):
 
     def add(self, key: str) -> None: ...
 
+    def clear(self) -> None: ...
+
 
 class MappingKeys:
     """A user's cache (any ``cachetools`` cache, or another mutable mapping) as a KeyCache:
@@ -79,6 +87,9 @@ class MappingKeys:
 
     def add(self, key: str) -> None:
         self.mapping[key] = True
+
+    def clear(self) -> None:
+        self.mapping.clear()
 
 
 def local_cache(option: object, maxsize: int, ttl: float) -> KeyCache | None:

@@ -26,8 +26,10 @@ T = TypeVar("T")
 class Supervisor:
     """Owns a worker's tasks, its Redis error backoff and its stop signal."""
 
-    def __init__(self, recreate: Callable[[], Awaitable[None]], **log_fields: str) -> None:
+    def __init__(self, recreate: Callable[[], Awaitable[None]],
+                 on_fault: Callable[[], None] | None = None, **log_fields: str) -> None:
         self._recreate = recreate
+        self._on_fault = on_fault
         self._fields = log_fields
         self.tasks: dict[asyncio.Task[None], str] = {}
         self.dead_tasks: list[str] = []
@@ -117,6 +119,8 @@ class Supervisor:
     async def backoff(self, exc: BaseException) -> None:
         """Note a transient error and sleep the reconnect backoff."""
         self.failures += 1
+        if self._on_fault is not None:
+            self._on_fault()
         if self.failures == 1:
             log.warning("redis unavailable, retrying with backoff: %s", exc,
                         extra=fields(**self._fields))
