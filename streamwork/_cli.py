@@ -14,6 +14,7 @@ from typing import Any, Final
 import click
 
 from . import _bench_cli
+from . import _cli_dashboard as cli_dashboard
 from . import _cli_dlq as cli_dlq
 from . import _cli_ops as cli_ops
 from . import _config as config
@@ -180,6 +181,7 @@ def demo(url: str | None, orders: int) -> None:
 
 cli_dlq.register(main)
 cli_ops.register(main)
+cli_dashboard.register(main)
 _bench_cli.register(main)
 
 __all__ = ["main"]
