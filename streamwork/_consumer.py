@@ -27,7 +27,7 @@ import secrets
 import socket
 import time
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import redis.exceptions
@@ -50,6 +50,7 @@ from ._logs import WORKER_LOGGER, fields
 from ._message import Message, revoke
 from ._outcomes import Outcomes
 from ._partitions import check_recorded
+from ._payloads import InvalidPayload
 from ._recent import KeyCache, local_cache
 from ._runner import Handler, Runner
 from ._supervisor import Supervisor, cancel, uninterrupted
@@ -85,7 +86,8 @@ class Consumer:
 
     def __init__(self, handle: Handler, cfg: WorkerConfig, url: str, name: str,
                  worker_name: str = "", cache: KeyCache | str | None = "built-in", *,
-                 client: Any = None, slots: asyncio.Semaphore | None = None) -> None:
+                 client: Any = None, slots: asyncio.Semaphore | None = None,
+                 convert: Callable[[Any], Any] | None = None) -> None:
         self.handle = handle
         self.cfg = cfg
         self.name = name
@@ -96,6 +98,7 @@ class Consumer:
         self.own_client = client is None
         self.redis: Any = connection.async_client(url) if client is None else client
         self.slots = slots
+        self.convert = convert  # the worker's payload_type, as a converter
         # ordered mode: each order key's deliveries, in admission order; the head alone
         # may run, and those in ``gated`` are leased and wait only for their turn
         self.gate: dict[str, deque[Delivery]] = {}
@@ -394,7 +397,7 @@ class Consumer:
         group's retry stream (RETRY), then queue what may run. ``deliveries``: each entry's
         delivery count (None: all first deliveries)."""
         cfg = self.cfg
-        inflight, loose, cache = self.inflight, self.loose, self.cache
+        inflight, loose, cache, convert = self.inflight, self.loose, self.cache, self.convert
         max_payload, max_deliveries = cfg.max_payload_bytes, cfg.max_deliveries
         stream, group, consumer, timeout = cfg.stream, cfg.group, self.name, cfg.timeout
         retry = src != MAIN
@@ -439,6 +442,17 @@ class Consumer:
                 loose[key] = (entry_id, src)
                 self.outcomes.add_ack(entry_id, src)
                 continue
+            if convert is not None:
+                try:
+                    payload = convert(payload)
+                except InvalidPayload as exc:
+                    log.warning("payload does not validate: dead-lettered", extra=fields(
+                        stream=stream, group=group, entry_id=entry_id.decode(),
+                        key=job_key, reason="payload:invalid"))
+                    self._dead_on_arrival(entry_id, src, attempt, "payload:invalid",
+                                          "InvalidPayload", str(exc), job_key, body)
+                    self.count("invalid_payload", 1)
+                    continue
             msg = Message(entry_id.decode(), stream, job_key, payload, attempt,
                           enqueued_ms / 1000, headers, None, group, consumer)
             d = Delivery(entry_id, src, msg, body,

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Generic
 
-from ._codec import Payload
+from typing_extensions import TypeVar
+
 from .errors import ConfigError, LockLost
 
 #: the header a job's order key travels in when it differs from its key (see _partitions)
@@ -54,8 +56,12 @@ def _wire_all(values: object, what: str) -> tuple[bytes, ...]:
     return tuple(_wire(v, f"{what} #{i}") for i, v in enumerate(values))
 
 
+#: the payload's type: what a worker's ``payload_type`` makes of it (Any when untyped)
+P = TypeVar("P", default=Any)
+
+
 @dataclass(slots=True, eq=False)
-class Message:
+class Message(Generic[P]):
     """One delivery of a job.
 
     ``attempt`` is 1 on the first delivery and counts every delivery Redis made, including
@@ -67,7 +73,7 @@ class Message:
     id: str
     stream: str
     key: str
-    payload: Payload
+    payload: P
     attempt: int
     enqueued_at: float
     headers: dict[str, str]

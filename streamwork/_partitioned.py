@@ -24,7 +24,7 @@ import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 from . import _connection as connection
@@ -71,8 +71,10 @@ class Partitioned:
     """Serves every stream a worker consumes (partitions, or one stream in ordered mode)."""
 
     def __init__(self, handle: Handler, cfg: WorkerConfig, url: str, name: str,
-                 worker_name: str, cache: KeyCache | None) -> None:
+                 worker_name: str, cache: KeyCache | None,
+                 convert: Callable[[Any], Any] | None = None) -> None:
         self.handle = handle
+        self.convert = convert
         self.cfg = cfg
         self.url = url
         self.name = name
@@ -170,7 +172,8 @@ class Partitioned:
         cfg = WorkerConfig(**{**self.cfg.as_dict(), "stream": self.names[i], "partitions": 1,
                               "only_partitions": None})
         consumer = Consumer(self.handle, cfg, self.url, self.name, self.worker_name,
-                            cache=self.cache, client=self.redis, slots=self.slots)
+                            cache=self.cache, client=self.redis, slots=self.slots,
+                            convert=self.convert)
         stop = asyncio.Event()
         self.consumers[i] = consumer
         self.stops[i] = stop

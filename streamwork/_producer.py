@@ -47,6 +47,7 @@ from ._partitions import (
     partition_names,
     partition_of,
 )
+from ._payloads import PLAIN, to_plain
 from ._records import JobStatus
 from .errors import ConfigError, JobFailed, RedisUnavailable, StreamNotFound
 
@@ -282,7 +283,7 @@ class _Core:
         if order_key is not None and check_order_key(order_key) != job_key:
             hdrs[ORDER_KEY_HEADER] = order_key
         target = self._target(stream, job_key, order_key)
-        job = _prepare(payload, job_key, hdrs, self.max_payload_bytes,
+        job = _prepare(to_plain(payload), job_key, hdrs, self.max_payload_bytes,
                        limit_ms=time_limit_ms(timeout))
         what = f"send to {stream!r}"
         if due is not None:
@@ -304,6 +305,8 @@ class _Core:
         limit_ms = time_limit_ms(timeout)
         job_keys = [new_key() if k is None else k for k in _check_keys(payloads, keys)]
         orders = _check_order_keys(order_keys, job_keys)
+        if not all(type(p) in PLAIN for p in payloads):  # instances of typed payloads
+            payloads = [to_plain(p) for p in payloads]
         count = self.partitions_of(stream)
         if orders is None:
             bodies = pack_bodies(job_keys, payloads, hdrs, now_ms, self.max_payload_bytes,

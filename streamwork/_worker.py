@@ -14,14 +14,15 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from . import _connection as connection
 from ._config import WorkerConfig, WorkerOptions
 from ._consumer import Consumer, consumer_name
 from ._keys import check_name
-from ._message import Message
+from ._message import Message, P
 from ._partitioned import Partitioned
+from ._payloads import converter
 from ._recent import local_cache
 
 __all__ = ["Health", "StreamWorker"]
@@ -41,7 +42,7 @@ class Health:
     dead_tasks: tuple[str, ...]
 
 
-class StreamWorker(WorkerOptions):
+class StreamWorker(WorkerOptions, Generic[P]):
     """Base class of job workers; class attributes are the defaults of its options.
 
     Delivery is at-least-once: a job is acknowledged only after ``handle`` returned. With
@@ -60,10 +61,19 @@ class StreamWorker(WorkerOptions):
     #: ``dedup_window``: a key it holds is acked as a duplicate without asking Redis.
     local_cache: Any = None
 
+    #: the type handlers get as ``msg.payload``: a dataclass, a ``msgspec.Struct`` or a
+    #: pydantic model class (None: the decoded MessagePack value as it is). A payload that
+    #: does not validate is dead-lettered at once (reason ``payload:invalid``, never
+    #: retried); ``StreamWorker[Invoice]`` types ``msg.payload`` for the type checker.
+    #: Python only (attribute or ``from_url(payload_type=...)``).
+    payload_type: Any = None
+
     def __init__(self, url: str | None = None, *, consumer: str | None = None,
                  **options: Any) -> None:
         self.url = connection.resolve_url(url)
         cache_option = options.pop("local_cache", type(self).local_cache)
+        self.payload_type = options.pop("payload_type", type(self).payload_type)
+        self._convert = None if self.payload_type is None else converter(self.payload_type)
         self.config = WorkerConfig.build(type(self), options)
         self.local_cache = cache_option
         cache = local_cache(cache_option, self.config.local_cache_size,
@@ -84,7 +94,7 @@ class StreamWorker(WorkerOptions):
         ``options`` override the class attributes and are checked here."""
         return cls(url, **options)
 
-    async def handle(self, msg: Message) -> None:
+    async def handle(self, msg: Message[P]) -> Any:
         """Process one job; return to acknowledge it, raise to retry or dead-letter it."""
         raise NotImplementedError(
             f"{type(self).__name__} must define `async def handle(self, msg)` (or a plain def)"
@@ -145,10 +155,12 @@ class StreamWorker(WorkerOptions):
         runner: Consumer | Partitioned
         if cfg.partitions > 1 or cfg.ordered:
             runner = self._partitioned = Partitioned(
-                self.handle, cfg, self.url, self.consumer_name, self.worker_name, self._cache)
+                self.handle, cfg, self.url, self.consumer_name, self.worker_name, self._cache,
+                convert=self._convert)
         else:
             runner = self._consumer = Consumer(self.handle, cfg, self.url, self.consumer_name,
-                                               self.worker_name, cache=self._cache)
+                                               self.worker_name, cache=self._cache,
+                                               convert=self._convert)
         try:
             await _call_hook(self.on_start)
             try:
