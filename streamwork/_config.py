@@ -53,6 +53,7 @@ class WorkerOptions:
     partitions: int = 1
     ordered: bool = False
     only_partitions: tuple[int, ...] | None = None
+    cancel_running: bool = False
 
 
 #: one line of help per option (``streamwork run --help``; tests check every option has one)
@@ -83,6 +84,8 @@ HELP: Final[dict[str, str]] = {
     "partitions": "streams the stream is split into (as the producers say; cluster scale-out)",
     "ordered": "one job in flight per order key, in enqueue order (a lease per partition)",
     "only_partitions": "consume only these partitions (repeat; default: all)",
+    "cancel_running": "cancel an async handler whose job is cancelled (else it only sees "
+                      "msg.cancelled)",
 }
 
 
@@ -151,7 +154,7 @@ class WorkerConfig(WorkerOptions):
         check_stream(self.stream, self.partitions)
         object.__setattr__(self, "only_partitions",
                            check_subset(self.only_partitions, self.partitions))
-        for flag in ("dedup", "heartbeat", "ordered"):
+        for flag in ("dedup", "heartbeat", "ordered", "cancel_running"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(flag, f"must be True or False, got {getattr(self, flag)!r}")
         if self.lock_urls is not None:

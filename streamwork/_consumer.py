@@ -518,6 +518,9 @@ class Consumer:
                     self.count("deduplicated", 1, "duplicate")
                     self.remember_done(d.msg.key)
                     self.forget(d, "deduplicated")
+                elif token == Claim.CANCELLED:
+                    self.count("cancelled", 1, "queued")
+                    self.forget(d, "cancelled")
                 else:
                     self.count("not_ours", 1)
                     self.forget(d, "lost")
@@ -558,6 +561,17 @@ class Consumer:
         self.gated.discard(d.ref)
         if not line:
             del self.gate[order_key]
+
+    def cancel_running(self, d: Delivery) -> None:
+        """The heartbeat found the job of a held delivery cancelled: tell its handler
+        (``msg.cancelled``) and, with ``cancel_running``, cancel an async one."""
+        if d.msg._cancelled:
+            return
+        d.msg._cancelled = True
+        self.count("cancel_seen", 1)
+        if d.task is not None and d.state == State.RUNNING and not d.cancelling:
+            d.cancelling = True
+            d.task.cancel()
 
     def retry_in_place(self, d: Delivery, delay: float) -> None:
         """Ordered mode: a failed job is retried here, after ``delay``, still at the head

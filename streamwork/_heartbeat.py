@@ -29,6 +29,7 @@ class Beat(enum.IntEnum):
     KEPT = 1
     DELETED = 2  #: ours, but its stream entry was deleted: adopt it
     VANISHED = 3  #: neither the stream nor the group knows it any more
+    CANCELLED = 5  #: kept, and its job was cancelled meanwhile (producer.cancel)
 
 
 async def beat_once(h: Holder) -> None:
@@ -65,6 +66,9 @@ async def beat(h: Holder) -> None:
             continue
         if code == Beat.KEPT:
             kept.append(d)
+        elif code == Beat.CANCELLED:
+            kept.append(d)
+            h.cancel_running(d)
         elif code == Beat.DELETED:
             deleted.append(d)
         elif code == Beat.VANISHED:

@@ -38,6 +38,7 @@ class Claim(enum.IntEnum):
     DUPLICATE = -1  #: its job record says done: acknowledged, skip it
     BUSY = -2  #: another holder has the lease: keep waiting
     NOT_OURS = -3  #: reclaimed by another consumer meanwhile
+    CANCELLED = -4  #: its job record says cancelled: acknowledged, skip it
 
 
 class LeaseMode(enum.IntEnum):

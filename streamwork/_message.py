@@ -81,6 +81,7 @@ class Message(Generic[P]):
     group: str = ""
     consumer: str = ""
     _lost: bool = field(default=False, repr=False)
+    _cancelled: bool = field(default=False, repr=False)
     #: the staged writes: (command, keys, args), keys and args as the bytes sent to Redis
     staged: list[tuple[str, tuple[bytes, ...], tuple[bytes, ...]]] = field(
         default_factory=list, repr=False)
@@ -109,6 +110,13 @@ class Message(Generic[P]):
         """What orders this job among others (ordered mode) and picks its partition: the
         ``order_key`` it was sent with, else its key."""
         return self.headers.get(ORDER_KEY_HEADER, self.key)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the job was cancelled (``producer.cancel``) while this delivery ran;
+        seen at the worker's next heartbeat. Stop soon: raising anything then ends the job
+        as cancelled (acknowledged, not retried); returning completes it as usual."""
+        return self._cancelled
 
     @property
     def lock_lost(self) -> bool:

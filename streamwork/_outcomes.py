@@ -48,6 +48,7 @@ class Failed(enum.IntEnum):
     LOST = 0
     RETRIED = 1
     DEAD = 2
+    CANCELLED = 3
     VANISHED = 4
 
 
@@ -226,6 +227,11 @@ class Outcomes:
                 stream=h.cfg.stream, group=h.cfg.group, consumer=h.name,
                 entry_id=f.entry_id.decode(), attempt=f.attempts, reason=f.reason,
                 error_type=f.error_type))
+        elif code == Failed.CANCELLED:
+            h.count("cancelled", 1, "running")
+            log.warning("job cancelled while it ran", extra=fields(
+                stream=h.cfg.stream, group=h.cfg.group, consumer=h.name,
+                entry_id=f.entry_id.decode(), attempt=f.attempts, reason=f.reason))
         elif d is not None and code == Failed.VANISHED:
             h.vanish(d)
         elif d is not None:
@@ -234,6 +240,7 @@ class Outcomes:
             h.release_loose(ref(f.src, f.entry_id))
             return
         outcome = {Failed.RETRIED: "retried", Failed.DEAD: "dead_lettered",
+                   Failed.CANCELLED: "cancelled",
                    Failed.VANISHED: "vanished"}.get(Failed(code), "lost")
         if d.span is not None and f.error is not None:
             telemetry.end_span(d.span, outcome, f.error)

@@ -58,6 +58,7 @@ DEFAULT_RETRY_TIMEOUT: Final = 10.0  #: seconds a send keeps retrying while Redi
 #: Redis time (about 1 us per XADD inside Lua); or this many bytes of bodies
 SEND_CHUNK: Final = 1000
 SEND_CHUNK_BYTES: Final = 4 * 1024 * 1024
+CANCEL_TTL: Final = 7 * 86400.0  #: seconds a cancellation is kept by default
 T = TypeVar("T")
 
 
@@ -391,6 +392,26 @@ class _Core:
                                                              .job(key)))
                 for name in (home, *(n for n in names if n != home))]
 
+    def _plan_cancel(self, stream: str, key: str, group: str, reason: str,
+                     order_key: str | None, ttl: float) -> list[_Op]:
+        """One cancel.lua call per partition the job may be in: its own (by ``order_key``)
+        when given or the stream is not partitioned, else every partition (a key sent
+        with an order key of its own lives in that one's partition)."""
+        _check_key(key)
+        if not isinstance(reason, str):
+            raise ConfigError("reason", f"must be a str, got {reason!r}")
+        if (not isinstance(ttl, (int, float)) or isinstance(ttl, bool)
+                or not math.isfinite(ttl) or ttl <= 0):
+            raise ConfigError("ttl", f"must be a finite number of seconds > 0 (how long the "
+                                     f"cancellation is kept), got {ttl!r}")
+        names = self._streams(stream)
+        if order_key is not None or len(names) == 1:
+            names = (self._target(stream, key, order_key),)
+        what = f"cancel {key!r} in {stream!r}"
+        return [_Op(what, name, 1, call=scripts.cancel(_keys(name).group(group).job(key),
+                                                       reason, max(1, round(ttl * 1000))))
+                for name in names]
+
     def _unavailable(self, what: str, exc: BaseException) -> RedisUnavailable:
         return RedisUnavailable(what, self.url, exc)
 
@@ -423,6 +444,16 @@ def _groups_of(client: Any, stream: str) -> Any:
         except redis.ResponseError as exc:
             raise missing(exc) from exc
     return wait()
+
+
+def _text(reply: Any) -> str:
+    return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+
+def _most_telling(states: list[str]) -> str:
+    """Of the states a cancel met in each partition, the one that says most (a job lives
+    in one partition; the others say "unknown")."""
+    return next((s for s in states if s != "unknown"), "unknown")
 
 
 def _get(record: str, client: Any) -> Any:
@@ -599,6 +630,22 @@ class Producer(_Core):
                 break
         return records.parse(stream, group, key, raw)
 
+    def cancel(self, stream: str, key: str, *, group: str | None = None, reason: str = "",
+               order_key: str | None = None, ttl: float = CANCEL_TTL) -> str:
+        """Cancel job ``key`` for ``group`` (left out: the stream's only group) and return
+        the state it was in. A job that has not started (queued, delayed, waiting for a
+        retry, or not even sent yet) will not run: its deliveries are acknowledged without
+        running and its status says "cancelled"; a running one sees ``msg.cancelled`` at
+        its worker's next heartbeat (and is cancelled there with ``cancel_running``); a
+        done job is left alone ("done"). The cancellation is kept ``ttl`` seconds (default
+        7 days): a copy of the key arriving later is cancelled too. Needs ``dedup`` (the
+        default) on the workers: it lives in the job record."""
+        if group is None:
+            group = _only_group(stream, self._perform(self._plan_groups(stream)))
+        states = [_text(self._perform(op)) for op in
+                  self._plan_cancel(stream, key, group, reason, order_key, ttl)]
+        return _most_telling(states)
+
     def result(self, stream: str, key: str, *, group: str | None = None,
                timeout: float | None = 30.0, order_key: str | None = None) -> Any:
         """Wait until ``group`` has finished job ``key`` and return what ``handle()``
@@ -613,7 +660,7 @@ class Producer(_Core):
             st = self.status(stream, key, group=group, order_key=order_key)
             if st.state == "done":
                 return st.result
-            if st.state == "dead":
+            if st.state in ("dead", "cancelled"):
                 raise JobFailed(st)
             pause = waits.next(st)
             time.sleep(pause)
@@ -737,6 +784,16 @@ class AsyncProducer(_Core):
                 break
         return records.parse(stream, group, key, raw)
 
+    async def cancel(self, stream: str, key: str, *, group: str | None = None,
+                     reason: str = "", order_key: str | None = None,
+                     ttl: float = CANCEL_TTL) -> str:
+        """As `Producer.cancel`, awaiting."""
+        if group is None:
+            group = _only_group(stream, await self._perform(self._plan_groups(stream)))
+        states = [_text(await self._perform(op)) for op in
+                  self._plan_cancel(stream, key, group, reason, order_key, ttl)]
+        return _most_telling(states)
+
     async def result(self, stream: str, key: str, *, group: str | None = None,
                      timeout: float | None = 30.0, order_key: str | None = None) -> Any:
         """As `Producer.result`, awaiting (other tasks run while it waits)."""
@@ -747,7 +804,7 @@ class AsyncProducer(_Core):
             st = await self.status(stream, key, group=group, order_key=order_key)
             if st.state == "done":
                 return st.result
-            if st.state == "dead":
+            if st.state in ("dead", "cancelled"):
                 raise JobFailed(st)
             await asyncio.sleep(waits.next(st))
 

@@ -9,7 +9,10 @@ The first byte is the state, the rest its details:
   a result was not kept); written by complete.lua from what `done_record` builds.
 * ``W`` + MessagePack ``[attempts, updated ms, due ms, error]`` - waiting for a retry;
 * ``X`` + MessagePack ``[attempts, updated ms, dead-letter id, reason, error]`` - dead;
-  both written by fail.lua and neither blocks a later copy of the key from running.
+  both written by fail.lua and neither blocks a later copy of the key from running;
+* ``C`` + MessagePack ``[updated ms, reason]`` - cancelled (cancel.lua, or fail.lua for a
+  job cancelled while it ran): its deliveries are acknowledged without running. A running
+  job that is cancelled keeps its ``R`` lease with ``|C`` appended until it ends.
 
 No record: this group has not started the job, or its record expired (``unknown``).
 """
@@ -25,7 +28,7 @@ import msgpack
 
 DEFAULT_MAX_RESULT_BYTES: Final = 64 * 1024  #: results larger than this are not kept
 
-STATES: Final = {"R": "running", "D": "done", "W": "waiting", "X": "dead"}
+STATES: Final = {"R": "running", "D": "done", "W": "waiting", "X": "dead", "C": "cancelled"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +36,8 @@ class JobStatus:
     """What a group knows of one job key (`Producer.status`).
 
     ``state``: "running" | "waiting" (a retry is due at ``due``) | "done" | "dead" |
-    "unknown" (not started by this group, or its record expired). ``result`` is
+    "cancelled" | "unknown" (not started by this group, or its record expired); a running
+    job whose cancellation was asked has ``reason`` "cancel requested". ``result`` is
     ``handle()``'s return value once done (None if it returned nothing or the result was not
     kept: ``result_note`` says why); ``error`` the last failure, ``reason`` why a dead job
     died (``max_deliveries``, ``timeout``, a ``DeadLetter`` reason, ...) and
@@ -57,7 +61,7 @@ class JobStatus:
     @property
     def finished(self) -> bool:
         """Done or dead: nothing more will happen to it unless it is sent or replayed."""
-        return self.state in ("done", "dead")
+        return self.state in ("done", "dead", "cancelled")
 
 
 def done_record(token: int | None, attempts: int, result: Any, max_bytes: int,
@@ -88,10 +92,13 @@ def parse(stream: str, group: str, key: str, raw: bytes | None) -> JobStatus:
         return JobStatus(stream, group, key, "unknown")
     state, rest = raw[:1].decode("latin-1"), raw[1:]
     if state == "R":
-        lease, attempt, since = rest.decode("utf-8", "replace").rsplit("|", 2)
+        text = rest.decode("utf-8", "replace")
+        asked = text.endswith("|C")  # cancelled while it runs (cancel.lua)
+        lease, attempt, since = (text[:-2] if asked else text).rsplit("|", 2)
         token = lease.rsplit(":", 1)[-1]
         return JobStatus(stream, group, key, "running", attempts=int(attempt),
                          updated_at=int(since) / 1000,
+                         reason="cancel requested" if asked else "",
                          fencing_token=int(token) if token.isdigit() else None)
     fields = msgpack.unpackb(rest, raw=False, strict_map_key=False, unicode_errors="replace")
     if state == "D":
@@ -103,6 +110,10 @@ def parse(stream: str, group: str, key: str, raw: bytes | None) -> JobStatus:
         attempts, updated, due, error = fields
         return JobStatus(stream, group, key, "waiting", attempts=int(attempts), error=error,
                          updated_at=updated / 1000, due=due / 1000)
+    if state == "C":
+        updated, why = fields
+        return JobStatus(stream, group, key, "cancelled", updated_at=updated / 1000,
+                         reason=why)
     if state == "X":
         attempts, updated, dead_id, reason, error = fields
         return JobStatus(stream, group, key, "dead", attempts=int(attempts), error=error,

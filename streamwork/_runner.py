@@ -43,6 +43,10 @@ class HandlerTimeout(Exception):
     """A handler ran past its job's time limit (``timeout``)."""
 
 
+class JobCancelled(Exception):
+    """The job was cancelled (``producer.cancel``) while its handler ran."""
+
+
 class RunnerHost(Protocol):
     """What the runners need of the consumer."""
 
@@ -92,6 +96,7 @@ class Runner:
         running = State.RUNNING
         finish = self._succeeded
         slots = host.slots  # shared by the consumers of a partitioned worker
+        cancellable = cfg.cancel_running and self._is_async
         try:
             while True:
                 # take a ready delivery without a round trip through the loop
@@ -114,6 +119,8 @@ class Runner:
                     host.forget(d)
                     continue
                 d.state = running
+                if cancellable:
+                    d.task = runner
                 d.started = now = clock()
                 if d.limit is not None:
                     watch.d = d
@@ -134,6 +141,11 @@ class Runner:
                         with trace.use_span(d.span, end_on_exit=False):
                             d.result = await call(msg)
                 except asyncio.CancelledError:
+                    if d.cancelling:  # its job was cancelled (cancel_running)
+                        _uncancel(runner)
+                        self._finished(d, "cancelled", debug)
+                        self._failed(d, JobCancelled("the job was cancelled while it ran"))
+                        continue
                     if not d.timed_out:
                         telemetry.end_span(d.span, "cancelled")
                         host.forget(d)
@@ -157,6 +169,7 @@ class Runner:
                         finish(d)
                 finally:
                     watch.d = None
+                    d.task = None
                     if slots is not None:
                         slots.release()
         finally:
@@ -213,7 +226,9 @@ class Runner:
         cfg, msg = self.host.cfg, d.msg
         etype = type(exc).__name__
         detail = f"{exc}\n" + "".join(traceback.format_exception(exc))[-TRACEBACK_LIMIT:]
-        if isinstance(exc, DeadLetter):
+        if msg.cancelled:  # whatever it raised: the job was cancelled, not retried
+            action, reason, delay = "c", "cancelled", 0.0
+        elif isinstance(exc, DeadLetter):
             action, reason, delay = "d", f"dead_letter: {exc.reason}", 0.0
         elif msg.attempt >= cfg.max_deliveries:
             action, reason, delay = "d", "timeout" if d.timed_out else "max_deliveries", 0.0

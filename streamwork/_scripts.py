@@ -38,7 +38,8 @@ _WORKER: Final = ("ack", "adopt", "claim", "complete", "fail", "heartbeat", "pro
 PRELUDES: Final = {name: ("fields", "lib") for name in _WORKER}
 #: script flags on servers that have them; scripts not named here get no ``#!lua`` line
 FLAGS: Final = {
-    "claim": "", "complete": "", "fail": "", "produce": "", "promote": "", "reclaim": "",
+    "cancel": "", "claim": "", "complete": "", "fail": "", "produce": "", "promote": "",
+    "reclaim": "",
     "ack": "allow-oom", "adopt": "allow-oom", "heartbeat": "allow-oom", "reap": "allow-oom",
     "trim": "allow-oom",
 }
@@ -88,6 +89,12 @@ def produce(keys: StreamKeys, bodies: Sequence[bytes], maxlen: int | None = None
     """produce.lua: XADD ``bodies`` to the stream in one atomic step (trimming to about
     ``maxlen`` entries when given); returns their ids."""
     return Call("produce", [keys.stream], [pack(list(bodies)), maxlen or ""])
+
+
+def cancel(record: str, reason: str, ttl_ms: int) -> Call:
+    """cancel.lua: mark job record ``record`` cancelled (or, running, cancel-requested);
+    returns the state the job was in."""
+    return Call("cancel", [record], [reason, ttl_ms])
 
 
 def _group_keys(g: GroupKeys) -> list[Arg]:

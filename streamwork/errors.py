@@ -106,13 +106,20 @@ class WorkerFailed(StreamworkError):
 
 
 class JobFailed(StreamworkError):
-    """``result()`` found the job dead: its attempts are spent (or its handler raised
-    DeadLetter). ``status`` is the job's `JobStatus` (reason, error, dead-letter id)."""
+    """``result()`` found the job dead (its attempts are spent, or its handler raised
+    DeadLetter) or cancelled. ``status`` is the job's `JobStatus` (state, reason, error,
+    dead-letter id)."""
 
     def __init__(self, status: Any) -> None:
         self.status = status
         self.reason: str = status.reason
         self.dead_letter_id: str | None = status.dead_letter_id
+        if status.state == "cancelled":
+            super().__init__(
+                f"job {status.key!r} of group {status.group!r} on stream {status.stream!r} "
+                f"was cancelled: {status.reason or 'no reason given'}. It will not run; "
+                "send it again under a new key to run it.")
+            return
         super().__init__(
             f"job {status.key!r} of group {status.group!r} on stream {status.stream!r} is "
             f"dead after {status.attempts} attempt(s): {status.reason or 'failed'}"

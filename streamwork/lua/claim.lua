@@ -9,7 +9,7 @@
 -- Returns per entry: a fencing token (> 0) when the record was taken (its value starts with
 -- "R<owner prefix>:<token>|"), -1 duplicate (the record says done: acknowledged, skip),
 -- -2 busy (another holder is running it: keep waiting), -3 not ours (reclaimed by another),
--- 0 go ahead ("check" mode).
+-- -4 cancelled (the record says cancelled: acknowledged, skip), 0 go ahead ("check" mode).
 -- Cost per entry in "lease" mode: ONE command (SET NX GET: it takes a free record and
 -- shows a taken one); a waiting or dead record, which never blocks a later copy, costs a
 -- second SET. Per batch: one XPENDING per stream read, one INCRBY, one XACK (duplicates).
@@ -31,6 +31,9 @@ for i, id in ipairs(ids) do
     local record = redis.call('GET', prefix .. jobs[i])
     if record and string.sub(record, 1, 1) == 'D' then
       res[i] = -1
+      add_ack(acks, srcs[i], id)
+    elseif record and string.sub(record, 1, 1) == 'C' then
+      res[i] = -4
       add_ack(acks, srcs[i], id)
     else
       res[i] = 0
@@ -57,6 +60,9 @@ if #todo > 0 then
       res[i] = token
     elseif state == 'D' then
       res[i] = -1
+      add_ack(acks, srcs[i], ids[i])
+    elseif state == 'C' then
+      res[i] = -4
       add_ack(acks, srcs[i], ids[i])
     elseif state == 'R' then
       res[i] = -2

@@ -14,8 +14,9 @@
 -- ARGV[7] MessagePack list, one per entry: [id, src, action ("r" retry / "d" dead), delay
 -- ms, attempts so far, job key, lease ("" when the delivery never held one), member ("" or the adopted delivery's member), reason,
 -- error type, detail (message + short traceback), body ("" if unknown)]
--- Returns per entry: 1 retry scheduled, 2 dead-lettered, 0 lost (not ours: nothing
--- written), 4 vanished (neither the stream nor the group knows the entry any more)
+-- ("c": cancelled while it ran - acknowledged, the record says cancelled, no dead letter)
+-- Returns per entry: 1 retry scheduled, 2 dead-lettered, 3 cancelled, 0 lost (not ours:
+-- nothing written), 4 vanished (neither the stream nor the group knows the entry any more)
 local streams = {KEYS[1], KEYS[2]}
 local retries, dead = KEYS[3], KEYS[4]
 local group, consumer, worker, prefix, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -52,7 +53,12 @@ for i, f in ipairs(batch) do
       end
     end
     local error_text = f[10] .. ': ' .. string.sub(f[11], 1, 200)
-    if action == 'r' and e and body ~= '' then
+    if action == 'c' then  -- cancelled while it ran: acknowledged, the record says so
+      if write then
+        redis.call('SET', key, 'C' .. cmsgpack.pack({now, f[9]}), 'PX', ARGV[6])
+      end
+      res[i] = 3
+    elseif action == 'r' and e and body ~= '' then
       local due = now + tonumber(delay)
       redis.call('ZADD', retries, due, attempts .. ':' .. src .. id .. ':' .. body)
       if write then

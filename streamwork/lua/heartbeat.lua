@@ -9,7 +9,8 @@
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] lease TTL (ms), ARGV[4] job record prefix,
 -- ARGV[5] MessagePack [[entry id...], [src...], [job key...], [lease ("": none)...],
 --         [member ("": not adopted)...]]
--- Returns per entry: 1 kept, 0 lost (another consumer owns it, or the lease is gone),
+-- Returns per entry: 1 kept, 5 kept and its job was cancelled meanwhile (the record's lease
+-- ends in "|C": see cancel.lua), 0 lost (another consumer owns it, or the lease is gone),
 -- 2 deleted (ours, but its entry was deleted: adopt it), 3 vanished (neither the stream
 -- nor the group knows it any more: the server lost it)
 local streams = {KEYS[1], KEYS[2]}
@@ -23,7 +24,9 @@ local res = {}
 for i, id in ipairs(ids) do
   local stream = streams[srcs[i] + 1]
   local key = ARGV[4] .. jobs[i]
-  local lease_ok = leases[i] == '' or leased_by(redis.call('GET', key), leases[i])
+  local record = nil
+  if leases[i] ~= '' then record = redis.call('GET', key) end
+  local lease_ok = leases[i] == '' or leased_by(record, leases[i])
   if members[i] ~= '' then
     if lease_ok and redis.call('ZSCORE', retries, members[i]) then
       redis.call('ZADD', retries, 'XX', due, members[i])
@@ -43,6 +46,7 @@ for i, id in ipairs(ids) do
   end
   if res[i] == 1 and leases[i] ~= '' then
     redis.call('PEXPIRE', key, ARGV[3])
+    if string.sub(record, -2) == '|C' then res[i] = 5 end
   end
 end
 return res
