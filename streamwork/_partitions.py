@@ -1,10 +1,12 @@
 """Partitioned streams: stream ``S`` split into ``P`` streams spread over a Cluster's slots.
 
 Partition ``i`` of ``P`` is the stream ``S#i.n``: ``n`` is the smallest number >= 0 for which
-that name's Cluster slot (CRC16, as Redis computes it) falls in the ``i``-th of ``P`` equal
-ranges of the 16384 slots. Each partition is its own hash tag, its keys live in its own slot,
-and since ``redis-cli --cluster create`` gives each master one contiguous range of slots, the
-partitions spread over the masters evenly. A job goes to partition
+that name's Cluster slot (CRC16, as Redis computes it) falls in the middle half of the
+``i``-th of ``P`` equal ranges of the 16384 slots (``ceil(i*w + w/4) <= slot <
+floor((i+1)*w - w/4)``, ``w = 16384/P``). Each partition is its own hash tag, its keys
+live in its own slot, and since ``redis-cli --cluster create`` gives each master one
+contiguous range of slots (rounded to the nearest slot: the middle half keeps clear of
+that rounding), the partitions spread over the masters evenly. A job goes to partition
 ``crc32(order_key as UTF-8) mod P`` (zlib's CRC-32, the same in every language); its
 ``order_key`` defaults to its ``key``. Pure, no I/O.
 """
@@ -12,6 +14,7 @@ partitions spread over the masters evenly. A job goes to partition
 from __future__ import annotations
 
 import functools
+import math
 import zlib
 from collections.abc import Sequence
 from typing import Final
@@ -54,8 +57,12 @@ def partition_names(stream: str, partitions: int) -> tuple[str, ...]:
     if partitions == 1:
         return (stream,)
     names = []
+    width = SLOTS / partitions
     for i in range(partitions):
-        low, high = i * SLOTS // partitions, (i + 1) * SLOTS // partitions
+        # the middle half of the i-th range: a master's range from redis-cli (rounded to
+        # the nearest slot) holds it whole whenever the master count divides P
+        low = math.ceil(i * width + width / 4)
+        high = math.floor((i + 1) * width - width / 4)
         n = 0
         while not low <= key_slot(f"{stream}#{i}.{n}".encode()) < high:
             n += 1

@@ -144,6 +144,9 @@ async def test_inspect_and_top_add_up_the_partitions(redis_url: str, r: redis.Re
     assert sum(r.xlen(dead_key(i)) for i in range(P)) == len(BAD)
     # ... and when no count is recorded, the partitions not found are named on stderr
     r.delete(StreamKeys.for_stream(STREAM).partitions)
+    none = cli("inspect", STREAM, "--partitions", "3", "-q", "--url", redis_url)
+    assert none.exit_code == 1 and "no stream for any of its 3 partitions" in none.output
+    r.xadd(partition_names(STREAM, 3)[0], {"d": b"x"})  # one of the 3 exists, 2 do not
     wrong = cli("inspect", STREAM, "--partitions", "3", "-q", "--url", redis_url)
     missing = [i for i, n in enumerate(partition_names(STREAM, 3)) if not r.exists(n)]
     assert wrong.exit_code == 0 and missing, wrong.output

@@ -46,7 +46,7 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("local_cache_ttl", -1.0),
     ("max_result_bytes", -1), ("max_result_bytes", 1.5), ("max_result_bytes", 2**40),
     ("partitions", 0), ("partitions", 1025), ("partitions", "6"), ("partitions", True),
-    ("ordered", "yes"), ("ordered", 1),
+    ("ordered", "yes"), ("ordered", 1), ("cancel_running", "yes"),
     ("only_partitions", [1]), ("only_partitions", []), ("only_partitions", "0"),
     ("only_partitions", 0),
     ("stream", "{orders}:dead"),

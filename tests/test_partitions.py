@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 import zlib
 from collections import defaultdict
@@ -25,11 +26,35 @@ from tests.ordered_campaign import expected_logs, run_campaign
 STREAM, GROUP = "orders", "billing"
 
 
+def _redis_cli_ranges(masters: int) -> list[tuple[int, int]]:
+    """The slot range of each master as ``redis-cli --cluster create`` assigns them
+    (redis-cli.c: ``last = lround(cursor + slots_per_node - 1)``)."""
+    per, first, cursor, out = 16384 / masters, 0, 0.0, []
+    for i in range(masters):
+        last = 16383 if i == masters - 1 else math.floor(cursor + per - 1 + 0.5)
+        out.append((first, last))
+        first, cursor = last + 1, cursor + per
+    return out
+
+
+@pytest.mark.parametrize(("masters", "partitions"), [(2, 6), (3, 6), (3, 3), (6, 6), (5, 10)])
+def test_partitions_land_evenly_on_redis_cli_masters(masters: int, partitions: int) -> None:
+    """For any stream name, when the master count divides P, each master of a cluster made
+    by redis-cli holds exactly P / masters partitions (the rounding of its slot ranges
+    never pushes a partition onto a neighbour)."""
+    ranges = _redis_cli_ranges(masters)
+    for n in range(300):
+        names = partition_names(f"orders{n}", partitions)
+        owners = [next(m for m, (lo, hi) in enumerate(ranges)
+                       if lo <= key_slot(name.encode()) <= hi) for name in names]
+        assert owners == [i * masters // partitions for i in range(partitions)], (n, owners)
+
+
 def test_partition_names_are_pinned_and_spread_over_slot_ranges() -> None:
     """The layout other languages rely on: names, slot ranges and the crc32 routing."""
     names = partition_names("orders", 6)
-    assert names == ("orders#0.22", "orders#1.10", "orders#2.25", "orders#3.0", "orders#4.1",
-                     "orders#5.31")
+    assert names == ("orders#0.40", "orders#1.21", "orders#2.50", "orders#3.0", "orders#4.9",
+                     "orders#5.62")
     for i, name in enumerate(names):
         assert i * 16384 // 6 <= key_slot(name.encode()) < (i + 1) * 16384 // 6
         assert StreamKeys.for_stream(name).tag == "{" + name + "}"
