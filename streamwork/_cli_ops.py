@@ -509,6 +509,24 @@ def _found_in(producer: Producer, picked: Sequence[tuple[int, str]], group: str,
     return None
 
 
+def cancel_command(stream: str, key: str, group: str | None, reason: str,
+                   order_key: str | None, url: str | None, given: int | None = None) -> None:
+    """Body of ``streamwork cancel`` (see ``register``)."""
+    partitions = detect_partitions(url, stream, given)
+    partition_streams(stream, partitions, None)  # checks the name suits partitioning
+    resolved = connection.resolve_url(url)
+    with _errors(resolved, "streamwork cancel"):
+        producer = Producer.from_url(resolved, partitions={stream: partitions})
+        try:
+            was = producer.cancel(stream, key, group=group, reason=reason, order_key=order_key)
+        finally:
+            producer.close()
+    effect = {"done": "already done: nothing changed",
+              "cancelled": "already cancelled",
+              "running": "running: its handler sees msg.cancelled at the next heartbeat"}
+    click.echo(f"{key}: {effect.get(was, f'{was}: cancelled, it will not run')}")
+
+
 def job_command(stream: str, key: str, group: str | None, as_json: bool, url: str | None,
                 given: int | None = None, partition: int | None = None) -> None:
     """Body of ``streamwork job`` (see ``register``)."""
@@ -618,6 +636,24 @@ def register(main: click.Group) -> None:
         partition holds it (and which one that is)."""
         job_command(stream, key, group, as_json, url, partitions, partition)
 
-    for command in (inspect, top, job):
+    @click.command("cancel")
+    @click.argument("stream")
+    @click.argument("key")
+    @click.option("--group", default=None,
+                  help="consumer group (may be left out when the stream has only one)")
+    @click.option("--reason", default="", help="why; kept in the job's status")
+    @click.option("--order-key", default=None,
+                  help="the order key the job was sent with, if not its key (partitioned)")
+    @partition_options
+    @url_option
+    def cancel(stream: str, key: str, group: str | None, reason: str,
+               order_key: str | None, partitions: int | None, partition: int | None,
+               url: str | None) -> None:
+        """Cancel job KEY for GROUP: queued, delayed or waiting, it will not run; running,
+        its handler sees msg.cancelled; done, nothing changes. Prints the state it was in.
+        Needs dedup on the workers (the default)."""
+        cancel_command(stream, key, group, reason, order_key, url, partitions)
+
+    for command in (inspect, top, job, cancel):
         if command.name not in main.commands:
             main.add_command(command)

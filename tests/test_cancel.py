@@ -151,3 +151,22 @@ def test_bad_cancel_input(redis_url: str) -> None:
             p.cancel(STREAM, "k", group=GROUP, ttl=0)
         with pytest.raises(sw.ConfigError, match="key"):
             p.cancel(STREAM, "", group=GROUP)
+
+
+def test_cli_cancel(redis_url: str, r: redis.Redis) -> None:
+    from click.testing import CliRunner
+
+    from streamwork._cli import main
+    r.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+    with sw.Producer.from_url(redis_url) as p:
+        p.send(STREAM, {}, key="k1")
+        out = CliRunner().invoke(main, ["cancel", STREAM, "k1", "--reason", "dup order",
+                                        "--url", redis_url])
+        assert out.exit_code == 0, out.output
+        assert "k1: unknown: cancelled, it will not run" in out.output
+        st = p.status(STREAM, "k1")
+        assert (st.state, st.reason) == ("cancelled", "dup order")
+        again = CliRunner().invoke(main, ["cancel", STREAM, "k1", "--url", redis_url])
+        assert "already cancelled" in again.output
+        bad = CliRunner().invoke(main, ["cancel", "nope", "k1", "--url", redis_url])
+        assert bad.exit_code == 1 and "nope" in bad.output
