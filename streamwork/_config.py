@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 from collections.abc import Mapping
 from typing import Any, Final
@@ -54,6 +55,8 @@ class WorkerOptions:
     ordered: bool = False
     only_partitions: tuple[int, ...] | None = None
     cancel_running: bool = False
+    rate_limit: str | None = None
+    concurrency_per_key: int = 1
 
 
 #: one line of help per option (``streamwork run --help``; tests check every option has one)
@@ -84,6 +87,10 @@ HELP: Final[dict[str, str]] = {
     "partitions": "streams the stream is split into (as the producers say; cluster scale-out)",
     "ordered": "one job in flight per order key, in enqueue order (a lease per partition)",
     "only_partitions": "consume only these partitions (repeat; default: all)",
+    "rate_limit": "jobs started per second/minute/hour by the group, across all its workers "
+                  "(e.g. 50/s, 600/m)",
+    "concurrency_per_key": "jobs in flight per concurrency key across all workers (with "
+                           "concurrency_key)",
     "cancel_running": "cancel an async handler whose job is cancelled (else it only sees "
                       "msg.cancelled)",
 }
@@ -150,6 +157,9 @@ class WorkerConfig(WorkerOptions):
             _num(self, "retention", 0.0)
         if self.timeout is not None:
             _num(self, "timeout", 0.001)
+        _int(self, "concurrency_per_key", 1, 1_000_000)
+        if self.rate_limit is not None:
+            parse_rate(self.rate_limit)
         check_partitions(self.partitions)
         check_stream(self.stream, self.partitions)
         object.__setattr__(self, "only_partitions",
@@ -216,6 +226,20 @@ class WorkerConfig(WorkerOptions):
                     f"`{required} = \"...\"` attribute or pass {required}=... to from_url"
                 )
         return cls(**values)
+
+
+_RATE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")
+_PER: Final = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0,
+               "h": 3600.0, "hour": 3600.0}
+
+
+def parse_rate(text: object) -> float:
+    """``rate_limit`` ("50/s", "600/m", "10/h") as jobs per second; ConfigError otherwise."""
+    found = _RATE.match(text) if isinstance(text, str) else None
+    if found is None or float(found.group(1)) <= 0:
+        raise ConfigError("rate_limit", f"must look like '50/s', '600/m' or '10/h' (jobs "
+                                        f"started per second, minute or hour), got {text!r}")
+    return float(found.group(1)) / _PER[found.group(2)]
 
 
 def _lock_urls(cfg: WorkerConfig) -> None:

@@ -40,12 +40,13 @@ from . import _scripts as scripts
 from . import _telemetry as telemetry
 from . import _upkeep as upkeep
 from ._codec import ATTEMPTS_FIELD, BODY_FIELD, decode_fields, parse_attempts
-from ._config import WorkerConfig
+from ._config import WorkerConfig, parse_rate
 from ._connection import reconnect_delay
 from ._delivery import MAIN, RETRY, Delivery, Entry, Failure, RunQueue, State, ref
 from ._faults import Fault, classify
-from ._keys import StreamKeys
+from ._keys import GroupKeys, StreamKeys
 from ._leases import Claim
+from ._limits import Limits, hold_ms
 from ._logs import WORKER_LOGGER, fields
 from ._message import Message, revoke
 from ._outcomes import Outcomes
@@ -87,7 +88,9 @@ class Consumer:
     def __init__(self, handle: Handler, cfg: WorkerConfig, url: str, name: str,
                  worker_name: str = "", cache: KeyCache | str | None = "built-in", *,
                  client: Any = None, slots: asyncio.Semaphore | None = None,
-                 convert: Callable[[Any], Any] | None = None) -> None:
+                 convert: Callable[[Any], Any] | None = None,
+                 key_of: Callable[[Message], str] | None = None,
+                 limit_keys: GroupKeys | None = None) -> None:
         self.handle = handle
         self.cfg = cfg
         self.name = name
@@ -104,6 +107,12 @@ class Consumer:
         self.gate: dict[str, deque[Delivery]] = {}
         self.gated: set[bytes] = set()
         self.scripts = scripts.AsyncScripts(self.redis, flags=False)
+        self.limits: Limits | None = None
+        if cfg.rate_limit is not None or key_of is not None:
+            self.limits = Limits(
+                self.scripts.run, limit_keys or self.keys.group(cfg.group), name,
+                None if cfg.rate_limit is None else parse_rate(cfg.rate_limit), key_of,
+                cfg.concurrency_per_key, hold_ms(cfg.visibility_timeout))
         self.lease = leases.choose(self.scripts, self.gkeys, cfg, name,
                                    f"{name}:{secrets.token_hex(10)}")
         self.counts: Counter[str] = Counter()
@@ -166,6 +175,8 @@ class Consumer:
         runners = [sup.spawn("runner", self.runner.loop()) for _ in range(self.cfg.concurrency)]
         runners.append(sup.loop("leaser", self._lease_waiting_once))
         keepers = [sup.loop("flusher", self.outcomes.step)]
+        if self.limits is not None and self.limits.key_of is not None:
+            keepers.append(sup.loop("limits", self._keep_holds))
         if self.cfg.heartbeat:
             keepers.append(sup.loop("heartbeat", lambda: heartbeat.beat_once(self)))
         try:
@@ -585,6 +596,16 @@ class Consumer:
         d.result = None
         d.state = State.QUEUED
         asyncio.get_running_loop().call_later(delay, self._retry_due, d)
+
+    def requeue_later(self, d: Delivery, delay: float) -> None:
+        """Queue ``d`` again after ``delay`` (it was over a limit: it waits, held)."""
+        d.state = State.QUEUED
+        asyncio.get_running_loop().call_later(delay, self._retry_due, d)
+
+    async def _keep_holds(self) -> None:
+        await asyncio.sleep(self.cfg.heartbeat_interval)
+        if self.limits is not None:
+            await self.limits.keep_all()
 
     def _retry_due(self, d: Delivery) -> None:
         if not d.dropped and self.inflight.get(d.ref) is d and d.state == State.QUEUED:

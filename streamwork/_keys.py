@@ -27,7 +27,7 @@ _TAG: Final = re.compile(r"\{([^{}]+)\}")
 _BAD_CHARS: Final = re.compile(r"[\s\x00]")
 #: names of keys derived from some stream (see StreamKeys); never a stream of its own
 _OWNED: Final = re.compile(
-    r"^\{[^{}]+\}(~|:(dead|delayed|fence|partitions)$|:(retry|retries|job|owner|members):)")
+    r"^\{[^{}]+\}(~|:(dead|delayed|fence|partitions)$|:(retry|retries|job|owner|members|rate|sem):)")
 
 
 def check_name(option: str, name: object, *, allow_tag: bool = False) -> str:
@@ -165,10 +165,31 @@ class GroupKeys:
         each one's membership lapses, Unix ms); partitions are shared out among them."""
         return f"{self.stream.prefix}:members:{_lp(self.name)}"
 
+    @property
+    def rate(self) -> str:
+        """The group's token bucket (``rate_limit``), shared by all its workers."""
+        return f"{self.stream.prefix}:rate:{_lp(self.name)}"
+
+    def semaphore(self, concurrency_key: str) -> str:
+        """The holders of one concurrency key (``concurrency_key``/``concurrency_per_key``)."""
+        return f"{self.stream.prefix}:sem:{_lp(self.name)}:{concurrency_key}"
+
     def job(self, key: str) -> str:
         """The job record of job ``key`` in this group: the lease while it runs, then its
         done record (result), or its waiting / dead state."""
         return self.job_prefix + key
+
+    def tick(self, schedule: str) -> str:
+        """Periodic jobs: the latest tick (Unix ms) of the group's schedule ``schedule``
+        that is decided (enqueued, or skipped by ``catch_up``); tick.lua checks and moves
+        it in the step that enqueues, so each tick is enqueued once across all workers."""
+        return f"{self.stream.prefix}:tick:{_lp(self.name)}:{schedule}"
+
+    @property
+    def schedules(self) -> str:
+        """Periodic jobs, on the base stream: HASH of the group's schedules as its workers
+        publish them (schedule name -> JSON), read by ``streamwork schedules``."""
+        return f"{self.stream.prefix}:schedules:{_lp(self.name)}"
 
 
 def is_owned_key(name: str) -> bool:

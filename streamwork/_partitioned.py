@@ -72,9 +72,11 @@ class Partitioned:
 
     def __init__(self, handle: Handler, cfg: WorkerConfig, url: str, name: str,
                  worker_name: str, cache: KeyCache | None,
-                 convert: Callable[[Any], Any] | None = None) -> None:
+                 convert: Callable[[Any], Any] | None = None,
+                 key_of: Callable[[Any], str] | None = None) -> None:
         self.handle = handle
         self.convert = convert
+        self.key_of = key_of
         self.cfg = cfg
         self.url = url
         self.name = name
@@ -173,7 +175,8 @@ class Partitioned:
                               "only_partitions": None})
         consumer = Consumer(self.handle, cfg, self.url, self.name, self.worker_name,
                             cache=self.cache, client=self.redis, slots=self.slots,
-                            convert=self.convert)
+                            convert=self.convert, key_of=self.key_of,
+                            limit_keys=self.base)  # limits span the partitions
         stop = asyncio.Event()
         self.consumers[i] = consumer
         self.stops[i] = stop

@@ -22,6 +22,8 @@ from opentelemetry import trace
 
 from . import _telemetry as telemetry
 from ._delivery import Delivery, Failure, RunQueue, State
+from ._faults import Fault, classify
+from ._limits import Limits, retry_key_after
 from ._logs import WORKER_LOGGER, fields
 from ._message import Message, revoke
 from ._pool import DaemonPool
@@ -59,10 +61,12 @@ class RunnerHost(Protocol):
     counts: Counter[str]
 
     slots: asyncio.Semaphore | None
+    limits: Limits | None
 
     def count(self, what: str, n: int = 1, outcome: str | None = None) -> None: ...
     def forget(self, d: Delivery, outcome: str = "lost") -> None: ...
     def retry_in_place(self, d: Delivery, delay: float) -> None: ...
+    def requeue_later(self, d: Delivery, delay: float) -> None: ...
 
 
 class Runner:
@@ -97,6 +101,7 @@ class Runner:
         finish = self._succeeded
         slots = host.slots  # shared by the consumers of a partitioned worker
         cancellable = cfg.cancel_running and self._is_async
+        limits = host.limits if host.limits is not None and host.limits.on else None
         try:
             while True:
                 # take a ready delivery without a round trip through the loop
@@ -117,6 +122,11 @@ class Runner:
                 msg = d.msg
                 if d.dropped:
                     host.forget(d)
+                    continue
+                if limits is not None and not await self._within_limits(limits, d):
+                    if slots is not None:
+                        slots.release()
+                    host.requeue_later(d, retry_key_after())  # waits, uses no attempt
                     continue
                 d.state = running
                 if cancellable:
@@ -172,8 +182,36 @@ class Runner:
                     d.task = None
                     if slots is not None:
                         slots.release()
+                    if limits is not None and d.ref in limits.held:
+                        await self._give_back(limits, d)
         finally:
             watch.close()
+
+    async def _within_limits(self, limits: Limits, d: Delivery) -> bool:
+        """Whether ``d`` may start now under the group's limits (a key cap and a rate);
+        a transient Redis error means not yet."""
+        try:
+            if not await limits.take_key(d):
+                return False
+            await limits.take_rate()
+            return True
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if classify(exc) is Fault.FATAL:
+                raise
+            log.warning("limits unavailable (%s); the job waits", exc, extra=fields(
+                stream=self.host.cfg.stream, group=self.host.cfg.group, key=d.msg.key))
+            return False
+
+    async def _give_back(self, limits: Limits, d: Delivery) -> None:
+        try:
+            await limits.give_back(d)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the hold lapses on its own after visibility_timeout
+            if classify(exc) is Fault.FATAL:
+                raise
 
     async def _call_sync(self, msg: Message) -> Any:
         """Run a plain ``def`` handler on a pool thread (an async one runs on the loop)."""

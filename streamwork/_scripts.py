@@ -39,7 +39,7 @@ PRELUDES: Final = {name: ("fields", "lib") for name in _WORKER}
 #: script flags on servers that have them; scripts not named here get no ``#!lua`` line
 FLAGS: Final = {
     "cancel": "", "claim": "", "complete": "", "fail": "", "produce": "", "promote": "",
-    "reclaim": "",
+    "rate": "", "reclaim": "", "semaphore": "allow-oom",
     "ack": "allow-oom", "adopt": "allow-oom", "heartbeat": "allow-oom", "reap": "allow-oom",
     "trim": "allow-oom",
 }
@@ -89,6 +89,16 @@ def produce(keys: StreamKeys, bodies: Sequence[bytes], maxlen: int | None = None
     """produce.lua: XADD ``bodies`` to the stream in one atomic step (trimming to about
     ``maxlen`` entries when given); returns their ids."""
     return Call("produce", [keys.stream], [pack(list(bodies)), maxlen or ""])
+
+
+def rate(bucket: str, per_ms: float, burst: float) -> Call:
+    """rate.lua: take a token from the group's bucket; 0, or ms until one is due."""
+    return Call("rate", [bucket], [repr(per_ms), repr(burst)])
+
+
+def semaphore(key: str, mode: str, holder: str, limit: int, ttl_ms: int) -> Call:
+    """semaphore.lua: "take", "keep" or "give" a hold of one concurrency key."""
+    return Call("semaphore", [key], [mode, holder, limit, ttl_ms])
 
 
 def cancel(record: str, reason: str, ttl_ms: int) -> Call:

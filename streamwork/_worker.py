@@ -24,6 +24,7 @@ from ._message import Message, P
 from ._partitioned import Partitioned
 from ._payloads import converter
 from ._recent import local_cache
+from .errors import ConfigError
 
 __all__ = ["Health", "StreamWorker"]
 
@@ -68,12 +69,18 @@ class StreamWorker(WorkerOptions, Generic[P]):
     #: Python only (attribute or ``from_url(payload_type=...)``).
     payload_type: Any = None
 
+    #: ``concurrency_per_key`` caps the jobs in flight per the key this returns, across
+    #: every worker of the group: a method ``def concurrency_key(self, msg) -> str``, or a
+    #: function of ``msg`` given to ``from_url(concurrency_key=...)`` (None: no cap).
+    concurrency_key: Any = None
+
     def __init__(self, url: str | None = None, *, consumer: str | None = None,
                  **options: Any) -> None:
         self.url = connection.resolve_url(url)
         cache_option = options.pop("local_cache", type(self).local_cache)
         self.payload_type = options.pop("payload_type", type(self).payload_type)
         self._convert = None if self.payload_type is None else converter(self.payload_type)
+        self._key_of = _key_function(self, options.pop("concurrency_key", None))
         self.config = WorkerConfig.build(type(self), options)
         self.local_cache = cache_option
         cache = local_cache(cache_option, self.config.local_cache_size,
@@ -156,11 +163,11 @@ class StreamWorker(WorkerOptions, Generic[P]):
         if cfg.partitions > 1 or cfg.ordered:
             runner = self._partitioned = Partitioned(
                 self.handle, cfg, self.url, self.consumer_name, self.worker_name, self._cache,
-                convert=self._convert)
+                convert=self._convert, key_of=self._key_of)
         else:
             runner = self._consumer = Consumer(self.handle, cfg, self.url, self.consumer_name,
                                                self.worker_name, cache=self._cache,
-                                               convert=self._convert)
+                                               convert=self._convert, key_of=self._key_of)
         try:
             await _call_hook(self.on_start)
             try:
@@ -195,6 +202,27 @@ class StreamWorker(WorkerOptions, Generic[P]):
             f"consumer={self.consumer_name!r} acked={c['acked']} retried={c['retried']} "
             f"dead_lettered={c['dead_lettered']} deduplicated={c['deduplicated']}>"
         )
+
+
+def _key_function(worker: StreamWorker[Any], given: Any) -> Callable[[Message], str] | None:
+    """The worker's concurrency key function: ``from_url(concurrency_key=f)``, else the
+    class's ``concurrency_key`` (a method of ``(self, msg)``, or a function of ``msg``
+    alone, e.g. a lambda, which Python would otherwise bind to the worker)."""
+    if given is None:
+        raw = inspect.getattr_static(worker, "concurrency_key", None)
+        if raw is None:
+            return None
+        if isinstance(raw, staticmethod):
+            given = raw.__func__
+        elif inspect.isfunction(raw) and len(inspect.signature(raw).parameters) == 1:
+            given = raw  # `concurrency_key = lambda msg: ...` in the class body
+        else:
+            given = worker.concurrency_key
+    if not callable(given):
+        raise ConfigError("concurrency_key", f"must be a function of the message returning "
+                                             f"a str, got {given!r}")
+    fn: Callable[[Message], str] = given
+    return fn
 
 
 async def _call_hook(hook: Callable[[], Any]) -> None:

@@ -47,6 +47,8 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("max_result_bytes", -1), ("max_result_bytes", 1.5), ("max_result_bytes", 2**40),
     ("partitions", 0), ("partitions", 1025), ("partitions", "6"), ("partitions", True),
     ("ordered", "yes"), ("ordered", 1), ("cancel_running", "yes"),
+    ("rate_limit", "50"), ("rate_limit", "0/s"), ("rate_limit", 50),
+    ("concurrency_per_key", 0), ("concurrency_per_key", "2"),
     ("only_partitions", [1]), ("only_partitions", []), ("only_partitions", "0"),
     ("only_partitions", 0),
     ("stream", "{orders}:dead"),
