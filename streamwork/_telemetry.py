@@ -23,7 +23,7 @@ COUNTERS: Final = (
     "produced", "consumed", "acked", "retried", "dead_lettered", "deduplicated", "reclaimed",
 )
 LOCK_COUNTERS: Final = ("contended", "lost")
-GAUGES: Final = ("lag", "pending", "delayed", "dead")
+GAUGES: Final = ("lag", "pending", "delayed", "dead", "oldest_pending_idle")
 
 _PACKAGE: Final = "streamwork"
 _tracer = trace.get_tracer(_PACKAGE)
@@ -88,9 +88,17 @@ def set_gauges(stream: str, group: str, lag: float | None, pending: int, delayed
     """Record the latest stream figures for the observable gauges."""
     if lag is not None:
         _board.values[("lag", stream, group)] = lag
+    else:  # Redis could not tell (entries deleted): report none rather than a stale one
+        _board.values.pop(("lag", stream, group), None)
     _board.values[("pending", stream, group)] = pending
     _board.values[("delayed", stream, "")] = delayed
     _board.values[("dead", stream, "")] = dead
+
+
+def set_oldest_pending_idle(stream: str, group: str, seconds: float) -> None:
+    """Record how long the group's oldest pending delivery has been idle (0: none pending);
+    over the visibility timeout, its consumer is dead or stalled."""
+    _board.values[("oldest_pending_idle", stream, group)] = seconds
 
 
 def count(what: str, n: int, stream: str, group: str = "", outcome: str | None = None) -> None:

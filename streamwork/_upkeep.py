@@ -13,7 +13,7 @@ import contextlib
 import logging
 import random
 import time
-from typing import Final
+from typing import Any, Final
 
 import redis.exceptions
 
@@ -85,7 +85,21 @@ async def read_gauges(h: Holder) -> None:
     groups, delayed, dead = await pipe.execute(raise_on_error=False)
     if isinstance(groups, Exception):
         return
+    oldest: list[tuple[str, Any]] = []
     for g in groups:
         name = g["name"].decode() if isinstance(g["name"], bytes) else str(g["name"])
         telemetry.set_gauges(h.cfg.stream, name, g.get("lag"), int(g["pending"]),
                              int(delayed), int(dead))
+        if int(g["pending"]):
+            oldest.append((name, g))
+        else:
+            telemetry.set_oldest_pending_idle(h.cfg.stream, name, 0.0)
+    if oldest:  # the idle time of each group's oldest pending delivery
+        pipe = h.redis.pipeline(transaction=False)
+        for name, _ in oldest:
+            pipe.xpending_range(h.cfg.stream, name, min="-", max="+", count=1)
+        for (name, _), rows in zip(oldest, await pipe.execute(raise_on_error=False),
+                                   strict=True):
+            if isinstance(rows, list):
+                idle_ms = int(rows[0]["time_since_delivered"]) if rows else 0
+                telemetry.set_oldest_pending_idle(h.cfg.stream, name, idle_ms / 1000)

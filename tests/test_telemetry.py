@@ -116,14 +116,16 @@ async def test_each_outcome_counts_and_the_duration_is_recorded(
 
 
 async def test_gauges_read_real_lag_pending_delayed_dead(redis_url: str, r: redis.Redis) -> None:
-    """The stream gauges report what XINFO, ZCARD and XLEN say."""
+    """The stream gauges report what XINFO, ZCARD, XLEN and XPENDING say."""
     stream = "gauged"  # a stream no other test's worker reports on
     keys = StreamKeys.for_stream(stream)
     producer = sw.Producer.from_url(redis_url)
     producer.send_many(stream, [{}] * 6)
     producer.send(stream, {}, delay=3600)
     r.xgroup_create(stream, "testers", id="0")
-    r.xreadgroup("testers", "someone", {stream: ">"}, count=2)
+    read = r.xreadgroup("testers", "someone", {stream: ">"}, count=2)
+    first_id = read[0][1][0][0]
+    r.xclaim(stream, "testers", "someone", 0, [first_id], idle=5000, justid=True)
     r.xadd(keys.dead, {"reason": "x"})
     worker = LedgerWorker.from_url(redis_url, stream=stream)
     from streamwork._consumer import Consumer
@@ -142,6 +144,7 @@ async def test_gauges_read_real_lag_pending_delayed_dead(redis_url: str, r: redi
     assert gauge("lag") == 4
     assert gauge("delayed") == 1
     assert gauge("dead") == 1
+    assert 5.0 <= gauge("oldest_pending_idle") < 30.0  # idle 5 s when read (XCLAIM IDLE)
     producer.close()
 
 
