@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from ._message import Message
     from ._producer import AsyncProducer, Producer
     from ._records import JobStatus
+    from ._schedules import Cron, Every
     from ._worker import Health, StreamWorker
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
@@ -52,6 +53,7 @@ _LAZY = {
     "async_fenced_set": "_lock", "fenced_set": "_lock", "Message": "_message",
     "AsyncProducer": "_producer", "Producer": "_producer", "Health": "_worker",
     "StreamWorker": "_worker", "JobStatus": "_records",
+    "Cron": "_schedules", "Every": "_schedules",
 }
 
 
@@ -80,8 +82,10 @@ __all__ = [
     "AsyncProducer",
     "AsyncRedlock",
     "ConfigError",
+    "Cron",
     "DeadLetter",
     "DecodeError",
+    "Every",
     "Health",
     "HeldLock",
     "JobFailed",

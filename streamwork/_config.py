@@ -17,6 +17,7 @@ from ._codec import DEFAULT_MAX_PAYLOAD_BYTES
 from ._keys import StreamKeys, check_name
 from ._partitions import check_partitions, check_stream, check_subset, partition_names
 from ._records import DEFAULT_MAX_RESULT_BYTES
+from ._schedules import check_catch_up
 from .errors import ConfigError
 
 #: heartbeat every visibility_timeout/3, so two missed beats still leave margin
@@ -57,6 +58,7 @@ class WorkerOptions:
     cancel_running: bool = False
     rate_limit: str | None = None
     concurrency_per_key: int = 1
+    catch_up: str = "last"
 
 
 #: one line of help per option (``streamwork run --help``; tests check every option has one)
@@ -93,6 +95,8 @@ HELP: Final[dict[str, str]] = {
                            "concurrency_key)",
     "cancel_running": "cancel an async handler whose job is cancelled (else it only sees "
                       "msg.cancelled)",
+    "catch_up": "ticks of the schedules missed while no worker ran: last (run the latest), "
+                "all, or none",
 }
 
 
@@ -160,6 +164,7 @@ class WorkerConfig(WorkerOptions):
         _int(self, "concurrency_per_key", 1, 1_000_000)
         if self.rate_limit is not None:
             parse_rate(self.rate_limit)
+        check_catch_up(self.catch_up)
         check_partitions(self.partitions)
         check_stream(self.stream, self.partitions)
         object.__setattr__(self, "only_partitions",

@@ -6,6 +6,8 @@ script touches one Cluster slot. For a plain name (prefix ``{S}``): ``{S}:dead``
 ``{S}:retries:<len(G)>:G`` (ZSET), and one job record per job key ``K``:
 ``{S}:job:<len(G)>:G:K``; ordered mode adds ``{S}:owner:<len(G)>:G`` (the partition's
 lease) and ``{S}:members:<len(G)>:G`` (the group's live workers, on the base stream).
+Periodic jobs add ``{S}:tick:<len(G)>:G:<schedule>`` (its last tick decided) and
+``{S}:schedules:<len(G)>:G`` (the schedules the group's workers publish).
 A name carrying its own tag (``{orders}:eu``) gets the prefix
 ``{orders}~<len(S)>:S`` instead. Lengths in front of names make the layout injective: two
 different (stream, group, job key) triples never share a key, whatever characters they hold.
@@ -27,7 +29,8 @@ _TAG: Final = re.compile(r"\{([^{}]+)\}")
 _BAD_CHARS: Final = re.compile(r"[\s\x00]")
 #: names of keys derived from some stream (see StreamKeys); never a stream of its own
 _OWNED: Final = re.compile(
-    r"^\{[^{}]+\}(~|:(dead|delayed|fence|partitions)$|:(retry|retries|job|owner|members|rate|sem):)")
+    r"^\{[^{}]+\}(~|:(dead|delayed|fence|partitions)$"
+    r"|:(retry|retries|job|owner|members|rate|sem|tick|schedules):)")
 
 
 def check_name(option: str, name: object, *, allow_tag: bool = False) -> str:

@@ -33,7 +33,7 @@ from ._keys import GroupKeys, StreamKeys
 #: scripts registered from another script's file (with other flags)
 _FILES: Final = {"ack": "complete"}
 _WORKER: Final = ("ack", "adopt", "claim", "complete", "fail", "heartbeat", "promote",
-                  "reclaim", "schedule")
+                  "reclaim", "schedule", "tick")
 #: shared Lua prepended to each script, in order
 PRELUDES: Final = {name: ("fields", "lib") for name in _WORKER}
 #: script flags on servers that have them; scripts not named here get no ``#!lua`` line
@@ -42,6 +42,7 @@ FLAGS: Final = {
     "rate": "", "reclaim": "", "semaphore": "allow-oom",
     "ack": "allow-oom", "adopt": "allow-oom", "heartbeat": "allow-oom", "reap": "allow-oom",
     "trim": "allow-oom",
+    "tick": "",  # periodic jobs: adds jobs, so refused whole under OOM
 }
 #: a script that compiles only where the server understands flags
 _PROBE: Final = "#!lua flags=no-writes\nreturn 1"
@@ -172,6 +173,14 @@ def trim(stream: str, cutoff_ms: int) -> Call:
 def reap(stream: str, group: str, idle_ms: int, keep: str) -> Call:
     """reap.lua: remove idle consumers that own nothing (never ``keep``)."""
     return Call("reap", [stream], [group, idle_ms, keep])
+
+
+def tick(stream: str, last_tick: str, upto_ms: int,
+         ticks: Sequence[tuple[int, bytes]]) -> Call:
+    """tick.lua: XADD a schedule's due ticks (``(tick ms, body)``, ascending) onto
+    ``stream`` unless another worker decided them already; ``upto_ms`` is the latest tick
+    this call decides about (later than any it enqueues if catch_up skipped some)."""
+    return Call("tick", [stream, last_tick], [str(upto_ms), pack([list(t) for t in ticks])])
 
 
 def schedule(k: StreamKeys, delay_ms: str, at_ms: str, members: Sequence[bytes]) -> Call:

@@ -24,6 +24,8 @@ from ._message import Message, P
 from ._partitioned import Partitioned
 from ._payloads import converter
 from ._recent import local_cache
+from ._scheduler import with_schedules
+from ._schedules import check_schedules
 from .errors import ConfigError
 
 __all__ = ["Health", "StreamWorker"]
@@ -74,6 +76,11 @@ class StreamWorker(WorkerOptions, Generic[P]):
     #: function of ``msg`` given to ``from_url(concurrency_key=...)`` (None: no cap).
     concurrency_key: Any = None
 
+    #: periodic jobs: ``[sw.Every(60, payload=...), sw.Cron("*/5 * * * *", tz="UTC")]``;
+    #: each tick is enqueued once across all the group's workers (missed ticks: see
+    #: ``catch_up``). Python only (attribute or ``from_url(schedules=[...])``).
+    schedules: Any = ()
+
     def __init__(self, url: str | None = None, *, consumer: str | None = None,
                  **options: Any) -> None:
         self.url = connection.resolve_url(url)
@@ -81,7 +88,9 @@ class StreamWorker(WorkerOptions, Generic[P]):
         self.payload_type = options.pop("payload_type", type(self).payload_type)
         self._convert = None if self.payload_type is None else converter(self.payload_type)
         self._key_of = _key_function(self, options.pop("concurrency_key", None))
+        schedules = options.pop("schedules", type(self).schedules)
         self.config = WorkerConfig.build(type(self), options)
+        self.schedules = check_schedules(schedules, self.config.max_payload_bytes)
         self.local_cache = cache_option
         cache = local_cache(cache_option, self.config.local_cache_size,
                             self.config.local_cache_ttl)  # checked whatever dedup says
@@ -171,7 +180,8 @@ class StreamWorker(WorkerOptions, Generic[P]):
         try:
             await _call_hook(self.on_start)
             try:
-                await runner.run(self._stop_event)
+                await with_schedules(runner.run(self._stop_event), self.schedules, cfg,
+                                     self.url, self.consumer_name, self._stop_event)
             finally:
                 await _call_hook(self.on_stop)
         finally:

@@ -49,6 +49,7 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("ordered", "yes"), ("ordered", 1), ("cancel_running", "yes"),
     ("rate_limit", "50"), ("rate_limit", "0/s"), ("rate_limit", 50),
     ("concurrency_per_key", 0), ("concurrency_per_key", "2"),
+    ("catch_up", "sometimes"), ("catch_up", None), ("catch_up", "ALL"),
     ("only_partitions", [1]), ("only_partitions", []), ("only_partitions", "0"),
     ("only_partitions", 0),
     ("stream", "{orders}:dead"),
