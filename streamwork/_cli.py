@@ -1,7 +1,9 @@
-"""The ``streamwork`` command: run, send, demo, dlq (and, as they land, inspect, top, bench)."""
+"""The ``streamwork`` command: run (one or several workers, ``--processes``, health probes),
+send, demo; dlq, inspect, top, job, dashboard and bench register from their own modules."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import importlib
 import json
@@ -17,17 +19,24 @@ from . import _bench_cli
 from . import _cli_dashboard as cli_dashboard
 from . import _cli_dlq as cli_dlq
 from . import _cli_ops as cli_ops
+from . import _cli_schedules as cli_schedules
 from . import _config as config
 from . import _connection as connection
 from . import _logs as logs
 from . import _otel as otel
+from . import _processes as processes_mod
 from ._cli_common import fail, url_option
+from ._health import DEFAULT_HEALTH_HOST
+from ._host import serve_all
 from ._producer import Producer
 from ._worker import StreamWorker
 from .errors import StreamworkError
 
 #: what `--timeout none` (and the like) parses to: the option is given, its value is None
 _NONE: Final = object()
+
+#: the most worker processes `run --processes` starts (more is a typo, not a plan)
+MAX_PROCESSES: Final = 256
 
 
 def _or_none(inner: click.ParamType[Any]) -> Any:
@@ -110,8 +119,51 @@ def _run_options(fn: Any) -> Any:
     return fn
 
 
+#: options the --processes supervisor sets per child instead of passing them through
+_PER_CHILD: Final = frozenset({"targets", "processes", "health_port", "health_host",
+                               "metrics_port"})
+
+
+def _child_args(ctx: click.Context) -> list[str]:
+    """The `run` command line of one `--processes` child: the targets and options as this
+    command parsed them (so the child accepts them as this one did), minus those the
+    supervisor sets per child."""
+    args: list[str] = list(ctx.params["targets"])
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name in _PER_CHILD:
+            continue
+        value = ctx.params.get(param.name or "")
+        if value is None or value == ():
+            continue
+        flag = param.opts[0]
+        if param.is_flag and param.secondary_opts:  # --heartbeat/--no-heartbeat
+            args.append(flag if value else param.secondary_opts[0])
+        elif param.is_flag:
+            args += [flag] if value else []
+        elif param.multiple:
+            for item in value:
+                args += [flag, str(item)]
+        else:
+            args += [flag, "none" if value is _NONE else str(value)]
+    return args
+
+
+def _check_distinct(workers: list[StreamWorker]) -> None:
+    """Two workers of one process on one stream and group would split its jobs between
+    two handlers at random: refuse that."""
+    seen: dict[tuple[str, str], str] = {}
+    for w in workers:
+        where = (w.config.stream, w.config.group)
+        if where in seen:
+            fail(f"{seen[where]} and {w.worker_name} would both consume stream {where[0]!r} "
+                 f"as group {where[1]!r}: give each worker its own stream or group (don't "
+                 "pass --stream/--group to several workers); for more of one worker, raise "
+                 "--concurrency or use --processes")
+        seen[where] = w.worker_name
+
+
 @main.command()
-@click.argument("target")
+@click.argument("targets", nargs=-1, required=True, metavar="MODULE:Worker...")
 @url_option
 @_run_options
 @click.option("--log-level", default="INFO", show_default=True)
@@ -121,16 +173,65 @@ def _run_options(fn: Any) -> Any:
               help="export traces and metrics over OTLP (extra 'otlp'; also on when "
                    "OTEL_EXPORTER_OTLP_ENDPOINT is set)")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
-              help="serve Prometheus metrics on 127.0.0.1:PORT (extra 'prometheus')")
-def run(target: str, url: str | None, log_level: str, log_format: str, otlp: bool,
-        metrics_port: int | None, **options: Any) -> None:
-    """Run the worker MODULE:Class until SIGINT/SIGTERM, then drain and exit 0."""
+              help="serve Prometheus metrics on PORT of --metrics-host (extra 'prometheus'); "
+                   "with --processes N, child i serves on PORT+i")
+@click.option("--metrics-host", default=otel.DEFAULT_METRICS_HOST, show_default=True,
+              help="address of the metrics endpoint (0.0.0.0: every interface)")
+@click.option("--processes", type=click.IntRange(1, MAX_PROCESSES), default=1,
+              show_default=True,
+              help="run N worker processes under one supervisor (restarted if they die)")
+@click.option("--health-port", type=click.IntRange(1, 65535), default=None,
+              help="serve GET /livez and /readyz (JSON; 200 or 503) on PORT of --health-host")
+@click.option("--health-host", default=DEFAULT_HEALTH_HOST, show_default=True,
+              help="address of the health probes (0.0.0.0: every interface)")
+@click.pass_context
+def run(ctx: click.Context, /, targets: tuple[str, ...], url: str | None, log_level: str,
+        log_format: str, otlp: bool, metrics_port: int | None, metrics_host: str,
+        processes: int, health_port: int | None, health_host: str, **options: Any) -> None:
+    """Run the workers MODULE:Worker... until SIGINT/SIGTERM, then drain and exit 0.
+
+    Several workers share one process and event loop, each with its own options and
+    concurrency (the options given here apply to every one); when one fails, all stop
+    and the exit status is 1. With --processes N, a supervisor runs N such processes,
+    forwards SIGINT/SIGTERM to them and restarts one that dies."""
+    processes_mod.watch_parent()  # in a --processes child: never outlive the supervisor
     logs.configure(log_level, log_format)
-    cls = load_worker(target)
+    classes = [load_worker(target) for target in targets]
     overrides = _overrides(options)
     try:
-        worker = cls.from_url(url, **overrides)
-        shutdown = otel.configure(otlp=otel.otlp_requested(otlp), metrics_port=metrics_port)
+        workers = [cls.from_url(url, **overrides) for cls in classes]  # checks the options
+    except StreamworkError as exc:
+        fail(str(exc))
+    _check_distinct(workers)
+    health = (health_host, health_port) if health_port is not None else None
+    if processes > 1:
+        _supervise(ctx, processes, metrics_port, health)
+    else:
+        _serve_here(workers, otlp, metrics_port, metrics_host, health)
+
+
+def _supervise(ctx: click.Context, processes: int, metrics_port: int | None,
+               health: tuple[str, int] | None) -> None:
+    """`run --processes N`: run N children under a supervisor; exit 1 if one failed."""
+    if metrics_port is not None and metrics_port + processes - 1 > 65535:
+        fail(f"--metrics-port {metrics_port} with --processes {processes}: child i serves "
+             f"on {metrics_port}+i, past 65535; give a lower --metrics-port")
+    supervisor = processes_mod.ProcessSupervisor(
+        _child_args(ctx), processes, metrics_port=metrics_port, health=health)
+    try:
+        status = supervisor.run()
+    except StreamworkError as exc:
+        fail(str(exc))
+    if status:
+        fail("a worker process failed (its error is logged above); every process was stopped")
+
+
+def _serve_here(workers: list[StreamWorker], otlp: bool, metrics_port: int | None,
+                metrics_host: str, health: tuple[str, int] | None) -> None:
+    """Serve ``workers`` in this process until stopped; exit 1 if one failed."""
+    try:
+        shutdown = otel.configure(otlp=otel.otlp_requested(otlp), metrics_port=metrics_port,
+                                  metrics_host=metrics_host)
     except StreamworkError as exc:
         fail(str(exc))
     # everything allocated at start-up (modules, config, clients) will live as long as the
@@ -139,7 +240,10 @@ def run(target: str, url: str | None, log_level: str, log_format: str, otlp: boo
     gc.collect()
     gc.freeze()
     try:
-        worker.run()
+        if len(workers) == 1 and health is None:
+            workers[0].run()  # as before: the worker's own run() and signal handlers
+        else:
+            asyncio.run(serve_all(workers, health))
     except StreamworkError as exc:
         # e.g. WorkerFailed: its message says what failed and what to do next
         fail(f"{type(exc).__name__}: {exc}")
@@ -182,6 +286,7 @@ def demo(url: str | None, orders: int) -> None:
 cli_dlq.register(main)
 cli_ops.register(main)
 cli_dashboard.register(main)
+cli_schedules.register(main)
 _bench_cli.register(main)
 
 __all__ = ["main"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from .errors import StreamworkError
 
@@ -30,8 +30,18 @@ def _missing(extra: str, exc: ImportError) -> StreamworkError:
         f"{exc.name or 'a package'} is not installed: pip install 'streamwork[{extra}]'")
 
 
-def configure(*, otlp: bool, metrics_port: int | None) -> Callable[[], None]:
-    """Install tracer and meter providers; returns a function that flushes and shuts down."""
+#: where the Prometheus endpoint listens unless --metrics-host says otherwise: loopback, so
+#: nothing is exposed beyond the machine by default
+DEFAULT_METRICS_HOST: Final = "127.0.0.1"
+
+
+def configure(*, otlp: bool, metrics_port: int | None,
+              metrics_host: str = DEFAULT_METRICS_HOST) -> Callable[[], None]:
+    """Install tracer and meter providers; returns a function that flushes and shuts down.
+
+    With ``metrics_port``, a Prometheus scrape endpoint listens on ``metrics_host``:
+    ``metrics_port`` (``0.0.0.0`` or ``::`` to let a scraper in another pod reach it).
+    Raises StreamworkError when an extra is missing or the address cannot be bound."""
     if not otlp and metrics_port is None:
         return lambda: None
     try:
@@ -46,6 +56,7 @@ def configure(*, otlp: bool, metrics_port: int | None) -> Callable[[], None]:
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "streamwork")})
     readers: list[MetricReader] = []
     tracer_provider: Any = None
+    metrics_server: Any = None
     if otlp:
         span_exporter, metric_exporter = _otlp_exporters()
         tracer_provider = TracerProvider(resource=resource)
@@ -58,7 +69,15 @@ def configure(*, otlp: bool, metrics_port: int | None) -> Callable[[], None]:
             from prometheus_client import start_http_server
         except ImportError as exc:
             raise _missing("prometheus", exc) from exc
-        start_http_server(metrics_port, addr="127.0.0.1")
+        try:
+            started = start_http_server(metrics_port, addr=metrics_host)
+        except OSError as exc:  # in use, or not an address of this machine
+            raise StreamworkError(
+                f"cannot serve Prometheus metrics on {metrics_host}:{metrics_port} ({exc}): "
+                "give a free --metrics-port and a --metrics-host this machine has "
+                "(127.0.0.1, 0.0.0.0 for every interface)") from exc
+        # prometheus_client >= 0.17 hands back (server, thread): closed by shutdown()
+        metrics_server = started[0] if isinstance(started, tuple) else None
         readers.append(PrometheusMetricReader())
     meter_provider = MeterProvider(resource=resource, metric_readers=readers)
     metrics.set_meter_provider(meter_provider)
@@ -67,6 +86,9 @@ def configure(*, otlp: bool, metrics_port: int | None) -> Callable[[], None]:
         if tracer_provider is not None:
             tracer_provider.shutdown()
         meter_provider.shutdown()
+        if metrics_server is not None:
+            metrics_server.shutdown()
+            metrics_server.server_close()
 
     return shutdown
 
