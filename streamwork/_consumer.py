@@ -54,7 +54,7 @@ from ._partitions import check_recorded
 from ._payloads import InvalidPayload
 from ._recent import KeyCache, local_cache
 from ._runner import Handler, Runner
-from ._supervisor import Supervisor, cancel, uninterrupted
+from ._supervisor import StoppedBeforeStart, Supervisor, cancel, uninterrupted
 from .errors import DecodeError
 
 log = logging.getLogger(WORKER_LOGGER)
@@ -160,6 +160,12 @@ class Consumer:
             if self.cfg.ordered:  # the partition is ours now: its pending jobs come first
                 await sup.until_ok("start", self._take_over)
             self.joined = True
+        except StoppedBeforeStart:
+            await self._close()
+            self.stopped = True
+            log.info("worker stopped before it started (Redis did not answer)", extra=fields(
+                stream=self.cfg.stream, group=self.cfg.group, consumer=self.name))
+            return
         except BaseException:
             await self._close()
             raise

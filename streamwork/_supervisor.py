@@ -9,6 +9,7 @@ worker is not stopping is a bug, and stops it too: never half-alive.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -21,6 +22,10 @@ from .errors import WorkerFailed
 log = logging.getLogger(WORKER_LOGGER)
 
 T = TypeVar("T")
+
+
+class StoppedBeforeStart(Exception):
+    """A stop was asked while the worker was still starting (waiting for Redis)."""
 
 
 class Supervisor:
@@ -102,8 +107,11 @@ class Supervisor:
 
     async def until_ok(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
         """``fn()``, retried through transient errors and a vanished group; anything else
-        raises WorkerFailed."""
+        raises WorkerFailed. A stop asked meanwhile raises StoppedBeforeStart (the worker
+        returns without having served: nothing of it to drain)."""
         while True:
+            if self.stop_event is not None and self.stop_event.is_set():
+                raise StoppedBeforeStart(what)
             try:
                 result = await fn()
             except asyncio.CancelledError:
@@ -124,7 +132,12 @@ class Supervisor:
         if self.failures == 1:
             log.warning("redis unavailable, retrying with backoff: %s", exc,
                         extra=fields(**self._fields))
-        await asyncio.sleep(reconnect_delay(self.failures))
+        pause = reconnect_delay(self.failures)
+        if self.stop_event is None:
+            await asyncio.sleep(pause)
+        else:  # a stop cuts the pause short
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stop_event.wait(), pause)
 
     def ok(self) -> None:
         """A call answered: the outage, if any, is over."""

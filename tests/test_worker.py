@@ -334,3 +334,27 @@ async def test_lifecycle_hooks_run_once_around_serving(redis_url: str, r: Any) -
     sw.Producer.from_url(redis_url).send_many("jobs", [{}] * 3)
     await run_until_idle(Hooked.from_url(redis_url), r)
     assert events == ["start", "job", "job", "job", "stop"]
+
+
+@pytest.mark.parametrize("partitions", [1, 3])
+async def test_stop_while_redis_never_answered_returns_at_once(partitions: int) -> None:
+    """A worker still waiting for Redis at start (nothing listens on its port) stops as soon
+    as it is asked, instead of retrying until Redis answers."""
+    from streamwork._server import free_port
+
+    w = LedgerWorker.from_url(f"redis://127.0.0.1:{free_port()}/0", partitions=partitions)
+    task = asyncio.create_task(w.serve())
+    await asyncio.sleep(0.3)  # let it get into its reconnect backoff (not an assertion)
+    assert not task.done() and not w.health().ready
+    w.stop()
+    await asyncio.wait_for(task, 3.0)  # before the fix: retried until Redis answered
+
+
+def test_sigterm_while_redis_down_exits_promptly(spawn_worker: Any) -> None:
+    """`streamwork run` against a Redis that never answers: SIGTERM ends it (exit 0)."""
+    from streamwork._server import free_port
+
+    proc = spawn_worker("tests.workers:LedgerWorker", f"redis://127.0.0.1:{free_port()}/0")
+    time.sleep(0.5)  # let it get into its reconnect backoff (not an assertion)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0
