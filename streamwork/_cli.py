@@ -1,5 +1,6 @@
 """The ``streamwork`` command: run (one or several workers, ``--processes``, health probes),
-send, demo; dlq, inspect, top, job, dashboard and bench register from their own modules."""
+send, demo; dlq, inspect, top, job, cancel, schedules, dashboard and bench register from
+their own modules."""
 
 from __future__ import annotations
 
