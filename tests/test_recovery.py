@@ -79,7 +79,9 @@ def test_stalled_process_loses_its_job_and_cannot_ack_it(
     stale = spawn_worker(target, redis_url, *args)
     with Producer.from_url(redis_url) as p:
         p.send(STREAM, {"first_sleep": 2.5, "gate": 2}, key="paused")
-    wait_for(lambda: r.llen("calls:paused") == 1, timeout=30, message="attempt 1 to start")
+    # tokens:<key> is pushed after calls:<key>: wait for it, so the SIGSTOP cannot land
+    # between the two pushes (the stale token would then be pushed after the peer's)
+    wait_for(lambda: r.llen("tokens:paused") == 1, timeout=30, message="attempt 1 to start")
     os.kill(stale.pid, signal.SIGSTOP)
     try:
         peer = spawn_worker(target, redis_url, *args)
