@@ -18,6 +18,8 @@ from benchmarks.cluster_nodes import slot_ranges
 from streamwork._server import find_server_binary
 from streamwork.errors import StreamworkError
 
+pytestmark = pytest.mark.cluster
+
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = 300
 
