@@ -171,6 +171,8 @@ class Consumer:
             raise
         log.info("worker started", extra=fields(
             stream=self.cfg.stream, group=self.cfg.group, consumer=self.name))
+        if self.metering:
+            telemetry.start_counting(self.cfg.stream, self.cfg.group)
         background = [
             sup.loop("reader", self._read_once),
             sup.loop("reclaimer", lambda: reclaim.reclaim_once(self)),

@@ -38,8 +38,13 @@ _lock_counters = {
                                 description=f"job leases {name}")
     for name in LOCK_COUNTERS
 }
+#: bucket bounds of handler durations, in seconds (OpenTelemetry's default bounds, 0 to
+#: 10000, suit milliseconds: with seconds nearly every job fell in the first bucket)
+DURATION_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                           2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _duration = _meter.create_histogram(
-    "streamwork.handler.duration", unit="s", description="time spent in handle()")
+    "streamwork.handler.duration", unit="s", description="time spent in handle()",
+    explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
 
 
 @dataclass
@@ -99,6 +104,16 @@ def set_oldest_pending_idle(stream: str, group: str, seconds: float) -> None:
     """Record how long the group's oldest pending delivery has been idle (0: none pending);
     over the visibility timeout, its consumer is dead or stalled."""
     _board.values[("oldest_pending_idle", stream, group)] = seconds
+
+
+def start_counting(stream: str, group: str) -> None:
+    """Make the group's counters exist at 0 from the start (a counter series otherwise
+    appears at its first increment, which ``increase()`` in an alert rule cannot see)."""
+    attrs = {"stream": stream, "group": group}
+    for counter in _counters.values():
+        counter.add(0, attrs)
+    for counter in _lock_counters.values():
+        counter.add(0, attrs)
 
 
 def count(what: str, n: int, stream: str, group: str = "", outcome: str | None = None) -> None:

@@ -3,6 +3,7 @@ OTLP export to a real receiver, and the Prometheus scrape endpoint."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -28,7 +29,8 @@ import streamwork as sw
 from streamwork import _upkeep as upkeep
 from streamwork._keys import StreamKeys
 from streamwork._server import free_port
-from streamwork.testing import run_until_idle, wait_for
+from streamwork._telemetry import DURATION_BUCKETS
+from streamwork.testing import await_for, run_until_idle, wait_for
 from tests.workers import LedgerWorker
 
 STREAM = "jobs"
@@ -100,6 +102,9 @@ async def test_each_outcome_counts_and_the_duration_is_recorded(
     assert delta == {"produced": 7, "consumed": 8, "acked": 6, "retried": 1,
                      "dead_lettered": 1}, delta
     assert sum(p.count for p in _points("streamwork.handler.duration")) - hist_before == 8
+    # bucket bounds in seconds, not OpenTelemetry's default (which suits milliseconds)
+    assert all(tuple(p.explicit_bounds) == DURATION_BUCKETS
+               for p in _points("streamwork.handler.duration"))
     # the outcome attribute says how (issue 9: the README lists it)
     assert _total("streamwork.messages.acked", stream=STREAM, outcome="success") >= 6
     assert _total("streamwork.messages.retried", stream=STREAM, outcome="error") >= 1
@@ -260,3 +265,21 @@ async def test_duplicates_count_as_deduplicated(redis_url: str, r: redis.Redis) 
     assert _total("streamwork.messages.deduplicated", stream=STREAM) - before == 1
     assert r.hget("ledger", "same") == b"1"
     producer.close()
+
+
+async def test_counters_exist_at_zero_from_the_start(redis_url: str, r: redis.Redis) -> None:
+    """A worker that has handled nothing yet already reports its group's counters at 0, so
+    an alert's increase() sees the first dead letter or retry."""
+    stream = "quiet"  # nothing is ever sent to it
+    r.xgroup_create(stream, "idlers", id="0", mkstream=True)
+    worker = LedgerWorker.from_url(redis_url, stream=stream, group="idlers")
+    task = asyncio.create_task(worker.serve())
+    try:
+        def there() -> bool:
+            return all(any(p.attributes.get("stream") == stream and p.value == 0
+                           for p in _points(f"streamwork.messages.{what}"))
+                       for what in ("consumed", "acked", "retried", "dead_lettered"))
+        await await_for(there, timeout=10, message="zero counters of the quiet stream")
+    finally:
+        worker.stop()
+        await task
