@@ -102,6 +102,9 @@ async def test_invalid_payloads_are_dead_lettered_at_once(redis_url: str, r: red
         assert kind.__name__ in e.detail
         assert e.original[BODY_FIELD.decode()] in sent
     assert "order_id" in dead["bad-type"].detail
+    with sw.Producer.from_url(redis_url) as p:
+        st = p.status(STREAM, "bad-type", group=GROUP)
+        assert (st.state, st.reason) == ("dead", "payload:invalid")
 
 
 def test_bad_payload_type_is_refused(redis_url: str) -> None:
