@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -19,7 +20,7 @@ import redis
 import streamwork as sw
 from streamwork._codec import encode_body
 from streamwork._keys import StreamKeys
-from streamwork.testing import Ledger, run_until_idle, stream_idle, wait_for
+from streamwork.testing import Ledger, await_for, run_until_idle, stream_idle, wait_for
 from tests.workers import STREAM, LedgerWorker, SyncLedgerWorker
 from tests.workers_foundation import AsyncProbeWorker, FirstAttemptSlowWorker, SyncProbeWorker
 
@@ -344,17 +345,27 @@ async def test_stop_while_redis_never_answered_returns_at_once(partitions: int) 
 
     w = LedgerWorker.from_url(f"redis://127.0.0.1:{free_port()}/0", partitions=partitions)
     task = asyncio.create_task(w.serve())
-    await asyncio.sleep(0.3)  # let it get into its reconnect backoff (not an assertion)
+
+    def backing_off() -> bool:  # it met the refused connection and waits to try again
+        if w._partitioned is not None:
+            return not w._partitioned.redis_ok
+        return w._consumer is not None and w._consumer.sup.failures > 0
+
+    await await_for(backing_off, timeout=10, message="the worker to retry its connection")
     assert not task.done() and not w.health().ready
     w.stop()
     await asyncio.wait_for(task, 3.0)  # before the fix: retried until Redis answered
 
 
-def test_sigterm_while_redis_down_exits_promptly(spawn_worker: Any) -> None:
+def test_sigterm_while_redis_down_exits_promptly(spawn_worker: Any, tmp_path: Path) -> None:
     """`streamwork run` against a Redis that never answers: SIGTERM ends it (exit 0)."""
     from streamwork._server import free_port
 
-    proc = spawn_worker("tests.workers:LedgerWorker", f"redis://127.0.0.1:{free_port()}/0")
-    time.sleep(0.5)  # let it get into its reconnect backoff (not an assertion)
-    os.kill(proc.pid, signal.SIGTERM)
-    assert proc.wait(timeout=10) == 0
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        proc = spawn_worker("tests.workers:LedgerWorker",
+                            f"redis://127.0.0.1:{free_port()}/0", stdout=out)
+        wait_for(lambda: b"redis unavailable, retrying" in log.read_bytes(), timeout=30,
+                 message="the worker to back off from the unreachable Redis")
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
