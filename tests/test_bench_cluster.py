@@ -17,6 +17,7 @@ from benchmarks.cluster import SCENARIOS, markdown
 from benchmarks.cluster_nodes import slot_ranges
 from streamwork._server import find_server_binary
 from streamwork.errors import StreamworkError
+from tests.conftest import no_server
 
 pytestmark = pytest.mark.cluster
 
@@ -37,10 +38,10 @@ def tiny_run() -> dict[str, Any]:
     try:
         find_server_binary()
     except StreamworkError as exc:
-        pytest.skip(f"the cluster bench starts redis-server processes: {exc}")
+        no_server(f"the cluster bench starts redis-server processes: {exc}")
     if shutil.which("redis-cli") is None and not Path(
             find_server_binary()).with_name("valkey-cli").exists():
-        pytest.skip("no redis-cli (or valkey-cli) to create a cluster with")
+        no_server("no redis-cli (or valkey-cli) to create a cluster with")
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.cluster", "--jobs", str(JOBS), "--repeats", "1",
          "--masters", "1,2", "--no-warm-up", "--retries", "0", "--json"],
