@@ -37,11 +37,16 @@ from ._logs import WORKER_LOGGER, fields
 from ._partitions import check_recorded, partition_names
 from ._recent import KeyCache
 from ._runner import Handler
+from ._supervisor import StoppedBeforeStart, Supervisor
 from .errors import WorkerFailed
 
 log = logging.getLogger(WORKER_LOGGER)
 
 RENEW_FRACTION: Final = 1 / 3  #: leases and membership are renewed this often (of the TTL)
+
+
+async def _nothing() -> None:
+    """No consumer group to recreate while recording the partition count."""
 
 
 def share_out(members: Sequence[str], partitions: int) -> dict[str, list[int]]:
@@ -100,6 +105,7 @@ class Partitioned:
         self.fatal: BaseException | None = None
         self.joined = False
         self.redis_ok = True
+        self.start_sup: Supervisor | None = None  # rides out errors while starting
 
     # ---- what StreamWorker sees -------------------------------------------------------
 
@@ -129,9 +135,8 @@ class Partitioned:
     async def run(self, stop: asyncio.Event) -> None:
         self.slots = asyncio.Semaphore(self.cfg.concurrency)
         try:
-            await self._record_partitions(stop)
-            if stop.is_set():
-                return
+            if not await self._record_partitions(stop):
+                return  # stopped before Redis ever answered
             if self.cfg.ordered:
                 await self._run_ordered(stop)
             else:
@@ -147,27 +152,23 @@ class Partitioned:
         if self.fatal is not None:
             raise self.fatal
 
-    async def _record_partitions(self, stop: asyncio.Event) -> None:
-        """Record the stream's partition count (or find it recorded) before serving: a
-        producer or worker with another count is refused (ConfigError, fatal)."""
-        failures = 0
-        while not stop.is_set():
-            try:
-                recorded = await self.redis.set(self.base.stream.partitions,
-                                                self.cfg.partitions, nx=True, get=True)
-            except Exception as exc:
-                if classify(exc) is Fault.FATAL:
-                    raise WorkerFailed("start", exc) from exc
-                failures += 1
-                self.redis_ok = False
-                await asyncio.sleep(connection.reconnect_delay(failures))
-                continue
-            self.redis_ok = True
-            try:
-                check_recorded(self.cfg.stream, recorded, self.cfg.partitions, "worker")
-            except Exception as exc:
-                raise WorkerFailed("start", exc) from exc
-            return
+    async def _record_partitions(self, stop: asyncio.Event) -> bool:
+        """Record the stream's partition count (or find it recorded) before serving, riding
+        out transient errors as a consumer's start does; a producer or worker with another
+        count is refused (WorkerFailed). False when stopped before Redis answered."""
+        sup = self.start_sup = Supervisor(_nothing, stream=self.cfg.stream,
+                                          group=self.cfg.group, consumer=self.name)
+        sup.stop_event = stop
+        try:
+            recorded = await sup.until_ok("start", lambda: self.redis.set(
+                self.base.stream.partitions, self.cfg.partitions, nx=True, get=True))
+        except StoppedBeforeStart:
+            return False
+        try:
+            check_recorded(self.cfg.stream, recorded, self.cfg.partitions, "worker")
+        except Exception as exc:
+            raise WorkerFailed("start", exc) from exc
+        return True
 
     def _start(self, i: int) -> None:
         """Start serving partition ``i``."""

@@ -348,7 +348,8 @@ async def test_stop_while_redis_never_answered_returns_at_once(partitions: int) 
 
     def backing_off() -> bool:  # it met the refused connection and waits to try again
         if w._partitioned is not None:
-            return not w._partitioned.redis_ok
+            sup = w._partitioned.start_sup
+            return sup is not None and sup.failures > 0
         return w._consumer is not None and w._consumer.sup.failures > 0
 
     await await_for(backing_off, timeout=10, message="the worker to retry its connection")
