@@ -64,7 +64,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.cluster_nodes import BenchCluster, local_cluster
-from benchmarks.measure import GROUP, Run, summary
+from benchmarks.measure import GROUP, Run, end_process, summary
 from streamwork import StreamworkError
 from streamwork._partitions import partition_names
 from streamwork.errors import BenchError
@@ -237,7 +237,7 @@ def _spawn(c: BenchCluster, p: ClusterParams, role: str, extra: Sequence[str],
         [sys.executable, "-m", "benchmarks.cluster_worker", role, "--url", c.url,
          "--stream", STREAM, "--partitions", str(p.partitions), *extra],
         cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
-    stack.callback(_end, proc)
+    stack.callback(end_process, proc)
     return proc, err
 
 
@@ -270,21 +270,6 @@ def _why(proc: subprocess.Popen[bytes], err: IO[bytes], what: str) -> str:
     tail = "\n".join(lines[-15:])
     code = "" if proc.returncode is None else f" (exit code {proc.returncode})"
     return f"{what}{code}" + (f":\n{tail}" if tail else "")
-
-
-def _end(proc: subprocess.Popen[bytes]) -> None:
-    """End a worker process this run started, by its pid: SIGTERM, SIGKILL after 5 s."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-    for pipe in (proc.stdin, proc.stdout):
-        if pipe is not None:
-            with contextlib.suppress(OSError):
-                pipe.close()
 
 
 # ---- the run ----

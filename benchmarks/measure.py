@@ -7,7 +7,9 @@ median summary of repeated runs, and the jobs every scenario enqueues.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
+import subprocess
 import time
 import uuid
 from collections.abc import Sequence
@@ -128,3 +130,19 @@ def make_jobs(n: int) -> tuple[list[str], list[dict[str, Any]]]:
         {"order": i, "amount_cents": 1999, "currency": "EUR"} for i in range(n)
     ]
     return keys, payloads
+
+
+def end_process(proc: subprocess.Popen[bytes]) -> None:
+    """End a child process the run started, by its pid: SIGTERM, then SIGKILL after 5 s;
+    then close the pipes this side holds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()

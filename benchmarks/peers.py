@@ -40,7 +40,7 @@ import redis
 import redis.asyncio as aredis
 
 from benchmarks.harness import Harness, serve_until
-from benchmarks.measure import GROUP, Run, Span, make_jobs, redis_cpu, summary
+from benchmarks.measure import GROUP, Run, Span, end_process, make_jobs, redis_cpu, summary
 from streamwork import Message, StreamWorker
 from streamwork.errors import BenchError
 
@@ -204,7 +204,7 @@ def peer_once(h: Harness, peer: Peer, python: Path, jobs: int
         try:
             return _time_child(h, proc, jobs, err)
         finally:
-            _end(proc)
+            end_process(proc)
 
 
 def _time_child(h: Harness, proc: subprocess.Popen[bytes], jobs: int,
@@ -241,19 +241,6 @@ def _why(proc: subprocess.Popen[bytes], err: Any, what: str) -> str:
     code = proc.poll()
     tail = f" ({lines[-1][:200]})" if lines else ""
     return f"{what}{'' if code is None else f', exit code {code}'}{tail}"
-
-
-def _end(proc: subprocess.Popen[bytes]) -> None:
-    """End the child this run started, by its pid: SIGTERM, then SIGKILL after 5 s."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-    if proc.stdout is not None:
-        proc.stdout.close()
 
 
 # ---- the scenario ----
