@@ -45,6 +45,7 @@ from ._cli_common import (
 )
 from ._partitions import partition_of
 from ._producer import Producer
+from ._records import CANCEL_EFFECTS
 from ._stats import GroupStats, PartitionStats, StreamRates, StreamStats
 from .errors import RedisUnavailable, StreamworkError
 
@@ -521,10 +522,7 @@ def cancel_command(stream: str, key: str, group: str | None, reason: str,
             was = producer.cancel(stream, key, group=group, reason=reason, order_key=order_key)
         finally:
             producer.close()
-    effect = {"done": "already done: nothing changed",
-              "cancelled": "already cancelled",
-              "running": "running: its handler sees msg.cancelled at the next heartbeat"}
-    click.echo(f"{key}: {effect.get(was, f'{was}: cancelled, it will not run')}")
+    click.echo(f"{key}: {CANCEL_EFFECTS.get(was, was)}")
 
 
 def job_command(stream: str, key: str, group: str | None, as_json: bool, url: str | None,

@@ -54,6 +54,7 @@ from ._partitions import check_recorded
 from ._payloads import InvalidPayload
 from ._recent import KeyCache, local_cache
 from ._runner import Handler, Runner
+from ._start import CANCELLED_QUEUED, Start, Starter
 from ._supervisor import StoppedBeforeStart, Supervisor, cancel, uninterrupted
 from .errors import DecodeError
 
@@ -115,12 +116,16 @@ class Consumer:
                 cfg.concurrency_per_key, hold_ms(cfg.visibility_timeout))
         self.lease = leases.choose(self.scripts, self.gkeys, cfg, name,
                                    f"{name}:{secrets.token_hex(10)}")
+        self.queue = RunQueue()
+        # with job records, a handler starts only once start.lua has checked its record
+        self.starter: Starter | None = (
+            Starter(self.scripts, self.gkeys, name, self.lease, cfg.visibility_ms, self.queue)
+            if self.lease.claims else None)
         self.counts: Counter[str] = Counter()
         self.capacity = cfg.concurrency + cfg.batch_size  # work to come (max_held: all)
         self.inflight: dict[bytes, Delivery] = {}
         # entries whose outcome waits without a Delivery: ref -> (entry id, src)
         self.loose: dict[bytes, tuple[bytes, int]] = {}
-        self.queue = RunQueue()
         self.waiting: dict[bytes, Delivery] = {}  # need a lease before they can run
         self.outcomes = Outcomes(self)
         self.cache: KeyCache | None = None
@@ -206,6 +211,8 @@ class Consumer:
 
     async def _close(self) -> None:
         self.runner.close()
+        if self.starter is not None:
+            await self.starter.close()
         if self.own_client:
             with contextlib.suppress(Exception):
                 await self.redis.aclose()
@@ -243,6 +250,8 @@ class Consumer:
         the stream and on the group's own retry stream."""
         # a stream split into partitions is served by partitioned workers only
         check_recorded(self.cfg.stream, await self.redis.get(self.keys.partitions), 1, "worker")
+        # what a cancel can do depends on it: without job records, nothing
+        await self.redis.hset(self.gkeys.settings, "dedup", "1" if self.cfg.dedup else "0")
         for stream in (self.cfg.stream, self.gkeys.retry):
             try:
                 await self.redis.xgroup_create(stream, self.cfg.group, id="0", mkstream=True)
@@ -592,6 +601,34 @@ class Consumer:
             d.cancelling = True
             d.task.cancel()
 
+    def cancelled_unstarted(self, d: Delivery) -> None:
+        """start.lua found the job cancelled before its handler started: acknowledge the
+        delivery without running it (the record already says cancelled). Once only: the
+        heartbeat and a runner's start may both find it."""
+        if d.state not in (State.QUEUED, State.WAITING) or d.dropped:
+            return
+        if d.state == State.WAITING:
+            self.waiting.pop(d.ref, None)
+        d.lease = ""  # the record is the cancel's now: fail.lua only acknowledges
+        m = d.msg
+        self.outcomes.add_failure(Failure(
+            d, d.entry_id, d.src, "c", 0, m.attempt, CANCELLED_QUEUED, "JobCancelled",
+            "the job was cancelled before its handler started", m.key, d.body))
+
+    def _held_again(self, d: Delivery, fut: asyncio.Future[int]) -> None:
+        """The answer of start.lua's hold for an in-place retry (see retry_in_place)."""
+        if fut.cancelled() or fut.exception() is not None:
+            return  # the record still says running; the retry's start checks it again
+        if d.dropped or self.inflight.get(d.ref) is not d or d.state != State.QUEUED:
+            return
+        code = fut.result()
+        if code == Start.CANCELLED:
+            self.cancelled_unstarted(d)
+        elif code == Start.VANISHED:
+            self.vanish(d)
+        elif code == Start.LOST:
+            self.lose(d, "another worker took the job while it waited for its retry")
+
     def retry_in_place(self, d: Delivery, delay: float) -> None:
         """Ordered mode: a failed job is retried here, after ``delay``, still at the head
         of its order key's line (a retry through the retry stream would let the jobs
@@ -603,6 +640,9 @@ class Consumer:
         d.timed_out = False
         d.result = None
         d.state = State.QUEUED
+        if self.starter is not None:  # the record says it waits (and a cancel is seen now)
+            self.starter.hold(d, delay).add_done_callback(
+                lambda fut: self._held_again(d, fut))
         asyncio.get_running_loop().call_later(delay, self._retry_due, d)
 
     def requeue_later(self, d: Delivery, delay: float) -> None:

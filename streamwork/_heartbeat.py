@@ -30,6 +30,7 @@ class Beat(enum.IntEnum):
     DELETED = 2  #: ours, but its stream entry was deleted: adopt it
     VANISHED = 3  #: neither the stream nor the group knows it any more
     CANCELLED = 5  #: kept, and its job was cancelled meanwhile (producer.cancel)
+    CANCELLED_UNSTARTED = 6  #: its job was cancelled before its handler started
 
 
 async def beat_once(h: Holder) -> None:
@@ -69,6 +70,8 @@ async def beat(h: Holder) -> None:
         elif code == Beat.CANCELLED:
             kept.append(d)
             h.cancel_running(d)
+        elif code == Beat.CANCELLED_UNSTARTED:
+            h.cancelled_unstarted(d)
         elif code == Beat.DELETED:
             deleted.append(d)
         elif code == Beat.VANISHED:

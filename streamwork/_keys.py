@@ -5,7 +5,8 @@ script touches one Cluster slot. For a plain name (prefix ``{S}``): ``{S}:dead``
 ``{S}:delayed``, ``{S}:fence``; per group ``G``: ``{S}:retry:<len(G)>:G`` (stream),
 ``{S}:retries:<len(G)>:G`` (ZSET), and one job record per job key ``K``:
 ``{S}:job:<len(G)>:G:K``; ordered mode adds ``{S}:owner:<len(G)>:G`` (the partition's
-lease) and ``{S}:members:<len(G)>:G`` (the group's live workers, on the base stream).
+lease) and ``{S}:members:<len(G)>:G`` (the group's live workers, on the base stream);
+every group has ``{S}:settings:<len(G)>:G`` (what its workers declare, for cancel).
 Periodic jobs add ``{S}:tick:<len(G)>:G:<schedule>`` (its last tick decided) and
 ``{S}:schedules:<len(G)>:G`` (the schedules the group's workers publish).
 A name carrying its own tag (``{orders}:eu``) gets the prefix
@@ -30,7 +31,7 @@ _BAD_CHARS: Final = re.compile(r"[\s\x00]")
 #: names of keys derived from some stream (see StreamKeys); never a stream of its own
 _OWNED: Final = re.compile(
     r"^\{[^{}]+\}(~|:(dead|delayed|fence|partitions)$"
-    r"|:(retry|retries|job|owner|members|rate|sem|tick|schedules):)")
+    r"|:(retry|retries|job|owner|members|rate|sem|tick|schedules|settings):)")
 
 
 def check_name(option: str, name: object, *, allow_tag: bool = False) -> str:
@@ -155,6 +156,12 @@ class GroupKeys:
     def job_prefix(self) -> str:
         """What the job records of this group start with; a record is this + the job key."""
         return f"{self.stream.prefix}:job:{_lp(self.name)}:"
+
+    @property
+    def settings(self) -> str:
+        """Hash of what the group's workers declare at start (``dedup``: "1" or "0"), read
+        by cancel.lua to say plainly when a cancel can have no effect."""
+        return f"{self.stream.prefix}:settings:{_lp(self.name)}"
 
     @property
     def owner(self) -> str:

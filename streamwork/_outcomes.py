@@ -21,6 +21,7 @@ from . import _telemetry as telemetry
 from ._delivery import Delivery, Failure, Holder, State, ref
 from ._logs import WORKER_LOGGER, fields
 from ._records import done_record
+from ._start import CANCELLED_QUEUED
 from ._supervisor import uninterrupted
 
 log = logging.getLogger(WORKER_LOGGER)
@@ -37,6 +38,7 @@ class Done(enum.IntEnum):
     STAGED_REJECTED = 2  #: acked, but Redis rejected a staged command (others applied)
     DUPLICATE = 3  #: acked as a duplicate (the record already said done): staged writes skipped
     VANISHED = 4  #: neither the stream nor the group knows the entry: the server lost it
+    CANCELLED = 5  #: acked as cancelled: its job was cancelled while it ran (nothing staged)
 
 
 ACKED: Final = int(Done.ACKED)
@@ -196,6 +198,13 @@ class Outcomes:
             elif code == Done.VANISHED:
                 h.vanish(d)
                 h.forget(d, "vanished")
+            elif code == Done.CANCELLED:
+                h.count("cancelled", 1, "running")
+                log.warning("job cancelled while it ran: its handler returned, the job ends "
+                            "cancelled (staged writes dropped)", extra=fields(
+                                stream=cfg.stream, group=cfg.group, consumer=h.name,
+                                key=d.msg.key, entry_id=d.msg.id, attempt=d.msg.attempt))
+                h.forget(d, "cancelled")
             else:
                 h.lose(d, "not the owner at completion (reclaimed by another worker)")
                 h.forget(d, "lost")
@@ -227,6 +236,11 @@ class Outcomes:
                 stream=h.cfg.stream, group=h.cfg.group, consumer=h.name,
                 entry_id=f.entry_id.decode(), attempt=f.attempts, reason=f.reason,
                 error_type=f.error_type))
+        elif code == Failed.CANCELLED and f.reason == CANCELLED_QUEUED:
+            h.count("cancelled", 1, "queued")
+            log.info("job cancelled before it started", extra=fields(
+                stream=h.cfg.stream, group=h.cfg.group, consumer=h.name, key=f.job_key,
+                entry_id=f.entry_id.decode(), attempt=f.attempts))
         elif code == Failed.CANCELLED:
             h.count("cancelled", 1, "running")
             log.warning("job cancelled while it ran", extra=fields(

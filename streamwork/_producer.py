@@ -408,8 +408,9 @@ class _Core:
         if order_key is not None or len(names) == 1:
             names = (self._target(stream, key, order_key),)
         what = f"cancel {key!r} in {stream!r}"
-        return [_Op(what, name, 1, call=scripts.cancel(_keys(name).group(group).job(key),
-                                                       reason, max(1, round(ttl * 1000))))
+        return [_Op(what, name, 1, call=scripts.cancel(
+                    _keys(name).group(group).job(key), _keys(name).group(group).settings,
+                    reason, max(1, round(ttl * 1000))))
                 for name in names]
 
     def _unavailable(self, what: str, exc: BaseException) -> RedisUnavailable:
@@ -633,13 +634,16 @@ class Producer(_Core):
     def cancel(self, stream: str, key: str, *, group: str | None = None, reason: str = "",
                order_key: str | None = None, ttl: float = CANCEL_TTL) -> str:
         """Cancel job ``key`` for ``group`` (left out: the stream's only group) and return
-        the state it was in. A job that has not started (queued, delayed, waiting for a
-        retry, or not even sent yet) will not run: its deliveries are acknowledged without
-        running and its status says "cancelled"; a running one sees ``msg.cancelled`` at
-        its worker's next heartbeat (and is cancelled there with ``cancel_running``); a
-        done job is left alone ("done"). The cancellation is kept ``ttl`` seconds (default
-        7 days): a copy of the key arriving later is cancelled too. Needs ``dedup`` (the
-        default) on the workers: it lives in the job record."""
+        the state it was in, which says what the cancel did (``CANCEL_EFFECTS``): a job
+        whose handler has not started ("unknown": still in the stream, delayed or not sent
+        yet; "queued": read ahead by a worker; "waiting": for a retry) will not run: its
+        deliveries are acknowledged without running and its status says "cancelled"; a
+        "running" one sees ``msg.cancelled`` at its worker's next heartbeat (and is
+        cancelled there with ``cancel_running``) and ends cancelled whatever its handler
+        does next (no retry; staged writes dropped), even if its worker dies; a "done" job
+        is left alone. The cancellation is kept ``ttl`` seconds (default 7 days): a copy
+        of the key arriving later is cancelled too. It lives in the job record, so a group
+        whose workers run with ``dedup`` off answers "ignored" (nothing can be done)."""
         if group is None:
             group = _only_group(stream, self._perform(self._plan_groups(stream)))
         states = [_text(self._perform(op)) for op in

@@ -2,17 +2,22 @@
 
 The first byte is the state, the rest its details:
 
-* ``R<owner>:<token>|<attempt>|<since ms>`` - running: this string IS the lease (PX = the
-  lease TTL, extended by heartbeats); written by claim.lua.
+* ``H<owner>:<token>|<attempt>|<since ms>`` - held: a worker has read the job and holds its
+  lease (PX = the lease TTL, extended by heartbeats), its handler has not started; written
+  by claim.lua. ``|W<due ms>`` appended: waiting for an in-place retry (ordered mode).
+* ``R<owner>:<token>|<attempt>|<since ms>`` - running: the same lease once the handler
+  started (start.lua turns H into R in the step that checks for a cancel). A cancel asked
+  while it runs appends ``|C<lease deadline ms>|<cancel ttl ms>|<reason>`` and keeps the
+  record for the cancel's ttl; past the deadline its worker is gone and the job counts as
+  cancelled (whoever reclaims it acknowledges it without running it).
 * ``D`` + MessagePack ``[token, attempts, updated ms, result, note]`` - done: the
   done-marker (PX = ``dedup_window``) holding ``handle()``'s return value (``note`` says why
   a result was not kept); written by complete.lua from what `done_record` builds.
 * ``W`` + MessagePack ``[attempts, updated ms, due ms, error]`` - waiting for a retry;
 * ``X`` + MessagePack ``[attempts, updated ms, dead-letter id, reason, error]`` - dead;
   both written by fail.lua and neither blocks a later copy of the key from running;
-* ``C`` + MessagePack ``[updated ms, reason]`` - cancelled (cancel.lua, or fail.lua for a
-  job cancelled while it ran): its deliveries are acknowledged without running. A running
-  job that is cancelled keeps its ``R`` lease with ``|C`` appended until it ends.
+* ``C`` + MessagePack ``[updated ms, reason]`` - cancelled (cancel.lua, or the scripts that
+  end a job cancelled): its deliveries are acknowledged without running.
 
 No record: this group has not started the job, or its record expired (``unknown``).
 """
@@ -28,20 +33,40 @@ import msgpack
 
 DEFAULT_MAX_RESULT_BYTES: Final = 64 * 1024  #: results larger than this are not kept
 
-STATES: Final = {"R": "running", "D": "done", "W": "waiting", "X": "dead", "C": "cancelled"}
+STATES: Final = {"H": "queued", "R": "running", "D": "done", "W": "waiting", "X": "dead",
+                  "C": "cancelled"}
+
+
+#: what `Producer.cancel` answers (the state the job was in) and what the cancel did then
+CANCEL_EFFECTS: Final = {
+    "unknown": "not read by the group yet (or never sent): it will not run",
+    "queued": "read ahead by a worker, not started: it will not run",
+    "waiting": "waiting for a retry: it will not run again",
+    "dead": "dead: a replay of it will not run",
+    "running": "running: its handler sees msg.cancelled at the next heartbeat, and the job "
+               "ends cancelled whatever the handler does next (no retry, staged writes "
+               "dropped), even if its worker dies",
+    "done": "already done: nothing changed",
+    "cancelled": "already cancelled: nothing changed",
+    "ignored": "the group's workers keep no job records (dedup off): a cancel cannot stop "
+               "it, nothing changed",
+}
 
 
 @dataclass(frozen=True, slots=True)
 class JobStatus:
     """What a group knows of one job key (`Producer.status`).
 
-    ``state``: "running" | "waiting" (a retry is due at ``due``) | "done" | "dead" |
-    "cancelled" | "unknown" (not started by this group, or its record expired); a running
-    job whose cancellation was asked has ``reason`` "cancel requested". ``result`` is
-    ``handle()``'s return value once done (None if it returned nothing or the result was not
-    kept: ``result_note`` says why); ``error`` the last failure, ``reason`` why a dead job
-    died (``max_deliveries``, ``timeout``, a ``DeadLetter`` reason, ...) and
-    ``dead_letter_id`` its entry in ``{S}:dead``; times are Unix seconds.
+    ``state``: "queued" (a worker has read it and holds it; its handler has not started) |
+    "running" (its handler has started) | "waiting" (a retry is due at ``due``) | "done" |
+    "dead" | "cancelled" | "unknown" (not read by this group yet, or its record expired: a
+    job still in the stream, or delayed, says "unknown"); a running job whose cancellation
+    was asked has ``reason`` "cancel requested: <reason>" (it will end cancelled).
+    ``result`` is ``handle()``'s return value once done (None if it returned nothing or
+    the result was not kept: ``result_note`` says why); ``error`` the last failure,
+    ``reason`` why a dead job died (``max_deliveries``, ``timeout``, a ``DeadLetter``
+    reason, ...) or why it was cancelled, and ``dead_letter_id`` its entry in ``{S}:dead``;
+    times are Unix seconds.
     """
 
     stream: str
@@ -91,15 +116,8 @@ def parse(stream: str, group: str, key: str, raw: bytes | None) -> JobStatus:
     if not raw:
         return JobStatus(stream, group, key, "unknown")
     state, rest = raw[:1].decode("latin-1"), raw[1:]
-    if state == "R":
-        text = rest.decode("utf-8", "replace")
-        asked = text.endswith("|C")  # cancelled while it runs (cancel.lua)
-        lease, attempt, since = (text[:-2] if asked else text).rsplit("|", 2)
-        token = lease.rsplit(":", 1)[-1]
-        return JobStatus(stream, group, key, "running", attempts=int(attempt),
-                         updated_at=int(since) / 1000,
-                         reason="cancel requested" if asked else "",
-                         fencing_token=int(token) if token.isdigit() else None)
+    if state in ("R", "H"):
+        return _leased(stream, group, key, state, rest.decode("utf-8", "replace"))
     fields = msgpack.unpackb(rest, raw=False, strict_map_key=False, unicode_errors="replace")
     if state == "D":
         token, attempts, updated, result, note = fields
@@ -120,3 +138,29 @@ def parse(stream: str, group: str, key: str, raw: bytes | None) -> JobStatus:
                          reason=reason,
                          updated_at=updated / 1000, dead_letter_id=dead_id)
     raise ValueError(f"job record of {key!r} in group {group!r} has an unknown state {state!r}")
+
+
+def _leased(stream: str, group: str, key: str, state: str, text: str) -> JobStatus:
+    """The status of a held (H) or running (R) record: see the module's docstring."""
+    parts = text.split("|", 5)
+    lease, attempt, since = parts[0], int(parts[1]), int(parts[2]) / 1000
+    token = lease.rsplit(":", 1)[-1]
+    fencing = int(token) if token.isdigit() else None
+    extra = parts[3] if len(parts) > 3 else ""
+    if state == "H":
+        if extra.startswith("W"):
+            return JobStatus(stream, group, key, "waiting", attempts=attempt - 1,
+                             updated_at=since, due=int(extra[1:]) / 1000,
+                             reason="retry in place (ordered)", fencing_token=fencing)
+        return JobStatus(stream, group, key, "queued", attempts=attempt - 1,
+                         updated_at=since, reason="held by a worker", fencing_token=fencing)
+    if extra.startswith("C") and len(parts) == 6:
+        why = parts[5]
+        if int(extra[1:]) <= time.time() * 1000:  # its worker died: it will not run again
+            return JobStatus(stream, group, key, "cancelled", attempts=attempt,
+                             updated_at=since, reason=why, fencing_token=fencing)
+        return JobStatus(stream, group, key, "running", attempts=attempt, updated_at=since,
+                         reason=f"cancel requested: {why}" if why else "cancel requested",
+                         fencing_token=fencing)
+    return JobStatus(stream, group, key, "running", attempts=attempt, updated_at=since,
+                     fencing_token=fencing)

@@ -13,6 +13,7 @@ import asyncio
 import contextvars
 import inspect
 import logging
+import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
@@ -28,15 +29,19 @@ from ._logs import WORKER_LOGGER, fields
 from ._message import Message, revoke
 from ._pool import DaemonPool
 from ._retry import retry_delay_for
+from ._start import Start
 from .errors import DeadLetter, Retry
 
 if TYPE_CHECKING:
     from ._config import WorkerConfig
+    from ._leases import Lease
     from ._outcomes import Outcomes
+    from ._start import Starter
 
 log = logging.getLogger(WORKER_LOGGER)
 
 TRACEBACK_LIMIT: Final = 2000  #: characters of traceback kept in a dead letter
+START_RETRY: Final = 0.2  #: s before a job whose start Redis could not record tries again
 
 Handler = Callable[[Message], Any]  #: ``async def handle(msg)`` or a plain ``def``
 
@@ -62,9 +67,14 @@ class RunnerHost(Protocol):
 
     slots: asyncio.Semaphore | None
     limits: Limits | None
+    lease: Lease
+    starter: Starter | None
 
     def count(self, what: str, n: int = 1, outcome: str | None = None) -> None: ...
     def forget(self, d: Delivery, outcome: str = "lost") -> None: ...
+    def lose(self, d: Delivery, why: str) -> None: ...
+    def vanish(self, d: Delivery) -> None: ...
+    def cancelled_unstarted(self, d: Delivery) -> None: ...
     def retry_in_place(self, d: Delivery, delay: float) -> None: ...
     def requeue_later(self, d: Delivery, delay: float) -> None: ...
 
@@ -128,6 +138,15 @@ class Runner:
                         slots.release()
                     host.requeue_later(d, retry_key_after())  # waits, uses no attempt
                     continue
+                # the last check, after every wait (a slot, a limit, its turn): a delivery
+                # whose lease was lost, that another worker took or whose job was cancelled
+                # meanwhile does not start
+                if not await self._may_start(d):
+                    if slots is not None:
+                        slots.release()
+                    if limits is not None and d.ref in limits.held:
+                        await self._give_back(limits, d)
+                    continue
                 d.state = running
                 if cancellable:
                     d.task = runner
@@ -186,6 +205,50 @@ class Runner:
                         await self._give_back(limits, d)
         finally:
             watch.close()
+
+    async def _may_start(self, d: Delivery) -> bool:
+        """Whether ``d``'s handler may start now: not dropped, its lease not run out, and
+        (with job records) start.lua turned its record into the running one. A delivery
+        that may not start is let go, acknowledged as cancelled, or waits (Redis busy)."""
+        host = self.host
+        if d.dropped:
+            host.forget(d)
+            return False
+        if d.state != State.QUEUED:  # decided meanwhile (cancelled before it started)
+            return False
+        if host.lease.expired(d, time.monotonic()):
+            host.lose(d, "its lease ran out before the handler started")
+            host.forget(d)
+            return False
+        starter = host.starter
+        if starter is None:
+            return True
+        try:
+            code = await starter.start(d)
+        except asyncio.CancelledError:
+            host.forget(d)
+            raise
+        except Exception as exc:
+            if classify(exc) is Fault.FATAL:
+                raise
+            log.warning("could not start the job (%s); it waits", exc, extra=fields(
+                stream=host.cfg.stream, group=host.cfg.group, key=d.msg.key))
+            host.requeue_later(d, START_RETRY)  # held meanwhile; uses no attempt
+            return False
+        dropped = _dropped(d)  # it may have been dropped while start.lua ran
+        if code == Start.GO and not dropped:
+            return True
+        if dropped:
+            host.forget(d)
+        elif code == Start.CANCELLED:
+            host.cancelled_unstarted(d)
+        elif code == Start.VANISHED:
+            host.vanish(d)
+            host.forget(d, "vanished")
+        else:
+            host.lose(d, "another worker took the job before its handler started")
+            host.forget(d)
+        return False
 
     async def _within_limits(self, limits: Limits, d: Delivery) -> bool:
         """Whether ``d`` may start now under the group's limits (a key cap and a rate);
@@ -336,6 +399,12 @@ class _Watch:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+
+
+def _dropped(d: Delivery) -> bool:
+    """``d.dropped`` read anew (after an await; a type checker keeps an earlier check's
+    answer)."""
+    return d.dropped
 
 
 def _uncancel(task: asyncio.Task[None]) -> None:

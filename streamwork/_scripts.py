@@ -32,8 +32,8 @@ from ._keys import GroupKeys, StreamKeys
 
 #: scripts registered from another script's file (with other flags)
 _FILES: Final = {"ack": "complete"}
-_WORKER: Final = ("ack", "adopt", "claim", "complete", "fail", "heartbeat", "promote",
-                  "reclaim", "schedule", "tick")
+_WORKER: Final = ("ack", "adopt", "cancel", "claim", "complete", "fail", "heartbeat",
+                  "promote", "reclaim", "schedule", "start", "tick")
 #: shared Lua prepended to each script, in order
 PRELUDES: Final = {name: ("fields", "lib") for name in _WORKER}
 #: script flags on servers that have them; scripts not named here get no ``#!lua`` line
@@ -41,6 +41,7 @@ FLAGS: Final = {
     "cancel": "", "claim": "", "complete": "", "fail": "", "produce": "", "promote": "",
     "rate": "", "reclaim": "", "semaphore": "allow-oom",
     "ack": "allow-oom", "adopt": "allow-oom", "heartbeat": "allow-oom", "reap": "allow-oom",
+    "start": "allow-oom",  # rewrites a job's existing record (held -> running) in place
     "trim": "allow-oom",
     "tick": "",  # periodic jobs: adds jobs, so refused whole under OOM
 }
@@ -102,10 +103,10 @@ def semaphore(key: str, mode: str, holder: str, limit: int, ttl_ms: int) -> Call
     return Call("semaphore", [key], [mode, holder, limit, ttl_ms])
 
 
-def cancel(record: str, reason: str, ttl_ms: int) -> Call:
+def cancel(record: str, settings: str, reason: str, ttl_ms: int) -> Call:
     """cancel.lua: mark job record ``record`` cancelled (or, running, cancel-requested);
-    returns the state the job was in."""
-    return Call("cancel", [record], [reason, ttl_ms])
+    ``settings`` is its group's settings hash; returns the state the job was in."""
+    return Call("cancel", [record, settings], [reason, ttl_ms])
 
 
 def _group_keys(g: GroupKeys) -> list[Arg]:
@@ -119,6 +120,15 @@ def claim(g: GroupKeys, consumer: str, ttl_ms: int, owner: str, mode: str,
     ``batch`` is [[entry id...], [src...], [job key...], [attempt...]]."""
     return Call("claim", [g.stream.stream, g.retry, g.stream.fence],
                 [g.name, consumer, ttl_ms, owner, g.job_prefix, mode, pack(batch)])
+
+
+def start(g: GroupKeys, consumer: str, mode: int, ttl_ms: int,
+          batch: list[list[Any]]) -> Call:
+    """start.lua: turn held leases into running ones as handlers start (op "s"), or back
+    into held ones waiting for an in-place retry (op "h"); ``batch`` is [[id...], [src...],
+    [job key...], [lease...], [member...], [op...], [attempt...], [due ms...]]."""
+    return Call("start", _group_keys(g), [g.name, consumer, g.job_prefix, int(mode), ttl_ms,
+                                          pack(batch)])
 
 
 def complete(g: GroupKeys, consumer: str, mode: int, done_ttl_ms: int, staged: bytes,

@@ -145,11 +145,22 @@ class RedisServer:
         if proc is None or proc.poll() is not None:
             return
         os.kill(proc.pid, sig)
+        os.kill(proc.pid, signal.SIGCONT)  # a paused server acts on the signal
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
+
+    def pause(self) -> None:
+        """SIGSTOP the server (a stall: clients time out, its data stays)."""
+        if self._proc is not None:
+            os.kill(self._proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT a paused server."""
+        if self._proc is not None:
+            os.kill(self._proc.pid, signal.SIGCONT)
 
     def restart(self, down_for: float = 0.0) -> None:
         """Kill the server, stay down ``down_for`` seconds, start it again on the same port."""

@@ -3,13 +3,15 @@
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] lease TTL (ms), ARGV[4] lease owner prefix,
 -- ARGV[5] job record prefix of the group (from _keys.py), ARGV[6] mode: "lease" (take the
 -- record as this consumer's lease), "check" (only look: the lease is taken elsewhere, a
--- Redlock), "mark" (the Redlock lease is held: write the running record unless done),
+-- Redlock), "mark" (the Redlock lease is held: write the held record unless done),
 -- ARGV[7] MessagePack [[entry id...], [src...], [job key...], [attempt...], [lease...]]
 -- (leases: the Redlock leases held, in "mark" mode)
--- Returns per entry: a fencing token (> 0) when the record was taken (its value starts with
--- "R<owner prefix>:<token>|"), -1 duplicate (the record says done: acknowledged, skip),
--- -2 busy (another holder is running it: keep waiting), -3 not ours (reclaimed by another),
--- -4 cancelled (the record says cancelled: acknowledged, skip), 0 go ahead ("check" mode).
+-- Returns per entry: a fencing token (> 0) when the record was taken (its value is the held
+-- lease "H<owner prefix>:<token>|<attempt>|<now>": start.lua turns it into the running one
+-- when the handler starts), -1 duplicate (the record says done: acknowledged, skip),
+-- -2 busy (another holder has it: keep waiting), -3 not ours (reclaimed by another),
+-- -4 cancelled (the record says cancelled, or cancel-requested while another copy runs:
+-- acknowledged, skip), 0 go ahead ("check" mode).
 -- Cost per entry in "lease" mode: ONE command (SET NX GET: it takes a free record and
 -- shows a taken one); a waiting or dead record, which never blocks a later copy, costs a
 -- second SET. Per batch: one XPENDING per stream read, one INCRBY, one XACK (duplicates).
@@ -21,6 +23,16 @@ local ids, srcs, jobs, attempts, leases = batch[1], batch[2], batch[3], batch[4]
 local owned = owned_by_src(streams, group, consumer, ids, srcs)
 local now = now_ms()
 
+-- a record that says cancelled (C), or a running one whose cancel was asked (its handler
+-- ends it cancelled; if its lease lapsed, its worker died: the record becomes C now)
+local function cancelled(key, record, state)
+  if state == 'C' then return true end
+  local deadline, cancel_ttl, reason = cancel_asked(record)
+  if not deadline then return false end
+  if deadline <= now then redis.call('SET', key, cancelled_record(now, reason), 'PX', cancel_ttl) end
+  return true
+end
+
 local res, acks, todo = {}, {}, {}
 for i, id in ipairs(ids) do
   if not owned[srcs[i] .. id] then
@@ -29,16 +41,17 @@ for i, id in ipairs(ids) do
     todo[#todo + 1] = i
   else
     local record = redis.call('GET', prefix .. jobs[i])
-    if record and string.sub(record, 1, 1) == 'D' then
+    local state = record and string.sub(record, 1, 1)
+    if state == 'D' then
       res[i] = -1
       add_ack(acks, srcs[i], id)
-    elseif record and string.sub(record, 1, 1) == 'C' then
+    elseif cancelled(prefix .. jobs[i], record, state) then
       res[i] = -4
       add_ack(acks, srcs[i], id)
     else
       res[i] = 0
       if mode == 'mark' then
-        redis.call('SET', prefix .. jobs[i], 'R' .. leases[i] .. '|' .. attempts[i] .. '|' .. now,
+        redis.call('SET', prefix .. jobs[i], 'H' .. leases[i] .. '|' .. attempts[i] .. '|' .. now,
                    'PX', ttl)
       end
     end
@@ -49,7 +62,7 @@ if #todo > 0 then
   for _, i in ipairs(todo) do
     token = token + 1
     local key = prefix .. jobs[i]
-    local value = 'R' .. owner .. ':' .. token .. '|' .. attempts[i] .. '|' .. now
+    local value = 'H' .. owner .. ':' .. token .. '|' .. attempts[i] .. '|' .. now
     local ok, old = pcall(redis.call, 'SET', key, value, 'NX', 'PX', ttl, 'GET')
     if not ok then  -- a server without SET NX GET (before 7.0): two commands
       old = redis.call('GET', key)
@@ -61,10 +74,10 @@ if #todo > 0 then
     elseif state == 'D' then
       res[i] = -1
       add_ack(acks, srcs[i], ids[i])
-    elseif state == 'C' then
+    elseif cancelled(key, old, state) then
       res[i] = -4
       add_ack(acks, srcs[i], ids[i])
-    elseif state == 'R' then
+    elseif state == 'R' or state == 'H' then
       res[i] = -2
     else  -- waiting or dead: a later copy may run
       redis.call('SET', key, value, 'PX', ttl)

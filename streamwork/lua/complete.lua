@@ -19,7 +19,9 @@
 -- Returns per entry: 1 acknowledged, 0 lost (not ours any more: nothing written),
 -- 2 acknowledged but a staged command was rejected by Redis (e.g. WRONGTYPE; the others
 -- applied), 3 acknowledged as a duplicate (lease held elsewhere and the record already
--- said done: staged writes skipped), 4 vanished (neither stream nor group knows the entry)
+-- said done: staged writes skipped), 4 vanished (neither stream nor group knows the entry),
+-- 5 acknowledged as cancelled (its job was cancelled while it ran: the record says
+-- cancelled, staged writes are not applied)
 local streams = {KEYS[1], KEYS[2]}
 local retries, group, consumer = KEYS[3], ARGV[1], ARGV[2]
 local dedup = ARGV[3] ~= '0'
@@ -38,27 +40,45 @@ for i, id in ipairs(ids) do
   local ok = still_held(owned, retries, src .. id, member)
   local key = nil
   if dedup then key = ARGV[6] .. jobs[i] end
+  local cancel_ttl, reason = nil, nil  -- set when the job was cancelled while it ran
   if ok and lease_here then
     -- ONE command checks the lease and writes the done record: SET ... GET returns what
     -- the record held. Not our lease (expired and taken, or gone): put back what was there
     -- (rare; its TTL becomes the one it would get anew) and count the delivery as lost.
     local old = redis.call('SET', key, dones[i], 'PX', ARGV[4], 'GET')
+    local _, asked_ttl, why = cancel_asked(old)
     if not leased_by(old, leases[i]) then
       ok = false
       if not old then
         redis.call('DEL', key)
-      elseif string.sub(old, 1, 1) == 'R' then
+      elseif asked_ttl then
+        redis.call('SET', key, old, 'PX', asked_ttl)
+      elseif string.sub(old, 1, 1) == 'R' or string.sub(old, 1, 1) == 'H' then
         redis.call('SET', key, old, 'PX', ARGV[8])
       else
         redis.call('SET', key, old, 'PX', ARGV[4])
       end
+    elseif asked_ttl then
+      cancel_ttl, reason = asked_ttl, why
+    end
+  elseif ok and dedup then  -- the lease is a Redlock: the record only tells
+    local record = redis.call('GET', key)
+    local _, asked_ttl, why = cancel_asked(record)
+    if is_done(record) then
+      res[i] = 3
+    elseif asked_ttl then
+      cancel_ttl, reason = asked_ttl, why
+    elseif record and string.sub(record, 1, 1) == 'C' then
+      cancel_ttl, reason = tonumber(ARGV[4]), cmsgpack.unpack(string.sub(record, 2))[2]
     end
   end
   if not ok then
     res[i] = lost_code(streams[src + 1], group, id, member)
-  elseif dedup and not lease_here and is_done(redis.call('GET', key)) then
-    res[i] = 3
-  else
+  elseif cancel_ttl then
+    -- cancelled while it ran: it ends cancelled, its staged writes are not applied
+    redis.call('SET', key, cancelled_record(now_ms(), reason), 'PX', cancel_ttl)
+    res[i] = 5
+  elseif res[i] ~= 3 then
     res[i] = 1
     for _, op in ipairs(staged[i] or {}) do
       local call = {op[1]}
@@ -74,7 +94,7 @@ for i, id in ipairs(ids) do
     end
     if dedup and not lease_here then redis.call('SET', key, dones[i], 'PX', ARGV[4]) end
   end
-  if res[i] == 1 or res[i] == 2 or res[i] == 3 then
+  if res[i] == 1 or res[i] == 2 or res[i] == 3 or res[i] == 5 then
     if member ~= '' then
       redis.call('ZREM', retries, member)
     else

@@ -37,6 +37,14 @@ for i, f in ipairs(batch) do
   if ok and mode == '1' and lease ~= '' and not leased_by(record, lease) then
     ok = false
   end
+  -- cancelled while it ran (or, with a Redlock, meanwhile): whatever it raised, it ends
+  -- cancelled, with no retry and no dead letter
+  local _, cancel_ttl, why = cancel_asked(record)
+  if not cancel_ttl and mode == '2' and lease ~= '' and record
+      and string.sub(record, 1, 1) == 'C' then
+    cancel_ttl, why = tonumber(ARGV[6]), cmsgpack.unpack(string.sub(record, 2))[2]
+  end
+  if cancel_ttl and lease ~= '' then action = 'c' end
   -- the record may say waiting / dead only if it is ours, or nobody runs or finished the job
   local state = record and string.sub(record, 1, 1)
   local write = mode ~= '0' and f[6] ~= '' and
@@ -55,7 +63,7 @@ for i, f in ipairs(batch) do
     local error_text = f[10] .. ': ' .. string.sub(f[11], 1, 200)
     if action == 'c' then  -- cancelled while it ran: acknowledged, the record says so
       if write then
-        redis.call('SET', key, 'C' .. cmsgpack.pack({now, f[9]}), 'PX', ARGV[6])
+        redis.call('SET', key, cancelled_record(now, why or f[9]), 'PX', cancel_ttl or ARGV[6])
       end
       res[i] = 3
     elseif action == 'r' and e and body ~= '' then

@@ -10,7 +10,10 @@
 -- ARGV[5] MessagePack [[entry id...], [src...], [job key...], [lease ("": none)...],
 --         [member ("": not adopted)...]]
 -- Returns per entry: 1 kept, 5 kept and its job was cancelled meanwhile (the record's lease
--- ends in "|C": see cancel.lua), 0 lost (another consumer owns it, or the lease is gone),
+-- carries a cancel request: see cancel.lua; the lease deadline in it moves instead of the
+-- record's TTL, which stays the cancel's), 0 lost (another consumer owns it, or the lease is gone),
+-- 6 kept and its job was cancelled before its handler started (the record says
+-- cancelled: the worker acknowledges it without running it),
 -- 2 deleted (ours, but its entry was deleted: adopt it), 3 vanished (neither the stream
 -- nor the group knows it any more: the server lost it)
 local streams = {KEYS[1], KEYS[2]}
@@ -38,6 +41,10 @@ for i, id in ipairs(ids) do
     res[i] = lost_code(stream, group, id, '') == 4 and 3 or 0
   elseif not entry_exists(stream, id) then
     res[i] = 2
+  elseif record and string.sub(record, 1, 1) == 'C' then
+    -- cancelled while held, before its handler started: still ours, to acknowledge
+    redis.call('XCLAIM', stream, group, consumer, 0, id, 'JUSTID')
+    res[i] = 6
   elseif not lease_ok then
     res[i] = 0
   else
@@ -45,8 +52,16 @@ for i, id in ipairs(ids) do
     res[i] = 1
   end
   if res[i] == 1 and leases[i] ~= '' then
-    redis.call('PEXPIRE', key, ARGV[3])
-    if string.sub(record, -2) == '|C' then res[i] = 5 end
+    local deadline = cancel_asked(record)
+    if deadline then
+      -- cancel asked: the record is kept for the cancel's ttl; the lease lives on in it
+      local head, tail = string.match(record, '^(.-|C)%d+(|.*)$')
+      redis.call('SET', key, head .. due .. tail,
+                 'KEEPTTL')
+      res[i] = 5
+    else
+      redis.call('PEXPIRE', key, ARGV[3])
+    end
   end
 end
 return res

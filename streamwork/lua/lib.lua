@@ -91,14 +91,33 @@ local function add_ack(acks, src, id)
 end
 
 -- Job records (one per group and job key; see _records.py). The first byte is the state:
--- R running ("R<lease>|<attempt>|<since ms>", the lease itself), D done, W waiting for a
--- retry, X dead (the rest MessagePack).
+-- H held ("H<lease>|<attempt>|<since ms>[|W<due ms>]": the lease of a delivery a worker
+-- has read but whose handler has not started; |W: waiting for an in-place retry), R running
+-- ("R<lease>|<attempt>|<since ms>", the lease once the handler started; a cancel appends
+-- "|C<lease deadline ms>|<cancel ttl ms>|<reason>" and keeps the record for the cancel's
+-- ttl), D done, W waiting for a retry, X dead, C cancelled (the rest MessagePack).
 local function is_done(record)
   return record and string.sub(record, 1, 1) == 'D'
 end
 
+-- whether ``record`` is the lease ``lease`` (held or running)
 local function leased_by(record, lease)
-  return record and string.sub(record, 1, #lease + 2) == 'R' .. lease .. '|'
+  if not record then return false end
+  local state = string.sub(record, 1, 1)
+  return (state == 'R' or state == 'H') and string.sub(record, 2, #lease + 2) == lease .. '|'
+end
+
+-- a running record's cancel request: lease deadline (ms), cancel ttl (ms), reason; or nil
+local function cancel_asked(record)
+  if not record or string.sub(record, 1, 1) ~= 'R' then return nil end
+  local deadline, ttl, reason = string.match(record, '^R[^|]*|[^|]*|[^|]*|C(%d+)|(%d+)|(.*)$')
+  if not deadline then return nil end
+  return tonumber(deadline), tonumber(ttl), reason
+end
+
+-- the cancelled record (C) a job gets when it ends cancelled
+local function cancelled_record(now, reason)
+  return 'C' .. cmsgpack.pack({now, reason})
 end
 
 -- whether this consumer still holds a delivery: through the PEL (``owned`` by src .. id),
