@@ -601,7 +601,9 @@ def register(main: click.Group) -> None:
                 url: str | None) -> None:
         """Groups, consumers, lag, pending (count, oldest age), delayed and dead letters of
         STREAM, or of every stream when none is given; a partitioned stream's totals and
-        each partition with --partitions P. Exit 0 OK, 1 error, 2 --fail-if hit."""
+        each partition with --partitions P. A group's lag counts what will reach it
+        without a new send: unread entries of the stream and of its retry stream (replayed
+        dead letters, retries) and its due retries. Exit 0 OK, 1 error, 2 --fail-if hit."""
         inspect_command(stream, as_json, fail_if, quiet, url, partitions, partition)
 
     @click.command("top")

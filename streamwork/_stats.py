@@ -2,12 +2,17 @@
 
 One call of :func:`stream_stats` reads, for stream ``S``: ``XINFO STREAM S``, ``XINFO
 GROUPS S`` and per group ``XPENDING S G`` (summary), ``XPENDING S G - + 1`` (the oldest
-pending entry and its idle time), ``XINFO CONSUMERS S G``, ``XPENDING`` of the group's retry
-stream (counted in its pending) and ``ZCARD``/``ZCOUNT -inf now`` of its retry ZSET; then
-the same counts of ``{S}:delayed`` (``now`` from the server's ``TIME``, the clock the
-promoter uses) and ``XLEN {S}:dead``. Nothing is written. The commands are not one
-snapshot: figures of a busy stream
+pending entry and its idle time), ``XINFO CONSUMERS S G``, and one pipelined round trip on
+the group's own side (:func:`read_retry_side`): ``XINFO GROUPS`` and ``XLEN`` of its retry
+stream, ``ZCARD``/``ZCOUNT -inf now`` of its retry ZSET; then the same counts of
+``{S}:delayed`` (``now`` from the server's ``TIME``, the clock the promoter uses) and ``XLEN
+{S}:dead``. Nothing is written. The commands are not one snapshot: figures of a busy stream
 can disagree by the few jobs that moved between two reads.
+
+A group's ``lag`` is what will reach it without any new send: the stream's entries not yet
+delivered to it, plus its retry stream's (replayed dead letters, promoted retries), plus its
+retries whose backoff is over but that no worker has promoted yet. Its ``pending`` counts
+the deliveries it holds from both streams.
 
 :func:`compute_rates` turns two samples into produced/s per stream and acked/s per group.
 Fields Redis cannot report (``lag`` when the group's position is unknown, ``entries-read``
@@ -32,12 +37,15 @@ __all__ = [
     "ConsumerStats",
     "GroupStats",
     "PartitionStats",
+    "RetrySide",
     "StreamRates",
     "StreamStats",
     "compute_rates",
     "discover_streams",
     "merge_stats",
     "partitioned_stats",
+    "read_retry_side",
+    "retry_side",
     "sample",
     "sample_partitioned",
     "stream_stats",
@@ -68,7 +76,9 @@ class GroupStats:
     #: idle seconds of the oldest pending entry (lowest id): time since it was last
     #: delivered, reclaimed or heartbeated; None when nothing is pending
     oldest_pending_age_s: float | None
-    #: entries not yet delivered to the group; None when Redis cannot tell
+    #: jobs that will reach the group without any new send: entries of the stream and of
+    #: its retry stream not yet delivered to it, plus its due retries not yet promoted
+    #: (``retry_lag`` and ``retries_due`` are those parts); None when Redis cannot tell
     lag: int | None
     entries_read: int | None
     last_delivered_id: str
@@ -78,6 +88,12 @@ class GroupStats:
     #: retries of this group waiting for their backoff (its retry ZSET); its retry stream's
     #: pending deliveries are counted in ``pending``
     retries_waiting: int = 0
+    #: entries of the group's retry stream (replays, promoted retries) not yet delivered to
+    #: it, counted in ``lag``; None when Redis cannot tell
+    retry_lag: int | None = 0
+    #: of ``retries_waiting``, those whose backoff is over but not yet promoted onto the
+    #: retry stream (a worker of the group does that), counted in ``lag``
+    retries_due: int = 0
 
     def as_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -187,19 +203,69 @@ def _now_ms(client: Any) -> int:
     return int(secs) * 1000 + int(micros) // 1000
 
 
-def _retry_side(client: Any, keys: StreamKeys, name: str, now_ms: int) -> tuple[int, int, int]:
-    """(pending on the group's retry stream, retries waiting, of which due) of group
-    ``name``; zeros for a group name streamwork would not accept."""
+@dataclass(frozen=True, slots=True)
+class RetrySide:
+    """What waits for one group on its own side: its retry stream and its retry ZSET."""
+
+    #: entries of the retry stream not yet delivered to the group; None when Redis cannot tell
+    lag: int | None = 0
+    pending: int = 0  #: deliveries from the retry stream not acknowledged yet
+    waiting: int = 0  #: retries in the ZSET, due or not
+    due: int = 0  #: of which due (score <= now): a worker of the group promotes them next
+
+    def total_lag(self, stream_lag: int | None) -> int | None:
+        """The group's whole lag given its lag on the stream itself: that, plus the retry
+        stream's, plus the due retries; None when either lag is unknown."""
+        if stream_lag is None or self.lag is None:
+            return None
+        return stream_lag + self.lag + self.due
+
+
+def retry_side(group: str, groups_reply: Any, length: Any, waiting: Any, due: Any) -> RetrySide:
+    """:class:`RetrySide` of ``group`` from the replies to ``XINFO GROUPS`` and ``XLEN`` of
+    its retry stream and ``ZCARD``/``ZCOUNT -inf now`` of its retry ZSET (an exception in
+    place of the XINFO/XLEN reply: no retry stream yet, counted as empty).
+
+    Without a consumer group on the retry stream (its workers create it at id 0 when they
+    start) every entry there is still to be delivered. A null lag (Redis < 7, or entries
+    deleted past the group's position) stays unknown, as on the stream itself, unless the
+    retry stream is empty."""
+    entries = 0 if isinstance(length, Exception) else int(length or 0)
+    found: dict[str, Any] | None = None
+    if not isinstance(groups_reply, Exception):
+        for raw in groups_reply or []:
+            info = _norm(raw)
+            if _s(info.get("name")) == group:
+                found = info
+                break
+    if found is None:
+        lag: int | None = entries
+        pending = 0
+    else:
+        lag = _opt_int(found.get("lag"))
+        if lag is None and entries == 0:
+            lag = 0
+        pending = int(found.get("pending") or 0)
+    return RetrySide(lag=lag, pending=pending, waiting=int(waiting or 0), due=int(due or 0))
+
+
+def read_retry_side(client: Any, keys: StreamKeys, name: str, now_ms: int) -> RetrySide:
+    """:class:`RetrySide` of group ``name`` (a sync client), read in one pipelined round
+    trip; empty for a group name streamwork would not accept (it has no retry keys)."""
     try:
         gkeys = keys.group(name)
     except ConfigError:
-        return 0, 0, 0
-    try:
-        pending = int(_norm(client.xpending(gkeys.retry, name)).get("pending") or 0)
-    except redis.ResponseError:  # no retry stream (or group on it) yet
-        pending = 0
-    return (pending, int(client.zcard(gkeys.retries)),
-            int(client.zcount(gkeys.retries, "-inf", now_ms)))
+        return RetrySide()
+    pipe = client.pipeline(transaction=False)
+    pipe.xinfo_groups(gkeys.retry)
+    pipe.xlen(gkeys.retry)
+    pipe.zcard(gkeys.retries)
+    pipe.zcount(gkeys.retries, "-inf", now_ms)
+    groups, length, waiting, due = pipe.execute(raise_on_error=False)
+    for reply in (waiting, due):
+        if isinstance(reply, Exception):
+            raise reply
+    return retry_side(name, groups, length, waiting, due)
 
 
 def _group_stats(client: Any, stream: str, info: Mapping[str, Any]) -> GroupStats | None:
@@ -262,10 +328,11 @@ def stream_stats(client: Any, stream: str) -> StreamStats:
         g = _group_stats(client, stream, _norm(raw))
         if g is None:
             continue
-        retry_pending, retry_waiting, retry_due = _retry_side(client, keys, g.name, now_ms)
-        waiting, due = waiting + retry_waiting, due + retry_due
-        groups.append(dataclasses.replace(g, pending=g.pending + retry_pending,
-                                          retries_waiting=retry_waiting))
+        side = read_retry_side(client, keys, g.name, now_ms)
+        waiting, due = waiting + side.waiting, due + side.due
+        groups.append(dataclasses.replace(
+            g, lag=side.total_lag(g.lag), pending=g.pending + side.pending,
+            retries_waiting=side.waiting, retry_lag=side.lag, retries_due=side.due))
     groups.sort(key=lambda g: g.name)
     last = info.get("last-generated-id") or _entry_id(info.get("last-entry")) or "0-0"
     return StreamStats(
@@ -391,6 +458,8 @@ def _merge_group(parts: Sequence[GroupStats]) -> GroupStats:
         consumer_list=consumer_list,
         oldest_pending_id=None if oldest is None else oldest.oldest_pending_id,
         retries_waiting=sum(g.retries_waiting for g in parts),
+        retry_lag=_sum_known(g.retry_lag for g in parts),
+        retries_due=sum(g.retries_due for g in parts),
     )
 
 

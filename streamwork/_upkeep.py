@@ -3,7 +3,9 @@
 * promote - moves due retries and delayed jobs from ``{S}:delayed`` onto the stream;
 * upkeep  - trims acknowledged entries older than ``retention`` (never a pending or
   unread one) and removes idle consumers that own nothing;
-* gauges  - reads lag, pending, delayed and dead for the OpenTelemetry gauges.
+* gauges  - reads lag, pending, delayed and dead for the OpenTelemetry gauges; lag and
+  pending of a group include its retry stream and its due retries, as ``streamwork
+  inspect`` counts them (:mod:`streamwork._stats`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ import redis.exceptions
 from . import _scripts as scripts
 from . import _telemetry as telemetry
 from ._delivery import Holder
+from ._keys import StreamKeys
 from ._logs import WORKER_LOGGER, fields
 from ._reclaim import jitter
+from ._stats import RetrySide, retry_side
+from .errors import ConfigError
 
 log = logging.getLogger(WORKER_LOGGER)
 
@@ -76,8 +81,35 @@ async def gauges_step(h: Holder, metering: bool) -> None:
     await asyncio.sleep(jitter(GAUGE_INTERVAL))
 
 
+async def _retry_sides(client: Any, keys: StreamKeys, names: list[str],
+                       now_ms: int) -> dict[str, RetrySide]:
+    """Each group's retry stream and retry ZSET figures, in one pipelined round trip (four
+    commands per group); a group whose name streamwork would not accept has none."""
+    pipe = client.pipeline(transaction=False)
+    asked: list[str] = []
+    for name in names:
+        try:
+            gkeys = keys.group(name)
+        except ConfigError:
+            continue
+        pipe.xinfo_groups(gkeys.retry)
+        pipe.xlen(gkeys.retry)
+        pipe.zcard(gkeys.retries)
+        pipe.zcount(gkeys.retries, "-inf", now_ms)
+        asked.append(name)
+    if not asked:
+        return {}
+    replies = await pipe.execute(raise_on_error=False)
+    sides: dict[str, RetrySide] = {}
+    for i, name in enumerate(asked):
+        groups, length, waiting, due = replies[4 * i: 4 * i + 4]
+        if not isinstance(waiting, Exception) and not isinstance(due, Exception):
+            sides[name] = retry_side(name, groups, length, waiting, due)
+    return sides
+
+
 async def read_gauges(h: Holder) -> None:
-    """One pipelined read of the figures behind the gauges."""
+    """Two pipelined reads (plus the server's clock) of the figures behind the gauges."""
     pipe = h.redis.pipeline(transaction=False)
     pipe.xinfo_groups(h.cfg.stream)
     pipe.zcard(h.keys.delayed)
@@ -85,11 +117,20 @@ async def read_gauges(h: Holder) -> None:
     groups, delayed, dead = await pipe.execute(raise_on_error=False)
     if isinstance(groups, Exception):
         return
+    secs, micros = await h.redis.time()
+    named = [(g["name"].decode() if isinstance(g["name"], bytes) else str(g["name"]), g)
+             for g in groups]
+    sides = await _retry_sides(h.redis, h.keys, [name for name, _ in named],
+                               int(secs) * 1000 + int(micros) // 1000)
+    # delayed, as inspect counts it: delayed sends and every group's retries waiting
+    waiting = int(delayed) + sum(side.waiting for side in sides.values())
     oldest: list[tuple[str, Any]] = []
-    for g in groups:
-        name = g["name"].decode() if isinstance(g["name"], bytes) else str(g["name"])
-        telemetry.set_gauges(h.cfg.stream, name, g.get("lag"), int(g["pending"]),
-                             int(delayed), int(dead))
+    for name, g in named:
+        side = sides.get(name)
+        # without its retry figures (a read error) the lag is not known: report none
+        lag = None if side is None else side.total_lag(g.get("lag"))
+        pending = int(g["pending"]) + (0 if side is None else side.pending)
+        telemetry.set_gauges(h.cfg.stream, name, lag, pending, waiting, int(dead))
         if int(g["pending"]):
             oldest.append((name, g))
         else:
