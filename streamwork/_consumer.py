@@ -47,7 +47,7 @@ from ._faults import Fault, classify
 from ._keys import GroupKeys, StreamKeys
 from ._leases import Claim
 from ._limits import Limits, hold_ms
-from ._logs import WORKER_LOGGER, fields
+from ._logs import WORKER_LOGGER, describe, error_fields, fields
 from ._message import Message, revoke
 from ._outcomes import Outcomes
 from ._partitions import check_recorded
@@ -378,25 +378,32 @@ class Consumer:
             self.forget(d, outcome)
         return True
 
-    def lose(self, d: Delivery, why: str) -> None:
-        """Mark a delivery's lease lost: its outcome will never be written by us."""
+    def lose(self, d: Delivery, why: str, error: BaseException | None = None) -> None:
+        """Mark a delivery's lease lost: its outcome will never be written by us. ``error``:
+        the handler's exception, when the lease was found lost recording its failure."""
         if not self._drop(d, "lost"):
             return
         self.count("lock_lost", 1)
-        log.error("lease lost: %s; the job will be completed elsewhere", why, extra=fields(
-            stream=self.cfg.stream, group=self.cfg.group, consumer=self.name, key=d.msg.key,
-            entry_id=d.msg.id, attempt=d.msg.attempt))
+        failed = "" if error is None else f"; its handler had failed: {describe(error)}"
+        log.error("lease lost: %s; the job will be completed elsewhere%s", why, failed,
+                  extra=fields(
+                      stream=self.cfg.stream, group=self.cfg.group, consumer=self.name,
+                      key=d.msg.key, entry_id=d.msg.id, attempt=d.msg.attempt,
+                      **error_fields(error)))
 
-    def vanish(self, d: Delivery) -> None:
+    def vanish(self, d: Delivery, error: BaseException | None = None) -> None:
         """The server no longer knows a delivery we hold (it came back empty, or the group
-        was deleted): say so loudly; its outcome cannot be recorded."""
+        was deleted): say so loudly; its outcome cannot be recorded. ``error``: the
+        handler's exception, when it was found recording its failure."""
         if not self._drop(d, "vanished"):
             return
         self.count("vanished", 1)
+        failed = "" if error is None else f"; its handler had failed: {describe(error)}"
         log.error("job vanished from Redis while held (the server lost its data?); its "
-                  "outcome cannot be recorded", extra=fields(
+                  "outcome cannot be recorded%s", failed, extra=fields(
                       stream=self.cfg.stream, group=self.cfg.group, consumer=self.name,
-                      key=d.msg.key, entry_id=d.msg.id, attempt=d.msg.attempt))
+                      key=d.msg.key, entry_id=d.msg.id, attempt=d.msg.attempt,
+                      **error_fields(error)))
 
     # ---- reading and admission --------------------------------------------------------
 
@@ -450,10 +457,7 @@ class Consumer:
                 body, used = found.get(BODY_FIELD), found.get(ATTEMPTS_FIELD)
             try:
                 job_key, enqueued_ms, headers, payload, limit_ms = decode_fields(body, max_payload)
-            except DecodeError as exc:
-                log.warning("undecodable entry moved to dead letters", extra=fields(
-                    stream=stream, group=group, entry_id=entry_id.decode(),
-                    reason=exc.reason))
+            except DecodeError as exc:  # logged once dead-lettered (see Outcomes)
                 self._dead_on_arrival(entry_id, src, count, exc.reason, "DecodeError",
                                       exc.detail)
                 self.count("undecodable", 1)
@@ -473,10 +477,7 @@ class Consumer:
             if convert is not None:
                 try:
                     payload = convert(payload)
-                except InvalidPayload as exc:
-                    log.warning("payload does not validate: dead-lettered", extra=fields(
-                        stream=stream, group=group, entry_id=entry_id.decode(),
-                        key=job_key, reason="payload:invalid"))
+                except InvalidPayload as exc:  # logged once dead-lettered (see Outcomes)
                     self._dead_on_arrival(entry_id, src, attempt, "payload:invalid",
                                           "InvalidPayload", str(exc), job_key, body)
                     self.count("invalid_payload", 1)

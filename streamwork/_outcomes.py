@@ -19,7 +19,7 @@ import msgpack
 from . import _scripts as scripts
 from . import _telemetry as telemetry
 from ._delivery import Delivery, Failure, Holder, State, ref
-from ._logs import WORKER_LOGGER, fields
+from ._logs import WORKER_LOGGER, cap, error_message, fields, seconds
 from ._records import done_record
 from ._start import CANCELLED_QUEUED
 from ._supervisor import uninterrupted
@@ -227,15 +227,18 @@ class Outcomes:
         await h.lease.release([f.delivery for f in failed if f.delivery is not None])
 
     def _failed(self, f: Failure, code: int) -> None:
+        """fail.lua answered for ``f``: count it and log its one line (retry, dead letter,
+        cancelled, lease lost), now that the outcome is known."""
         h, d = self.host, f.delivery
         if code == Failed.RETRIED:
             h.count("retried", 1, "timeout" if f.reason == "timeout" else "error")
+            log.warning("job failed: retrying in %s s: %s", seconds(f.delay_ms / 1000),
+                        _described(f), extra=self._fields(f, delay_ms=f.delay_ms))
         elif code == Failed.DEAD:
             h.count("dead_lettered", 1, f.reason.split(":", 1)[0])
-            log.error("job dead-lettered", extra=fields(
-                stream=h.cfg.stream, group=h.cfg.group, consumer=h.name,
-                entry_id=f.entry_id.decode(), attempt=f.attempts, reason=f.reason,
-                error_type=f.error_type))
+            log.error("job dead-lettered (%s) after %d attempt%s: %s", f.reason, f.attempts,
+                      "" if f.attempts == 1 else "s", _described(f),
+                      extra=self._fields(f, traceback=f.traceback or None))
         elif code == Failed.CANCELLED and f.reason == CANCELLED_QUEUED:
             h.count("cancelled", 1, "queued")
             log.info("job cancelled before it started", extra=fields(
@@ -243,13 +246,11 @@ class Outcomes:
                 entry_id=f.entry_id.decode(), attempt=f.attempts))
         elif code == Failed.CANCELLED:
             h.count("cancelled", 1, "running")
-            log.warning("job cancelled while it ran", extra=fields(
-                stream=h.cfg.stream, group=h.cfg.group, consumer=h.name,
-                entry_id=f.entry_id.decode(), attempt=f.attempts, reason=f.reason))
+            log.warning("job cancelled while it ran: %s", _described(f), extra=self._fields(f))
         elif d is not None and code == Failed.VANISHED:
-            h.vanish(d)
+            h.vanish(d, f.error)
         elif d is not None:
-            h.lose(d, "not the owner when recording a failure")
+            h.lose(d, "not the owner when recording a failure", f.error)
         if d is None:
             h.release_loose(ref(f.src, f.entry_id))
             return
@@ -260,6 +261,26 @@ class Outcomes:
             telemetry.end_span(d.span, outcome, f.error)
             d.span = None
         h.forget(d, outcome)
+
+    def _fields(self, f: Failure, **more: Any) -> dict[str, Any]:
+        """The structured fields of a failure's log line."""
+        h = self.host
+        return fields(stream=h.cfg.stream, group=h.cfg.group, consumer=h.name,
+                      key=f.job_key or None, entry_id=f.entry_id.decode(), attempt=f.attempts,
+                      duration_ms=f.took_ms, error_type=f.error_type, error=_message(f),
+                      reason=f.reason, **more)
+
+
+def _message(f: Failure) -> str:
+    """The failure's message, capped: the exception's, or the detail of a delivery that
+    never ran (undecodable, invalid payload, over max_deliveries on arrival)."""
+    return error_message(f.error) if f.error is not None else cap(f.detail)
+
+
+def _described(f: Failure) -> str:
+    """``"TypeError: unsupported operand ..."`` for a failure's log line."""
+    message = _message(f)
+    return f"{f.error_type}: {message}" if message else f.error_type
 
 
 def staged_ops(live: list[Delivery], staged_keys: list[str | bytes], first_key: int) -> bytes:

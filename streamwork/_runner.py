@@ -14,7 +14,6 @@ import contextvars
 import inspect
 import logging
 import time
-import traceback
 from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -25,7 +24,7 @@ from . import _telemetry as telemetry
 from ._delivery import Delivery, Failure, RunQueue, State
 from ._faults import Fault, classify
 from ._limits import Limits, retry_key_after
-from ._logs import WORKER_LOGGER, fields
+from ._logs import WORKER_LOGGER, describe, error_message, fields, seconds, traceback_text
 from ._message import Message, revoke
 from ._pool import DaemonPool
 from ._retry import retry_delay_for
@@ -321,12 +320,16 @@ class Runner:
             self.host.outcomes.succeeded(d)
 
     def _failed(self, d: Delivery, exc: Exception) -> None:
+        """Decide a failed job's fate (retry, dead letter, cancelled) and hand it to the
+        flusher, which logs the one line of the failure once Redis has its outcome; a retry
+        in place (ordered) is decided here, so it is logged here."""
         if d.dropped:
             self.host.forget(d)
             return
         cfg, msg = self.host.cfg, d.msg
         etype = type(exc).__name__
-        detail = f"{exc}\n" + "".join(traceback.format_exception(exc))[-TRACEBACK_LIMIT:]
+        tb = traceback_text(exc, TRACEBACK_LIMIT)
+        detail = f"{error_message(exc, None)}\n{tb}"
         if msg.cancelled:  # whatever it raised: the job was cancelled, not retried
             action, reason, delay = "c", "cancelled", 0.0
         elif isinstance(exc, DeadLetter):
@@ -339,22 +342,19 @@ class Runner:
             explicit = exc.delay if isinstance(exc, Retry) else None
             delay = retry_delay_for(msg.attempt, cfg.retry_delay, cfg.retry_max_delay,
                                     explicit=explicit)
+        took_ms = round((asyncio.get_running_loop().time() - d.started) * 1000, 1)
         if action == "r" and cfg.ordered:
-            log.warning("job failed: retrying in place (ordered)", extra=fields(
-                stream=cfg.stream, group=cfg.group, consumer=self.host.name, key=msg.key,
-                entry_id=msg.id, attempt=msg.attempt, error_type=etype, reason=reason))
+            log.warning("job failed: retrying in place in %s s (ordered): %s",
+                        seconds(delay), describe(exc), extra=fields(
+                            stream=cfg.stream, group=cfg.group, consumer=self.host.name,
+                            key=msg.key, entry_id=msg.id, attempt=msg.attempt,
+                            duration_ms=took_ms, error_type=etype, error=error_message(exc),
+                            reason=reason, delay_ms=round(delay * 1000)))
             self.host.retry_in_place(d, delay)
             return
-        log.warning("job failed: %s", "retrying" if action == "r" else "dead-lettered",
-                    extra=fields(stream=cfg.stream, group=cfg.group, consumer=self.host.name,
-                                 key=msg.key, entry_id=msg.id, attempt=msg.attempt,
-                                 error_type=etype, reason=reason,
-                                 duration_ms=round(
-                                     (asyncio.get_running_loop().time() - d.started) * 1000,
-                                     1)))
         self.host.outcomes.add_failure(Failure(
             d, d.entry_id, d.src, action, round(delay * 1000), msg.attempt, reason, etype, detail,
-            msg.key, d.body, exc))
+            msg.key, d.body, exc, took_ms=took_ms, traceback=tb))
 
 
 class _Watch:

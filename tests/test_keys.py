@@ -95,7 +95,8 @@ def _all_keys(stream: str, group: str, job: str) -> dict[str, str]:
     g = k.group(group)
     return {"dead": k.dead, "delayed": k.delayed, "fence": k.fence,
             "partitions": k.partitions, "retry": g.retry, "retries": g.retries,
-            "owner": g.owner, "members": g.members, "settings": g.settings, "job": g.job(job), "stream": stream}
+            "owner": g.owner, "members": g.members, "settings": g.settings, "job": g.job(job),
+            "stream": stream}
 
 
 @settings(max_examples=400, deadline=None)
