@@ -116,7 +116,7 @@ class Consumer:
                 cfg.concurrency_per_key, hold_ms(cfg.visibility_timeout))
         self.lease = leases.choose(self.scripts, self.gkeys, cfg, name,
                                    f"{name}:{secrets.token_hex(10)}")
-        self.queue = RunQueue()
+        self.queue = RunQueue(eager=self.lease.claims)
         # with job records, a handler starts only once start.lua has checked its record
         self.starter: Starter | None = (
             Starter(self.scripts, self.gkeys, name, self.lease, cfg.visibility_ms, self.queue)

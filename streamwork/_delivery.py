@@ -95,14 +95,19 @@ class RunQueue:
     Wake-ups are chained: at most one parked runner is woken and not yet running at any
     time; when it takes a delivery and more are ready, it wakes the next. Handlers that
     suspend (I/O) so still get one runner each, while a batch of handlers that finish
-    without suspending is run back to back by one runner, with no wake-up per job."""
+    without suspending is run back to back by one runner, with no wake-up per job.
+    Eager (with job records, where every start waits for Redis anyway), one parked runner
+    is woken per ready delivery at once."""
 
-    __slots__ = ("_getters", "ready", "waking")
+    __slots__ = ("_getters", "eager", "ready", "waking")
 
-    def __init__(self) -> None:
+    def __init__(self, eager: bool = False) -> None:
         self.ready: deque[Delivery] = deque()
         self._getters: deque[asyncio.Future[None]] = deque()
         self.waking = 0  # runners woken that have not taken a delivery yet
+        #: wake a parked runner per ready delivery at once, not one after another: when
+        #: every start waits for Redis (start.lua), the runners' starts then share a call
+        self.eager = eager
 
     def put_many(self, ds: list[Delivery]) -> None:
         """Queue ``ds``, in order, and wake a runner for them if none is on its way."""
@@ -110,8 +115,15 @@ class RunQueue:
         self.kick()
 
     def kick(self) -> None:
-        """Wake one parked runner if deliveries are ready and none is on its way."""
-        if self.ready and self._getters and not self.waking:
+        """Wake one parked runner if deliveries are ready and none is on its way (eager:
+        as many as there are ready deliveries)."""
+        if not (self.ready and self._getters):
+            return
+        if not self.eager:
+            if not self.waking:
+                self._wake_next()
+            return
+        while self._getters and self.waking < len(self.ready):
             self._wake_next()
 
     async def get(self) -> Delivery:
