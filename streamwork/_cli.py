@@ -5,11 +5,13 @@ their own modules."""
 from __future__ import annotations
 
 import asyncio
+import difflib
 import gc
 import importlib
 import json
 import os
 import sys
+import traceback
 import types
 import typing
 from typing import Any, Final
@@ -96,15 +98,59 @@ def load_worker(target: str) -> type[StreamWorker]:
     if not module_name or not attr:
         fail(f"{target!r}: give the worker as MODULE:Class, e.g. myapp.workers:Billing")
     sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        fail(f"cannot import {module_name!r}: {exc}")
-    cls = getattr(module, attr, None)
+    module = _import(module_name)
+    if not hasattr(module, attr):
+        found = _workers_in(module)
+        where = f"{module_name!r} ({getattr(module, '__file__', None) or 'no file'})"
+        if not found:
+            fail(f"there is no {attr!r} in {where}, and it defines no StreamWorker subclass: "
+                 f"check MODULE:Class in {target!r}")
+        close = difflib.get_close_matches(attr, found, n=1)
+        fail(f"there is no {attr!r} in {where}."
+             + (f" Did you mean {close[0]!r}?" if close else "")
+             + f" Its StreamWorker subclasses: {', '.join(found)}")
+    cls = getattr(module, attr)
+    if cls is StreamWorker:
+        fail(f"{target!r} is StreamWorker itself: name your subclass of it")
     if not (isinstance(cls, type) and issubclass(cls, StreamWorker)):
-        fail(f"{target!r} is not a StreamWorker subclass")
-    assert isinstance(cls, type)
+        what = (f"an instance of {type(cls).__qualname__}: name the class"
+                if isinstance(cls, StreamWorker) else f"a {type(cls).__name__}")
+        found = _workers_in(module)
+        fail(f"{target!r} is {what}, not a StreamWorker subclass"
+             + (f"; {module_name!r} has these: {', '.join(found)}" if found else ""))
     return cls
+
+
+def _import(module_name: str) -> types.ModuleType:
+    """The module named, or a failure saying whether it was not found or broke on import
+    (with where it broke)."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name + ".").startswith(exc.name + "."):
+            fail(f"no module named {module_name!r} (looked in the current directory "
+                 f"{os.getcwd()} and on sys.path, PYTHONPATH included): {exc}")
+        fail(f"module {module_name!r} was found, but importing it failed; fix this:\n"
+             + _import_error(exc))
+    except Exception as exc:  # a module's own error: SyntaxError, NameError, ...
+        fail(f"module {module_name!r} was found, but importing it failed; fix this:\n"
+             + _import_error(exc))
+
+
+def _import_error(exc: BaseException) -> str:
+    """``exc`` with the frames of the code that raised it (not the import machinery's)."""
+    machinery = (os.path.dirname(importlib.__file__ or "") + os.sep, "<frozen", __file__)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith(machinery)]
+    return "".join(traceback.format_list(frames)
+                   + traceback.format_exception_only(exc)).rstrip()
+
+
+def _workers_in(module: types.ModuleType) -> list[str]:
+    """The names of the StreamWorker subclasses ``module`` has (defined or imported)."""
+    return sorted(name for name, value in vars(module).items()
+                  if isinstance(value, type) and issubclass(value, StreamWorker)
+                  and value is not StreamWorker and not name.startswith("_"))
 
 
 @click.group()

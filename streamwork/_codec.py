@@ -60,6 +60,20 @@ def check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
     return hdrs
 
 
+def check_utf8(option: str, text: str) -> str:
+    """``text`` if it encodes as UTF-8, else ConfigError naming ``option``: a lone surrogate
+    (what decoding bytes with ``errors="surrogateescape"`` leaves) cannot be sent or stored."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(option, (
+            f"{text!r} is not valid UTF-8 text: it holds the lone surrogate "
+            f"{text[exc.start]!r} at index {exc.start} (bytes decoded with "
+            "errors='surrogateescape'?); job keys and order keys must be valid UTF-8 "
+            "text")) from None
+    return text
+
+
 def encode_body(
     key: str,
     payload: Payload,
@@ -113,6 +127,7 @@ def pack_bodies(keys: Sequence[str], payloads: Sequence[Payload], headers: dict[
         try:
             data: bytes = head + pack(key) + b"\xa1p" + pack(payload)
         except (TypeError, ValueError, OverflowError) as exc:
+            check_utf8("key", key)  # blame a key that is not UTF-8 on the key
             raise ConfigError(
                 "payload", f"cannot be encoded as MessagePack ({exc}); send dicts, lists, "
                 "str, bytes, numbers, bools or None"

@@ -7,10 +7,12 @@ option and what it accepts, before anything touches Redis.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
 import math
 import re
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from ._codec import DEFAULT_MAX_PAYLOAD_BYTES
@@ -22,6 +24,11 @@ from .errors import ConfigError
 
 #: heartbeat every visibility_timeout/3, so two missed beats still leave margin
 HEARTBEAT_FRACTION: Final = 1 / 3
+
+#: how alike (difflib's ratio) a worker class attribute's name must be to an option's to
+#: be refused as a misspelling of it: catches one or two wrong letters in a name
+#: (visiblity_timeout, dedupe, partition) and leaves other names alone (timeout_handler)
+NEAR_OPTION: Final = 0.8
 
 
 class WorkerOptions:
@@ -220,7 +227,8 @@ class WorkerConfig(WorkerOptions):
         unknown = sorted(set(overrides) - set(names))
         if unknown:
             raise ConfigError(
-                unknown[0], f"is not a worker option; known options: {', '.join(names)}"
+                unknown[0], f"is not a worker option{did_you_mean(unknown[0], names)}; "
+                            f"known options: {', '.join(names)}"
             )
         values = {n: getattr(source, n) for n in names if hasattr(source, n)}
         values.update(overrides)
@@ -231,6 +239,35 @@ class WorkerConfig(WorkerOptions):
                     f"`{required} = \"...\"` attribute or pass {required}=... to from_url"
                 )
         return cls(**values)
+
+
+def did_you_mean(name: str, names: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` naming the one of ``names`` closest to ``name``, or "" when
+    none is near (`NEAR_OPTION`)."""
+    close = difflib.get_close_matches(name, list(names), n=1, cutoff=NEAR_OPTION)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def check_attributes(cls: type, base: type, extra: Iterable[str] = ()) -> None:
+    """Refuse a class attribute of worker class ``cls`` (or of its bases that ``base``
+    does not have) whose name is near an option's (or one of ``extra``) without being
+    one: a misspelt option would otherwise be ignored without a word. Private names,
+    methods, properties and the names ``base`` has are not looked at."""
+    options = [*WorkerConfig.option_names(), *extra]
+    own = set(dir(base))
+    for klass in cls.__mro__:
+        if klass in base.__mro__:
+            continue
+        for name, value in vars(klass).items():
+            if (name.startswith("_") or name in own or inspect.isroutine(value)
+                    or inspect.isdatadescriptor(value)):
+                continue
+            hint = did_you_mean(name, options)
+            if hint:
+                raise ConfigError(name, (
+                    f"is not a worker option (a class attribute of {klass.__qualname__}, "
+                    f"which would be ignored){hint} Rename it, or prefix it with _ if it is "
+                    "your own"))
 
 
 _RATE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")

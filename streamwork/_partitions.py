@@ -21,6 +21,7 @@ from typing import Final
 
 from redis.crc import key_slot
 
+from ._codec import check_utf8
 from ._keys import StreamKeys
 from ._message import ORDER_KEY_HEADER
 from .errors import ConfigError
@@ -108,7 +109,7 @@ def check_recorded(stream: str, recorded: bytes | str | None, partitions: int,
 
 
 def check_order_key(order_key: object) -> str:
-    """A usable order key: a non-empty str."""
+    """A usable order key: a non-empty str of valid UTF-8 text."""
     if not isinstance(order_key, str) or not order_key:
         raise ConfigError("order_key", f"must be a non-empty str, got {order_key!r}")
-    return order_key
+    return check_utf8("order_key", order_key)

@@ -33,6 +33,7 @@ from ._codec import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     Payload,
     check_headers,
+    check_utf8,
     pack_bodies,
     pack_body,
     time_limit_ms,
@@ -49,7 +50,7 @@ from ._partitions import (
 )
 from ._payloads import PLAIN, to_plain
 from ._records import JobStatus
-from .errors import ConfigError, JobFailed, RedisUnavailable, StreamNotFound
+from .errors import ConfigError, GroupNotFound, JobFailed, RedisUnavailable, StreamNotFound
 
 __all__ = ["AsyncProducer", "Producer"]
 
@@ -234,6 +235,7 @@ class _Core:
         self.retry_timeout = retry_timeout
         self.partitions = _check_partition_option(partitions)
         self._recorded: set[str] = set()  # partitioned streams whose count was checked
+        self._groups_seen: set[tuple[str, str]] = set()  # (stream, group) found to exist
 
     def _plan_record(self, stream: str) -> _Op | None:
         """A stream's first send from this producer: a partitioned stream records its
@@ -378,11 +380,31 @@ class _Core:
         return _Op(f"list the groups of {stream!r}", stream, 1,
                    command=lambda r: _groups_of_all(r, stream, names))
 
+    def _plan_group_check(self, stream: str, group: str) -> _Op | None:
+        """The XINFO GROUPS telling whether ``group`` exists on ``stream``; None when this
+        producer has seen it there already (a group is not expected to go away)."""
+        return None if (stream, group) in self._groups_seen else self._plan_groups(stream)
+
+    def _group_checked(self, stream: str, group: str, groups: Iterable[Any] | None) -> None:
+        """Raise GroupNotFound when ``stream`` has consumer groups but not ``group`` (a
+        typo would otherwise read as "unknown" for ever). A stream with no group at all
+        (None: no stream) passes: its workers may not have started yet, and a job may be
+        cancelled or waited for before they do."""
+        names = _group_names(groups or ())
+        if names and group not in names:
+            raise GroupNotFound(stream, group, names)
+        if group in names:
+            if len(self._groups_seen) >= 10_000:
+                self._groups_seen.clear()
+            self._groups_seen.add((stream, group))
+
     def _plan_status(self, stream: str, key: str, group: str,
                      order_key: str | None = None) -> list[_Op]:
         """The GETs that may find job ``key``'s record: its partition's first (by its order
         key, which defaults to its key), then the other partitions'."""
         _check_key(key)
+        if order_key is not None:
+            check_order_key(order_key)
         names = self._streams(stream)
         home = self._target(stream, key, order_key)
         if order_key is not None:
@@ -398,6 +420,8 @@ class _Core:
         when given or the stream is not partitioned, else every partition (a key sent
         with an order key of its own lives in that one's partition)."""
         _check_key(key)
+        if order_key is not None:
+            check_order_key(order_key)
         if not isinstance(reason, str):
             raise ConfigError("reason", f"must be a str, got {reason!r}")
         if (not isinstance(ttl, (int, float)) or isinstance(ttl, bool)
@@ -421,7 +445,7 @@ def _check_key(key: object) -> str:
     if not isinstance(key, str) or not key:
         raise ConfigError("key", f"must be a non-empty str (the job key given to send), "
                                  f"got {key!r}")
-    return key
+    return check_utf8("key", key)
 
 
 def _groups_of(client: Any, stream: str) -> Any:
@@ -493,6 +517,12 @@ def _groups_of_all(client: Any, stream: str, names: tuple[str, ...]) -> Any:
         except StreamNotFound:
             replies.append(None)
     return merged(replies)
+
+
+def _group_names(groups: Iterable[Any]) -> list[str]:
+    """The names in an XINFO GROUPS reply, sorted."""
+    return sorted(g["name"].decode() if isinstance(g["name"], bytes) else str(g["name"])
+                  for g in groups)
 
 
 def _only_group(stream: str, groups: Iterable[Any]) -> str:
@@ -621,7 +651,10 @@ class Producer(_Core):
         left out when the stream has exactly one consumer group. With dedup off no record
         is written and the state is always "unknown". On a partitioned stream the record
         is looked for in the key's partition (by ``order_key``, default the key) first,
-        then, unless ``order_key`` was given, in the others."""
+        then, unless ``order_key`` was given, in the others. A ``group`` the stream does
+        not have (while it has others) raises `GroupNotFound`, checked when no record is
+        found."""
+        named = group
         if group is None:
             group = _only_group(stream, self._perform(self._plan_groups(stream)))
         raw = None
@@ -629,6 +662,8 @@ class Producer(_Core):
             raw = self._perform(op)
             if raw:
                 break
+        if not raw and named is not None:
+            self._check_group(stream, named)
         return records.parse(stream, group, key, raw)
 
     def cancel(self, stream: str, key: str, *, group: str | None = None, reason: str = "",
@@ -643,19 +678,26 @@ class Producer(_Core):
         does next (no retry; staged writes dropped), even if its worker dies; a "done" job
         is left alone. The cancellation is kept ``ttl`` seconds (default 7 days): a copy
         of the key arriving later is cancelled too. It lives in the job record, so a group
-        whose workers run with ``dedup`` off answers "ignored" (nothing can be done)."""
+        whose workers run with ``dedup`` off answers "ignored" (nothing can be done). A
+        ``group`` the stream does not have (while it has others) raises `GroupNotFound` and
+        cancels nothing."""
+        named = group
+
         if group is None:
             group = _only_group(stream, self._perform(self._plan_groups(stream)))
-        states = [_text(self._perform(op)) for op in
-                  self._plan_cancel(stream, key, group, reason, order_key, ttl)]
+        ops = self._plan_cancel(stream, key, group, reason, order_key, ttl)
+        if named is not None:  # before writing: a typo must not record a cancellation
+            self._check_group(stream, named)
+        states = [_text(self._perform(op)) for op in ops]
         return _most_telling(states)
 
     def result(self, stream: str, key: str, *, group: str | None = None,
                timeout: float | None = 30.0, order_key: str | None = None) -> Any:
         """Wait until ``group`` has finished job ``key`` and return what ``handle()``
         returned (None if it returned nothing, or the result was too large to keep:
-        `status` says why). Raises `JobFailed` if the job is dead and `TimeoutError`
-        if it is not finished within ``timeout`` seconds (None: wait for ever). Looks
+        `status` says why). Raises `JobFailed` if the job is dead, `TimeoutError`
+        if it is not finished within ``timeout`` seconds (None: wait for ever) and
+        `GroupNotFound` as `status` does. Looks
         at the record with a growing pause (5 ms up to 0.5 s), not in a busy loop."""
         if group is None:
             group = _only_group(stream, self._perform(self._plan_groups(stream)))
@@ -668,6 +710,16 @@ class Producer(_Core):
                 raise JobFailed(st)
             pause = waits.next(st)
             time.sleep(pause)
+
+    def _check_group(self, stream: str, group: str) -> None:
+        """Raise GroupNotFound if ``stream`` has consumer groups but not ``group``."""
+        if (op := self._plan_group_check(stream, group)) is None:
+            return
+        try:
+            groups = self._perform(op)
+        except StreamNotFound:
+            groups = None
+        self._group_checked(stream, group, groups)
 
     def _perform(self, op: _Op) -> Any:
         """Run ``op``, retrying transient errors for ``retry_timeout`` seconds."""
@@ -779,6 +831,7 @@ class AsyncProducer(_Core):
     async def status(self, stream: str, key: str, *, group: str | None = None,
                      order_key: str | None = None) -> JobStatus:
         """As `Producer.status`, awaiting."""
+        named = group
         if group is None:
             group = _only_group(stream, await self._perform(self._plan_groups(stream)))
         raw = None
@@ -786,16 +839,21 @@ class AsyncProducer(_Core):
             raw = await self._perform(op)
             if raw:
                 break
+        if not raw and named is not None:
+            await self._check_group(stream, named)
         return records.parse(stream, group, key, raw)
 
     async def cancel(self, stream: str, key: str, *, group: str | None = None,
                      reason: str = "", order_key: str | None = None,
                      ttl: float = CANCEL_TTL) -> str:
         """As `Producer.cancel`, awaiting."""
+        named = group
         if group is None:
             group = _only_group(stream, await self._perform(self._plan_groups(stream)))
-        states = [_text(await self._perform(op)) for op in
-                  self._plan_cancel(stream, key, group, reason, order_key, ttl)]
+        ops = self._plan_cancel(stream, key, group, reason, order_key, ttl)
+        if named is not None:
+            await self._check_group(stream, named)
+        states = [_text(await self._perform(op)) for op in ops]
         return _most_telling(states)
 
     async def result(self, stream: str, key: str, *, group: str | None = None,
@@ -811,6 +869,16 @@ class AsyncProducer(_Core):
             if st.state in ("dead", "cancelled"):
                 raise JobFailed(st)
             await asyncio.sleep(waits.next(st))
+
+    async def _check_group(self, stream: str, group: str) -> None:
+        """As `Producer._check_group`, awaiting."""
+        if (op := self._plan_group_check(stream, group)) is None:
+            return
+        try:
+            groups = await self._perform(op)
+        except StreamNotFound:
+            groups = None
+        self._group_checked(stream, group, groups)
 
     async def _perform(self, op: _Op) -> Any:
         """As `Producer._perform`, awaiting."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from . import _connection as connection
-from ._config import WorkerConfig, WorkerOptions
+from ._config import WorkerConfig, WorkerOptions, check_attributes
 from ._consumer import Consumer, consumer_name
 from ._keys import check_name
 from ._message import Message, P
@@ -31,6 +31,9 @@ from .errors import ConfigError
 __all__ = ["Health", "StreamWorker"]
 
 W = TypeVar("W", bound="StreamWorker")
+
+#: options a worker takes as class attributes besides WorkerOptions' (Python only)
+_CLASS_OPTIONS = ("local_cache", "payload_type", "concurrency_key", "schedules")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,7 @@ class StreamWorker(WorkerOptions, Generic[P]):
 
     def __init__(self, url: str | None = None, *, consumer: str | None = None,
                  **options: Any) -> None:
+        check_attributes(type(self), StreamWorker, _CLASS_OPTIONS)  # misspelt options
         self.url = connection.resolve_url(url)
         cache_option = options.pop("local_cache", type(self).local_cache)
         self.payload_type = options.pop("payload_type", type(self).payload_type)
@@ -90,6 +94,7 @@ class StreamWorker(WorkerOptions, Generic[P]):
         self._key_of = _key_function(self, options.pop("concurrency_key", None))
         schedules = options.pop("schedules", type(self).schedules)
         self.config = WorkerConfig.build(type(self), options)
+        _check_handle(type(self))
         self.schedules = check_schedules(schedules, self.config.max_payload_bytes)
         self.local_cache = cache_option
         cache = local_cache(cache_option, self.config.local_cache_size,
@@ -212,6 +217,14 @@ class StreamWorker(WorkerOptions, Generic[P]):
             f"consumer={self.consumer_name!r} acked={c['acked']} retried={c['retried']} "
             f"dead_lettered={c['dead_lettered']} deduplicated={c['deduplicated']}>"
         )
+
+
+def _check_handle(cls: type[StreamWorker[Any]]) -> None:
+    """Refuse a worker class without ``handle``: it would start, then fail every job."""
+    if cls.handle is StreamWorker.handle:
+        raise ConfigError("handle", (
+            f"{cls.__qualname__} does not define handle(): give the class an "
+            "`async def handle(self, msg)` (or a plain def), which runs each job"))
 
 
 def _key_function(worker: StreamWorker[Any], given: Any) -> Callable[[Message], str] | None:

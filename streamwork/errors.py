@@ -7,6 +7,7 @@ The tree, by what the caller does next::
     ├── PayloadTooLarge (ValueError) send less, or raise max_payload_bytes
     ├── RedisUnavailable             Redis could not be reached within the retry budget
     ├── StreamNotFound               no such stream: check the name, --url and database
+    ├── GroupNotFound                no such consumer group on the stream: check the name
     ├── WorkerFailed                 a worker stopped on an error it cannot ride out (a bug)
     ├── DecodeError                  an entry did not decode; it went to the dead letters
     ├── BenchError                   the benchmark could not complete (`streamwork bench`)
@@ -27,6 +28,7 @@ __all__ = [
     "ConfigError",
     "DeadLetter",
     "DecodeError",
+    "GroupNotFound",
     "HandlerControl",
     "JobFailed",
     "LockError",
@@ -87,6 +89,20 @@ class StreamNotFound(StreamworkError):
             f"stream {stream!r} {detail}. Run `streamwork inspect` with no STREAM to list "
             "the streams on this server (check --url / $REDIS_URL, and the database number)."
         )
+
+
+class GroupNotFound(StreamworkError):
+    """The stream has consumer groups, but not the one named (``groups``: those it has)."""
+
+    def __init__(self, stream: str, group: str, groups: list[str]) -> None:
+        self.stream = stream
+        self.group = group
+        self.groups = groups
+        found = ", ".join(repr(g) for g in groups)
+        super().__init__(
+            f"stream {stream!r} has no consumer group {group!r}; its groups are {found}. "
+            "Check the name (group=... in Python, --group on the command line); a group is "
+            "created when its first worker starts.")
 
 
 class WorkerFailed(StreamworkError):

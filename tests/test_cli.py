@@ -90,6 +90,9 @@ class RecordingWorker(sw.StreamWorker):
     timeout = 60.0
     started: ClassVar[list[WorkerConfig]] = []
 
+    async def handle(self, msg: sw.Message) -> None:
+        pass
+
     def run(self) -> None:
         RecordingWorker.started.append(self.config)
 

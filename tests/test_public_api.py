@@ -53,6 +53,7 @@ ERRORS = [
     "ConfigError",
     "DeadLetter",
     "DecodeError",
+    "GroupNotFound",
     "HandlerControl",
     "JobFailed",
     "LockError",
