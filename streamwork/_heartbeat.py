@@ -30,7 +30,7 @@ class Beat(enum.IntEnum):
     DELETED = 2  #: ours, but its stream entry was deleted: adopt it
     VANISHED = 3  #: neither the stream nor the group knows it any more
     CANCELLED = 5  #: kept, and its job was cancelled meanwhile (producer.cancel)
-    CANCELLED_UNSTARTED = 6  #: its job was cancelled before its handler started
+    CANCELLED_RECORD = 6  #: the record says cancelled (before its handler started)
 
 
 async def beat_once(h: Holder) -> None:
@@ -58,7 +58,8 @@ async def beat(h: Holder) -> None:
                               [d.src for d in held] + [s for _, s in loose],
                               [d.msg.key for d in held] + [""] * len(loose),
                               [lease.value(d) for d in held] + [""] * len(loose),
-                              [d.member for d in held] + [b""] * len(loose)]
+                              [d.member for d in held] + [b""] * len(loose),
+                              [lease.marked(d) for d in held] + [""] * len(loose)]
     sent = time.monotonic()
     res = await h.scripts.run(scripts.heartbeat(h.gkeys, h.name, cfg.visibility_ms, batch))
     kept, deleted = [], []
@@ -70,8 +71,12 @@ async def beat(h: Holder) -> None:
         elif code == Beat.CANCELLED:
             kept.append(d)
             h.cancel_running(d)
-        elif code == Beat.CANCELLED_UNSTARTED:
-            h.cancelled_unstarted(d)
+        elif code == Beat.CANCELLED_RECORD:
+            if d.state == State.RUNNING:  # a Redlock lease: the record lapsed while it ran
+                kept.append(d)
+                h.cancel_running(d)
+            else:
+                h.cancelled_unstarted(d)
         elif code == Beat.DELETED:
             deleted.append(d)
         elif code == Beat.VANISHED:

@@ -79,6 +79,11 @@ class Lease:
         """The lease value scripts compare before writing ("" when they check none)."""
         return ""
 
+    def marked(self, d: Delivery) -> str:
+        """The lease a job record names without being it (a Redlock's): heartbeats keep
+        such a record and read a cancel from it ("" when the record is the lease or none)."""
+        return ""
+
     def expired(self, d: Delivery, now: float) -> bool:
         """Whether ``d``'s lease ran out unconfirmed (it must then count as lost)."""
         return False
@@ -189,6 +194,9 @@ class RedlockLease(Lease):
                     out[i] = code
             await self.release(late)
         return out
+
+    def marked(self, d: Delivery) -> str:
+        return d.lease
 
     def expired(self, d: Delivery, now: float) -> bool:
         return now >= d.deadline or self.spent(d)

@@ -81,7 +81,7 @@ class Starter:
             res: Any = await self._run.run(scripts.start(
                 self._gkeys, self._consumer, lease.mode, self._ttl_ms,
                 [[d.entry_id for d, _, _, _ in batch], [d.src for d, _, _, _ in batch],
-                 [d.msg.key for d, _, _, _ in batch], [lease.value(d) for d, _, _, _ in batch],
+                 [d.msg.key for d, _, _, _ in batch], [d.lease for d, _, _, _ in batch],
                  [d.member for d, _, _, _ in batch], [op for _, op, _, _ in batch],
                  [d.msg.attempt for d, _, _, _ in batch], [due for _, _, due, _ in batch]]))
         except BaseException as exc:

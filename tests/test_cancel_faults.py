@@ -217,3 +217,51 @@ async def test_a_delivery_lost_while_waiting_for_a_rate_token_does_not_start(
         assert sorted(r.lrange(EFFECTS, 0, -1)) == [b"a", b"b"]
     finally:
         r.close()
+
+
+async def test_cancel_with_redlock_leases(redis_url: str, r: redis.Redis,
+                                          make_server: Callable[..., RedisServer]) -> None:
+    """With lock_urls the job record is not the lease, yet a read-ahead job cancelled never
+    starts and a running one is told (msg.cancelled) and ends cancelled, even past the
+    record's first TTL (the heartbeat keeps the record)."""
+    masters = [make_server().url for _ in range(3)]
+    w = Slow.from_url(redis_url, lock_urls=masters, visibility_timeout=1.0)
+    with sw.Producer.from_url(redis_url) as p:
+        p.send(STREAM, {}, key="first")
+        p.send(STREAM, {}, key="second")
+        task = await _serving(w)
+        try:
+            await await_for(lambda: _runs(r) == ["first:1"], message="the first job to start")
+            await await_for(lambda: p.status(STREAM, "second", group=GROUP).state == "queued",
+                            message="the second job to be read ahead")
+            assert p.cancel(STREAM, "second", group=GROUP) == "queued"
+            await asyncio.sleep(2.5)  # past the record's first TTL (1 s): the job runs on
+            assert p.status(STREAM, "first", group=GROUP).state == "running"
+            assert p.cancel(STREAM, "first", group=GROUP, reason="late") == "running"
+            r.set(release_key("first"), 1)
+            r.set(release_key("second"), 1)
+            await await_for(lambda: _settled(r, p, "first", "cancelled")
+                            and _settled(r, p, "second", "cancelled"),
+                            message="both jobs to end cancelled")
+        finally:
+            await _stop((w, task))
+    assert _runs(r) == ["first:1"]
+    assert r.llen(EFFECTS) == 0
+
+
+async def test_cancel_says_it_can_do_nothing_with_dedup_off(redis_url: str,
+                                                            r: redis.Redis) -> None:
+    """Without job records a cancel cannot stop anything, and says so."""
+    r.set(release_key("job"), 1)
+    w = Slow.from_url(redis_url, dedup=False)
+    with sw.Producer.from_url(redis_url) as p:
+        task = await _serving(w)
+        try:
+            await await_for(lambda: r.hget(KEYS.settings, "dedup") == b"0",
+                            message="the worker to declare its group")
+            assert p.cancel(STREAM, "job", group=GROUP) == "ignored"
+            p.send(STREAM, {}, key="job")
+            await await_for(lambda: r.lrange(EFFECTS, 0, -1) == [b"job"],
+                            message="the job to run")
+        finally:
+            await _stop((w, task))

@@ -44,7 +44,7 @@ def test_claim_tokens_increase_in_batch_order_and_same_key_copies_are_busy(
     res = scripts.SyncScripts(r).run(scripts.claim(
         g, "me", 10_000, "owner", "lease", [ids, [0] * 3, ["a", "b", "a"], [1] * 3, []]))
     assert res[0] > 0 and res[1] > res[0] and res[2] == -2
-    assert r.get(g.job("a")).startswith(f"Rowner:{res[0]}|1|".encode())
+    assert r.get(g.job("a")).startswith(f"Howner:{res[0]}|1|".encode())  # held, not started
     # the record is this group's alone: another group takes the same key freely
     other = StreamKeys.for_stream("s").group("h")
     r.xgroup_create("s", "h", id="0")

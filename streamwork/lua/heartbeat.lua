@@ -8,18 +8,20 @@
 -- KEYS[1] stream, KEYS[2] the group's retry stream, KEYS[3] the group's retry ZSET
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] lease TTL (ms), ARGV[4] job record prefix,
 -- ARGV[5] MessagePack [[entry id...], [src...], [job key...], [lease ("": none)...],
---         [member ("": not adopted)...]]
+--         [member ("": not adopted)...], [Redlock lease the record names ("": none)...]]
 -- Returns per entry: 1 kept, 5 kept and its job was cancelled meanwhile (the record's lease
 -- carries a cancel request: see cancel.lua; the lease deadline in it moves instead of the
--- record's TTL, which stays the cancel's), 0 lost (another consumer owns it, or the lease is gone),
--- 6 kept and its job was cancelled before its handler started (the record says
--- cancelled: the worker acknowledges it without running it),
+-- record's TTL, which stays the cancel's), 6 kept and the record says cancelled (a job
+-- cancelled before its handler started: the worker acknowledges it without running it;
+-- with a Redlock, one whose record lapsed while it ran: its handler is told),
+-- 0 lost (another consumer owns it, or the lease is gone),
 -- 2 deleted (ours, but its entry was deleted: adopt it), 3 vanished (neither the stream
 -- nor the group knows it any more: the server lost it)
 local streams = {KEYS[1], KEYS[2]}
 local retries, group, consumer = KEYS[3], ARGV[1], ARGV[2]
 local batch = cmsgpack.unpack(ARGV[5])
 local ids, srcs, jobs, leases, members = batch[1], batch[2], batch[3], batch[4], batch[5]
+local marks = batch[6] or {}
 local owned = owned_by_src(streams, group, consumer, ids, srcs)
 local due = now_ms() + tonumber(ARGV[3])
 
@@ -28,7 +30,8 @@ for i, id in ipairs(ids) do
   local stream = streams[srcs[i] + 1]
   local key = ARGV[4] .. jobs[i]
   local record = nil
-  if leases[i] ~= '' then record = redis.call('GET', key) end
+  local mark = marks[i] or ''  -- a Redlock lease: the record only tells (kept, not checked)
+  if leases[i] ~= '' or mark ~= '' then record = redis.call('GET', key) end
   local lease_ok = leases[i] == '' or leased_by(record, leases[i])
   if members[i] ~= '' then
     if lease_ok and redis.call('ZSCORE', retries, members[i]) then
@@ -51,7 +54,9 @@ for i, id in ipairs(ids) do
     redis.call('XCLAIM', stream, group, consumer, 0, id, 'JUSTID')
     res[i] = 1
   end
-  if res[i] == 1 and leases[i] ~= '' then
+  if res[i] == 1 and mark ~= '' and not leased_by(record, mark) then
+    res[i] = 1  -- with a Redlock the record is not the lease: it may have lapsed, no harm
+  elseif res[i] == 1 and (leases[i] ~= '' or mark ~= '') then
     local deadline = cancel_asked(record)
     if deadline then
       -- cancel asked: the record is kept for the cancel's ttl; the lease lives on in it
