@@ -220,7 +220,8 @@ class Consumer:
 
     def health(self) -> tuple[bool, bool]:
         """(alive, ready): alive = serving with every internal task running; ready = alive,
-        the group joined, the last Redis call answered, and not draining."""
+        the group joined, no Redis outage under way (from a failed call until a call made
+        after it answers), and not draining."""
         alive = self.sup.alive() and not self.stopped
         return alive, alive and self.joined and not self.sup.failures and not self.stopping
 

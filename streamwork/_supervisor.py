@@ -4,6 +4,11 @@ Every loop runs under `Supervisor.loop`, which hands any error to `faults.classi
 transient errors are ridden out with backoff, a vanished group is recreated, anything else
 stops the worker (it drains, then ``run`` raises WorkerFailed). A task that ends while the
 worker is not stopping is a bug, and stops it too: never half-alive.
+
+Whether Redis is up is the `Link`'s business: a transient error starts an outage (one
+WARNING, readiness false, a backoff that grows with the failed calls), and only a Redis
+call made after it began and answered ends it (one INFO line). A loop step says whether
+it reached Redis; one that only waited proves nothing either way.
 """
 
 from __future__ import annotations
