@@ -35,6 +35,19 @@ _OPTIONS: Final[dict[str, Any]] = {
 }
 
 
+def _async_options() -> dict[str, Any]:
+    """`_OPTIONS` for asyncio clients. redis-py's asyncio pool skips its check for pooled
+    connections the server closed while they sat idle when maintenance notifications are
+    on, and they are on ("auto") by default where it has them (8.1): after a Redis restart
+    each such connection would fail the next call made on it, a false new outage. streamwork
+    uses no maintenance notifications, so they are turned off where they exist."""
+    pool = redis.asyncio.ConnectionPool
+    if not hasattr(pool, "maint_notifications_enabled"):
+        return _OPTIONS
+    from redis.maint_notifications import MaintNotificationsConfig
+    return {**_OPTIONS, "maint_notifications_config": MaintNotificationsConfig(enabled=False)}
+
+
 class _Attempt:
     """The one attribute tenacity's wait strategies read."""
 
@@ -69,4 +82,4 @@ def async_client(url: str) -> Any:
         return redis.asyncio.cluster.RedisCluster.from_url(
             "redis://" + url[len("redis+cluster://"):], **_OPTIONS
         )
-    return redis.asyncio.Redis.from_url(url, **_OPTIONS)
+    return redis.asyncio.Redis.from_url(url, **_async_options())

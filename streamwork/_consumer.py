@@ -55,7 +55,7 @@ from ._payloads import InvalidPayload
 from ._recent import KeyCache, local_cache
 from ._runner import Handler, Runner
 from ._start import CANCELLED_QUEUED, Start, Starter
-from ._supervisor import StoppedBeforeStart, Supervisor, cancel, uninterrupted
+from ._supervisor import Link, StoppedBeforeStart, Supervisor, cancel, uninterrupted
 from .errors import DecodeError
 
 log = logging.getLogger(WORKER_LOGGER)
@@ -91,14 +91,15 @@ class Consumer:
                  client: Any = None, slots: asyncio.Semaphore | None = None,
                  convert: Callable[[Any], Any] | None = None,
                  key_of: Callable[[Message], str] | None = None,
-                 limit_keys: GroupKeys | None = None) -> None:
+                 limit_keys: GroupKeys | None = None, link: Link | None = None) -> None:
         self.handle = handle
         self.cfg = cfg
         self.name = name
         self.worker_name = worker_name or name
         self.keys = StreamKeys.for_stream(cfg.stream)
         self.gkeys = self.keys.group(cfg.group)
-        # a partitioned worker's consumers share one client and one pool of handler slots
+        # a partitioned worker's consumers share one client, one pool of handler slots and
+        # one `Link` (what they know of Redis being up)
         self.own_client = client is None
         self.redis: Any = connection.async_client(url) if client is None else client
         self.slots = slots
@@ -132,8 +133,8 @@ class Consumer:
         if cfg.dedup:
             self.cache = (local_cache(None, cfg.local_cache_size, cfg.local_cache_ttl)
                           if isinstance(cache, str) else cache)
-        self.sup = Supervisor(self._recreate_group, self._distrust_cache, stream=cfg.stream,
-                              group=cfg.group, consumer=name)
+        self.sup = Supervisor(self._recreate_group, self._distrust_cache, link=link,
+                              stream=cfg.stream, group=cfg.group, consumer=name)
         self.isolating = False  # a reclaimed suspect runs alone: no reading meanwhile
         self.joined = False
         self.stopped = False
@@ -152,6 +153,11 @@ class Consumer:
     @property
     def stopping(self) -> bool:
         return self.sup.stopping
+
+    @property
+    def link(self) -> Link:
+        """What this consumer's loops know of Redis being up (shared when partitioned)."""
+        return self.sup.link
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set, then drain and return; raise WorkerFailed if a
@@ -221,7 +227,8 @@ class Consumer:
 
     def health(self) -> tuple[bool, bool]:
         """(alive, ready): alive = serving with every internal task running; ready = alive,
-        the group joined, the last Redis call answered, and not draining."""
+        the group joined, no Redis outage under way (from a failed call until a call made
+        after it answers), and not draining."""
         alive = self.sup.alive() and not self.stopped
         return alive, alive and self.joined and not self.sup.failures and not self.stopping
 
@@ -231,9 +238,9 @@ class Consumer:
         self.tracing = telemetry.tracing_enabled()
         self.metering = telemetry.metrics_enabled()
 
-    async def _gauges_step(self) -> None:
+    async def _gauges_step(self) -> bool:
         self.refresh_telemetry()
-        await upkeep.gauges_step(self, self.metering)
+        return await upkeep.gauges_step(self, self.metering)
 
     def count(self, what: str, n: int = 1, outcome: str | None = None) -> None:
         """Bump a live counter and its OpenTelemetry twin."""
@@ -407,7 +414,9 @@ class Consumer:
 
     # ---- reading and admission --------------------------------------------------------
 
-    async def _read_once(self) -> None:
+    async def _read_once(self) -> bool:
+        """Read the next batch and admit it; False (Redis not asked) when there is no room
+        for more work, or while a reclaimed suspect runs alone."""
         cfg = self.cfg
         held = self.held()
         # work to come (queued, running, waiting) is bounded by the capacity; outcomes
@@ -417,7 +426,7 @@ class Consumer:
         if room <= 0 or self.isolating:
             self._room.clear()
             await self._room.wait()
-            return
+            return False
         reply = await self.redis.execute_command(
             "XREADGROUP", "GROUP", cfg.group, self.name, "COUNT", min(room, cfg.batch_size),
             "BLOCK", max(1, round(cfg.read_block * 1000)), "STREAMS", *self._read_args)
@@ -425,6 +434,7 @@ class Consumer:
         for stream, entries in (reply.items() if isinstance(reply, dict) else reply or ()):
             src = MAIN if stream == self._main else RETRY
             await uninterrupted(self.admit(entries, src, None))
+        return True
 
     async def admit(self, entries: list[Entry], src: int,
                     deliveries: list[int] | None) -> None:
@@ -510,13 +520,13 @@ class Consumer:
         self.outcomes.add_failure(Failure(None, entry_id, src, "d", 0, attempts, reason, etype,
                                           detail, job_key, body))
 
-    async def _lease(self, batch: list[Delivery]) -> None:
+    async def _lease(self, batch: list[Delivery]) -> bool:
         """Take the leases of waiting deliveries and queue those that may run. Busy ones
         keep waiting (and being heartbeated): waiting behind a live duplicate or for a
-        lock quorum is not a failed delivery."""
+        lock quorum is not a failed delivery. Returns whether Redis was asked."""
         batch = [d for d in batch if not d.leasing]  # admission and the leaser may overlap
         if not batch:
-            return
+            return False
         for d in batch:
             d.leasing = True
         try:
@@ -556,6 +566,7 @@ class Consumer:
         if ready:
             self._enqueue(ready)
             self.count("consumed", len(ready))
+        return self.lease.claims  # a strategy that claims asks the stream's Redis first
 
     def _enqueue(self, ds: list[Delivery]) -> None:
         """Queue deliveries that may run; in ordered mode only the head of each order key's
@@ -651,10 +662,9 @@ class Consumer:
         d.state = State.QUEUED
         asyncio.get_running_loop().call_later(delay, self._retry_due, d)
 
-    async def _keep_holds(self) -> None:
+    async def _keep_holds(self) -> bool:
         await asyncio.sleep(self.cfg.heartbeat_interval)
-        if self.limits is not None:
-            await self.limits.keep_all()
+        return self.limits is not None and await self.limits.keep_all()
 
     def _retry_due(self, d: Delivery) -> None:
         if not d.dropped and self.inflight.get(d.ref) is d and d.state == State.QUEUED:
@@ -689,17 +699,18 @@ class Consumer:
                 return
             cursor = nxt
 
-    async def _lease_waiting_once(self) -> None:
+    async def _lease_waiting_once(self) -> bool:
         """Try again to lease deliveries that wait, pausing longer while nothing gets
-        through (0.2 s doubling to 2 s)."""
+        through (0.2 s doubling to 2 s). Returns whether Redis was asked."""
         await asyncio.sleep(self._wait_pause)
         if not self.waiting:
             self._wait_pause = WAIT_RETRY
-            return
+            return False
         before = len(self.waiting)
         self._wait_pause = min(self._wait_pause * 2, WAIT_RETRY_MAX)
-        await uninterrupted(self._lease(list(self.waiting.values())))
+        reached = await uninterrupted(self._lease(list(self.waiting.values())))
         if len(self.waiting) < before:
             self._wait_pause = WAIT_RETRY
+        return reached
 
     # ---- running handlers -------------------------------------------------------------

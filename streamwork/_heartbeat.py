@@ -33,14 +33,16 @@ class Beat(enum.IntEnum):
     CANCELLED_RECORD = 6  #: the record says cancelled (before its handler started)
 
 
-async def beat_once(h: Holder) -> None:
-    """Sleep one heartbeat interval, then beat (one turn of the heartbeat loop)."""
+async def beat_once(h: Holder) -> bool:
+    """Sleep one heartbeat interval, then beat (one turn of the heartbeat loop); returns
+    whether Redis was asked."""
     await asyncio.sleep(h.cfg.heartbeat_interval)
-    await beat(h)
+    return await beat(h)
 
 
-async def beat(h: Holder) -> None:
-    """One heartbeat over everything ``h`` holds."""
+async def beat(h: Holder) -> bool:
+    """One heartbeat over everything ``h`` holds; False when it holds nothing (Redis is
+    not asked)."""
     cfg, lease = h.cfg, h.lease
     now = time.monotonic()
     held: list[Delivery] = []
@@ -53,7 +55,7 @@ async def beat(h: Holder) -> None:
             held.append(d)
     loose = list(h.loose_ids())
     if not held and not loose:
-        return
+        return False
     batch: list[list[Any]] = [[d.entry_id for d in held] + [e for e, _ in loose],
                               [d.src for d in held] + [s for _, s in loose],
                               [d.msg.key for d in held] + [""] * len(loose),
@@ -86,6 +88,7 @@ async def beat(h: Holder) -> None:
     await lease.extended(kept, sent)
     if deleted:
         await adopt_deleted(h, deleted)
+    return True
 
 
 async def adopt_deleted(h: Holder, ds: list[Delivery]) -> None:

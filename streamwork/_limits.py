@@ -89,11 +89,14 @@ class Limits:
             await self._run(scripts.semaphore(key, "give", self._member(d), self.per_key,
                                               self.hold_ms))
 
-    async def keep_all(self) -> None:
-        """Renew every hold of a running job (the holds lapse after ``hold_ms``)."""
-        for ref, key in list(self.held.items()):
+    async def keep_all(self) -> bool:
+        """Renew every hold of a running job (the holds lapse after ``hold_ms``); returns
+        whether there was any (Redis asked)."""
+        held = list(self.held.items())
+        for ref, key in held:
             await self._run(scripts.semaphore(key, "keep", self._holder + ":" + ref.hex(),
                                               self.per_key, self.hold_ms))
+        return bool(held)
 
     def _member(self, d: Delivery) -> str:
         return self._holder + ":" + d.ref.hex()

@@ -99,9 +99,10 @@ class Outcomes:
     def pending(self) -> bool:
         return bool(self.acks or self.done or self.failed)
 
-    async def step(self) -> None:
+    async def step(self) -> bool:
         """Wait for something to flush, then flush it (one turn of the flusher loop). A
-        stop lets a flush under way finish: its scripts already ran."""
+        stop lets a flush under way finish: its scripts already ran. Returns whether Redis
+        was asked."""
         await self.needed.wait()
         h = self.host
         if (len(self.done) + len(self.failed) + len(self.acks) < h.cfg.batch_size
@@ -111,23 +112,27 @@ class Outcomes:
             # wait at most this long; a job's start is not delayed)
             await asyncio.sleep(FLUSH_WINDOW)
         self.needed.clear()
-        await uninterrupted(self.flush())
+        return await uninterrupted(self.flush())
 
-    async def flush(self) -> None:
+    async def flush(self) -> bool:
         """Send what finished so far; on an error put back what was not written (for the
-        next try, after the caller's backoff) and raise."""
+        next try, after the caller's backoff) and raise. Returns whether Redis was asked
+        (not when there was nothing to send)."""
         acks, self.acks = self.acks, []
         done, self.done = self.done, []
         failed, self.failed = self.failed, []
+        reached = False
         try:
             while acks:
                 await self._send_acks(acks[:FLUSH_CHUNK])
+                reached = True
                 del acks[:FLUSH_CHUNK]
             while done:
-                await self._send_done(done[:FLUSH_CHUNK])
+                reached = await self._send_done(done[:FLUSH_CHUNK]) or reached
                 del done[:FLUSH_CHUNK]
             while failed:
                 await self._send_failures(failed[:FLUSH_CHUNK])
+                reached = True
                 del failed[:FLUSH_CHUNK]
         except BaseException:
             self.acks[:0] = acks
@@ -135,6 +140,7 @@ class Outcomes:
             self.failed[:0] = failed
             self.needed.set()
             raise
+        return reached
 
     async def _send_acks(self, acks: list[tuple[bytes, int]]) -> None:
         h = self.host
@@ -145,7 +151,8 @@ class Outcomes:
             h.release_loose(ref(src, entry_id))
         h.count("deduplicated", sum(1 for r in res if r == Done.ACKED), "duplicate")
 
-    async def _send_done(self, done: list[Delivery]) -> None:
+    async def _send_done(self, done: list[Delivery]) -> bool:
+        """complete.lua over the live ones of ``done``; False if none was (not sent)."""
         h = self.host
         lease = h.lease
         live, spent = done, []
@@ -160,7 +167,7 @@ class Outcomes:
                     live.append(d)
         await lease.release(spent)
         if not live:
-            return
+            return False
         cfg = h.cfg
         staged_keys: list[str | bytes] = []
         staged = staged_ops(live, staged_keys, first_key=4)
@@ -211,6 +218,7 @@ class Outcomes:
         h.forget_acked(finished)
         h.count("acked", acked, "success")
         await lease.release(live)
+        return True
 
     async def _send_failures(self, failed: list[Failure]) -> None:
         h = self.host

@@ -3,7 +3,8 @@
 Each stream it serves gets its own `Consumer` (its reader, runners, flusher, heartbeat and
 reclaimer, all on this event loop), sharing one Redis client and ``concurrency`` handler
 slots, so the process runs at most ``concurrency`` handlers whatever the partition count
-and a busy partition may use every slot.
+and a busy partition may use every slot. They also share one `Link`: a Redis outage is
+one outage of the worker (one line when lost, one when back), whatever the partitions.
 
 Ordered mode adds a lease per partition (``{P}:owner:<len>:G``, SET NX PX
 visibility_timeout, renewed every third of it): only its owner reads and runs the
@@ -37,7 +38,7 @@ from ._logs import WORKER_LOGGER, fields
 from ._partitions import check_recorded, partition_names
 from ._recent import KeyCache
 from ._runner import Handler
-from ._supervisor import StoppedBeforeStart, Supervisor
+from ._supervisor import Link, StoppedBeforeStart, Supervisor
 from .errors import WorkerFailed
 
 log = logging.getLogger(WORKER_LOGGER)
@@ -104,7 +105,8 @@ class Partitioned:
         self.stopping = False
         self.fatal: BaseException | None = None
         self.joined = False
-        self.redis_ok = True
+        # what every consumer (and the start, and the partition leases) knows of Redis
+        self.link = Link(stream=cfg.stream, group=cfg.group, consumer=name)
         self.start_sup: Supervisor | None = None  # rides out errors while starting
 
     # ---- what StreamWorker sees -------------------------------------------------------
@@ -115,6 +117,11 @@ class Partitioned:
         for c in self.consumers.values():
             total.update(c.counts)
         return total
+
+    @property
+    def redis_ok(self) -> bool:
+        """Whether Redis answers (as far as the worker's last calls tell)."""
+        return self.link.up
 
     def health(self) -> tuple[bool, bool]:
         alive = not self.stopping and self.fatal is None and all(
@@ -156,7 +163,7 @@ class Partitioned:
         """Record the stream's partition count (or find it recorded) before serving, riding
         out transient errors as a consumer's start does; a producer or worker with another
         count is refused (WorkerFailed). False when stopped before Redis answered."""
-        sup = self.start_sup = Supervisor(_nothing, stream=self.cfg.stream,
+        sup = self.start_sup = Supervisor(_nothing, link=self.link, stream=self.cfg.stream,
                                           group=self.cfg.group, consumer=self.name)
         sup.stop_event = stop
         try:
@@ -177,7 +184,8 @@ class Partitioned:
         consumer = Consumer(self.handle, cfg, self.url, self.name, self.worker_name,
                             cache=self.cache, client=self.redis, slots=self.slots,
                             convert=self.convert, key_of=self.key_of,
-                            limit_keys=self.base)  # limits span the partitions
+                            limit_keys=self.base,  # limits span the partitions
+                            link=self.link)
         stop = asyncio.Event()
         self.consumers[i] = consumer
         self.stops[i] = stop
@@ -237,17 +245,21 @@ class Partitioned:
     async def _run_ordered(self, stop: asyncio.Event) -> None:
         every = self.cfg.visibility_timeout * RENEW_FRACTION
         while not stop.is_set() and self.fatal is None:
+            since = time.monotonic()
             try:
                 await self._rebalance()
-                self.redis_ok = True
+                self.link.answered(since)
                 self.joined = True
             except Exception as exc:
-                if classify(exc) is Fault.FATAL:
+                kind = classify(exc)
+                if kind is Fault.FATAL:
                     self.fatal = WorkerFailed("partition-lease manager (ordered mode)", exc)
                     break
-                self.redis_ok = False
-                log.warning("partition leases: %s; trying again", exc,
-                            extra=fields(stream=self.cfg.stream, group=self.cfg.group))
+                if kind is Fault.TRANSIENT:  # an outage: the link says so, once
+                    self.link.failed(exc, since)
+                log.log(logging.DEBUG if kind is Fault.TRANSIENT else logging.WARNING,
+                        "partition leases: %s; trying again", exc,
+                        extra=fields(stream=self.cfg.stream, group=self.cfg.group))
             self._halt_lapsed()
             await self._until(stop, every)
 

@@ -29,26 +29,33 @@ def jitter(seconds: float) -> float:
     return seconds * random.uniform(0.8, 1.2)
 
 
-async def reclaim_once(h: Holder) -> None:
+async def reclaim_once(h: Holder) -> bool:
     """One reclaim sweep: if deliveries of other consumers sit idle past the visibility
-    timeout, take them over one at a time, each running alone."""
+    timeout, take them over one at a time, each running alone. Returns whether Redis was
+    asked (not when stopping)."""
     cfg = h.cfg
     await asyncio.sleep(jitter(cfg.reclaim_every))
+    reached = False
     for src, stream in ((MAIN, cfg.stream), (RETRY, h.gkeys.retry)):
-        if h.stopping or not await _anything_idle(h, stream):
+        if h.stopping:
+            continue
+        idle = await _anything_idle(h, stream)
+        reached = True
+        if not idle:
             continue
         h.isolating = True
         try:
             cursor: Any = b"0-0"
             while not h.stopping:
                 if not await wait_alone(h, cfg.visibility_timeout):
-                    return  # held deliveries wait on leases elsewhere: next sweep
+                    return reached  # held deliveries wait on leases elsewhere: next sweep
                 cursor, claimed = await _reclaim_one(h, stream, src, cursor)
                 if not claimed and cursor in (b"0-0", "0-0"):
                     break
         finally:
             h.isolating = False
             h.wake_reader()
+    return reached
 
 
 async def _anything_idle(h: Holder, stream: str) -> bool:

@@ -40,7 +40,7 @@ from ._message import ORDER_KEY_HEADER
 from ._partitions import check_recorded, partition_names, partition_of
 from ._payloads import to_plain
 from ._schedules import MAX_CATCH_UP, Schedule, plan, tick_key
-from ._supervisor import Supervisor, cancel
+from ._supervisor import Link, Supervisor, cancel
 
 __all__ = ["SCHEDULE_HEADER", "TICK_HEADER", "Scheduler", "with_schedules"]
 
@@ -71,8 +71,9 @@ class Scheduler:
     """Enqueues the ticks of a worker's schedules until stopped."""
 
     def __init__(self, schedules: Sequence[Schedule], cfg: WorkerConfig, url: str,
-                 consumer: str) -> None:
+                 consumer: str, link: Link | None = None) -> None:
         self.cfg = cfg
+        self.link = link  # the worker's: an outage is reported once, not per client
         self.consumer = consumer
         self.redis: Any = connection.async_client(url)
         self.scripts = scripts.AsyncScripts(self.redis, flags=False)
@@ -101,7 +102,7 @@ class Scheduler:
     async def run(self, stop: asyncio.Event) -> None:
         """Enqueue due ticks until ``stop`` is set; raise WorkerFailed (after setting
         ``stop``, which stops the whole worker) on an error no backoff cures."""
-        sup = Supervisor(_nothing, stream=self.cfg.stream, group=self.cfg.group,
+        sup = Supervisor(_nothing, link=self.link, stream=self.cfg.stream, group=self.cfg.group,
                          consumer=self.consumer)
         sup.stop_event = stop
         task = sup.loop("scheduler", self.step)
@@ -115,23 +116,27 @@ class Scheduler:
         if sup.fatal is not None:
             raise sup.fatal
 
-    async def step(self) -> None:
+    async def step(self) -> bool:
         """One look: start if not started, enqueue what is due, publish now and then, then
-        sleep until the next tick (at most MAX_SLEEP)."""
+        sleep until the next tick (at most MAX_SLEEP). Returns whether Redis was asked."""
+        reached = False
         if not self.started:
             await self.start()
+            reached = True
         now = self.now_ms()
         for st in self.states:
             if st.cursor is not None and st.cursor < now:
-                await self.enqueue_due(st, now)
+                reached = await self.enqueue_due(st, now) or reached
         if time.monotonic() - self.published_at >= PUBLISH_EVERY:
             await self.publish()
+            reached = True
         now = self.now_ms()
         # the first tick not decided yet (one refused as early is tried again soon)
         upcoming = [st.schedule.next_after(st.cursor if st.cursor is not None else now)
                     for st in self.states]
         wait_ms = min([t - now for t in upcoming if t is not None], default=MAX_SLEEP * 1000)
         await asyncio.sleep(min(max(wait_ms / 1000, MIN_SLEEP), MAX_SLEEP))
+        return reached
 
     async def start(self) -> None:
         """Find where each schedule stands (its last-tick key) and the server's clock;
@@ -154,13 +159,14 @@ class Scheduler:
                  extra=fields(stream=self.cfg.stream, group=self.cfg.group,
                               consumer=self.consumer, outcome=f"catch_up={self.cfg.catch_up}"))
 
-    async def enqueue_due(self, st: _State, now: int) -> None:
+    async def enqueue_due(self, st: _State, now: int) -> bool:
         """Decide the ticks of ``st`` due by ``now`` that nobody decided yet: enqueue those
-        on time and, of the missed ones, what ``catch_up`` says."""
+        on time and, of the missed ones, what ``catch_up`` says. Returns whether Redis was
+        asked (not when no tick is due)."""
         assert st.cursor is not None
         ticks, older = st.schedule.ticks(st.cursor, now, MAX_CATCH_UP)
         if not ticks:
-            return
+            return False
         chosen = plan(ticks, now, self.cfg.catch_up)
         skipped = len(ticks) - len(chosen)
         if older or skipped:
@@ -176,7 +182,7 @@ class Scheduler:
                 scripts.tick(st.stream, st.tick_key, upto, chunk))
             self._saw_server(int(server_now))
             if int(last) < upto:  # not due yet on the server's clock: look again soon
-                return
+                return True
             enqueued += int(done)
             st.cursor = max(st.cursor, int(last))
         self.counts["ticks_enqueued"] += enqueued
@@ -185,6 +191,7 @@ class Scheduler:
             log.debug("schedule %s: %d tick(s) enqueued", st.schedule.name, enqueued,
                       extra=fields(stream=self.cfg.stream, group=self.cfg.group,
                                    key=st.schedule.name, count=enqueued))
+        return True
 
     def _chunks(self, st: _State, chosen: list[int],
                 upto: int) -> list[tuple[int, list[tuple[int, bytes]]]]:
@@ -232,14 +239,14 @@ async def _nothing() -> None:
 
 async def with_schedules(main: Awaitable[None], schedules: Sequence[Schedule],
                          cfg: WorkerConfig, url: str, consumer: str,
-                         stop: asyncio.Event) -> None:
+                         stop: asyncio.Event, link: Link | None = None) -> None:
     """Await ``main`` (the worker's consumer) with a `Scheduler` beside it when there are
     ``schedules``: either one failing stops both (through ``stop``), and the scheduler's
     error is raised when the consumer had none."""
     if not schedules:
         await main
         return
-    task = asyncio.ensure_future(Scheduler(schedules, cfg, url, consumer).run(stop))
+    task = asyncio.ensure_future(Scheduler(schedules, cfg, url, consumer, link).run(stop))
     try:
         await main
     except BaseException:

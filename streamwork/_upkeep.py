@@ -35,9 +35,10 @@ UPKEEP_INTERVAL: Final = 30.0  #: s between trim/reap rounds (jittered)
 GAUGE_INTERVAL: Final = 5.0  #: s between reads of lag/pending/delayed/dead for the gauges
 
 
-async def promote_once(h: Holder) -> None:
+async def promote_once(h: Holder) -> bool:
     """Move due delayed sends onto the stream (every group gets them) and this group's due
-    retries onto its retry stream (only this group gets them); pause until the next is due."""
+    retries onto its retry stream (only this group gets them); pause until the next is due.
+    Returns True: Redis answered (a supervised loop step)."""
     batch = h.cfg.batch_size
     moved, wait_ms = await h.scripts.run(scripts.promote(h.keys.delayed, h.keys.stream, batch))
     retried, retry_wait = await h.scripts.run(
@@ -45,16 +46,18 @@ async def promote_once(h: Holder) -> None:
     if moved or retried:
         h.count("promoted", moved + retried)
     if moved >= batch or retried >= batch:
-        return
+        return True
     waits = [w for w in (wait_ms, retry_wait) if w >= 0]
     pause = min([w / 1000 for w in waits] + [PROMOTE_INTERVAL])
     await asyncio.sleep(max(pause, 0.005) * random.uniform(0.9, 1.1))
+    return True
 
 
-async def upkeep_step(h: Holder) -> None:
-    """Wait a jittered interval, then one trim + reap round."""
+async def upkeep_step(h: Holder) -> bool:
+    """Wait a jittered interval, then one trim + reap round (Redis answered: True)."""
     await asyncio.sleep(jitter(UPKEEP_INTERVAL))
     await upkeep_once(h)
+    return True
 
 
 async def upkeep_once(h: Holder) -> tuple[int, int]:
@@ -73,12 +76,17 @@ async def upkeep_once(h: Holder) -> tuple[int, int]:
     return int(trimmed), int(reaped)
 
 
-async def gauges_step(h: Holder, metering: bool) -> None:
-    """Refresh the stream gauges (lag, pending, delayed, dead), then wait a few seconds."""
+async def gauges_step(h: Holder, metering: bool) -> bool:
+    """Refresh the stream gauges (lag, pending, delayed, dead), then wait a few seconds.
+    Returns whether Redis answered: gauges are best effort, so an error is swallowed here,
+    and a step that swallowed one (or did not ask) must not count as Redis answering."""
+    reached = False
     if metering:
         with contextlib.suppress(redis.exceptions.RedisError, OSError):
             await read_gauges(h)
+            reached = True
     await asyncio.sleep(jitter(GAUGE_INTERVAL))
+    return reached
 
 
 async def _retry_sides(client: Any, keys: StreamKeys, names: list[str],

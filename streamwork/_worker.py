@@ -186,7 +186,8 @@ class StreamWorker(WorkerOptions, Generic[P]):
             await _call_hook(self.on_start)
             try:
                 await with_schedules(runner.run(self._stop_event), self.schedules, cfg,
-                                     self.url, self.consumer_name, self._stop_event)
+                                     self.url, self.consumer_name, self._stop_event,
+                                     runner.link)
             finally:
                 await _call_hook(self.on_stop)
         finally:
