@@ -13,7 +13,6 @@ import asyncio
 import contextvars
 import inspect
 import logging
-import traceback
 from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -23,11 +22,12 @@ from opentelemetry import trace
 from . import _telemetry as telemetry
 from ._delivery import Delivery, Failure, RunQueue, State
 from ._faults import Fault, classify
-from ._limits import Limits, retry_key_after
+from ._limits import KeyFailed, Limits, retry_key_after
 from ._logs import WORKER_LOGGER, fields
 from ._message import Message, revoke
 from ._pool import DaemonPool
 from ._retry import retry_delay_for
+from ._usercode import error_detail, text
 from .errors import DeadLetter, Retry
 
 if TYPE_CHECKING:
@@ -123,11 +123,14 @@ class Runner:
                 if d.dropped:
                     host.forget(d)
                     continue
-                if limits is not None and not await self._within_limits(limits, d):
-                    if slots is not None:
-                        slots.release()
-                    host.requeue_later(d, retry_key_after())  # waits, uses no attempt
-                    continue
+                if limits is not None:
+                    allowed = await self._within_limits(limits, d)
+                    if not allowed:
+                        if slots is not None:
+                            slots.release()
+                        if allowed is False:  # None: it failed, its concurrency_key raised
+                            host.requeue_later(d, retry_key_after())  # waits, no attempt
+                        continue
                 d.state = running
                 if cancellable:
                     d.task = runner
@@ -187,9 +190,10 @@ class Runner:
         finally:
             watch.close()
 
-    async def _within_limits(self, limits: Limits, d: Delivery) -> bool:
+    async def _within_limits(self, limits: Limits, d: Delivery) -> bool | None:
         """Whether ``d`` may start now under the group's limits (a key cap and a rate);
-        a transient Redis error means not yet."""
+        a transient Redis error means not yet. None: the job failed (the user's
+        ``concurrency_key`` raised; its failure is recorded like a handler's)."""
         try:
             if not await limits.take_key(d):
                 return False
@@ -197,6 +201,10 @@ class Runner:
             return True
         except asyncio.CancelledError:
             raise
+        except KeyFailed as failed:
+            d.started = asyncio.get_running_loop().time()
+            self._failed(d, failed.error)
+            return None
         except Exception as exc:
             if classify(exc) is Fault.FATAL:
                 raise
@@ -263,11 +271,11 @@ class Runner:
             return
         cfg, msg = self.host.cfg, d.msg
         etype = type(exc).__name__
-        detail = f"{exc}\n" + "".join(traceback.format_exception(exc))[-TRACEBACK_LIMIT:]
+        detail = error_detail(exc, TRACEBACK_LIMIT)  # even if its __str__ raises
         if msg.cancelled:  # whatever it raised: the job was cancelled, not retried
             action, reason, delay = "c", "cancelled", 0.0
         elif isinstance(exc, DeadLetter):
-            action, reason, delay = "d", f"dead_letter: {exc.reason}", 0.0
+            action, reason, delay = "d", f"dead_letter: {text(exc.reason)}", 0.0
         elif msg.attempt >= cfg.max_deliveries:
             action, reason, delay = "d", "timeout" if d.timed_out else "max_deliveries", 0.0
         else:
