@@ -24,11 +24,22 @@ from ._delivery import Delivery
 from ._keys import GroupKeys
 from ._logs import WORKER_LOGGER, fields
 from ._message import Message
+from ._usercode import describe
 
 log = logging.getLogger(WORKER_LOGGER)
 
 RETRY_KEY: Final = 0.05  #: s before a job over its key's cap is looked at again
 BURST_SECONDS: Final = 0.1  #: the bucket holds this many seconds of the rate (at least 1)
+
+
+class KeyFailed(Exception):
+    """The worker's ``concurrency_key`` raised ``error`` for a job: the job fails with it
+    (retried, then dead-lettered), as if its handler had raised it. Running it without its
+    key's cap instead would break the cap the user asked for."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(f"concurrency_key raised {describe(error)}")
+        self.error = error
 
 
 class Limits:
@@ -52,16 +63,18 @@ class Limits:
         return self.per_ms is not None or self.key_of is not None
 
     async def take_key(self, d: Delivery) -> bool:
-        """Take a hold of ``d``'s concurrency key; False when the key is at its cap."""
+        """Take a hold of ``d``'s concurrency key; False when the key is at its cap;
+        KeyFailed when the user's ``concurrency_key`` raised."""
         if self.key_of is None:
             return True
         try:
             concurrency_key = str(self.key_of(d.msg))
-        except Exception as exc:  # a bug in the user's function: run the job uncapped
-            log.error("concurrency_key raised %s: %s; the job runs without a key cap",
-                      type(exc).__name__, exc, extra=fields(
-                          stream=d.msg.stream, key=d.msg.key, entry_id=d.msg.id))
-            return True
+        except Exception as exc:  # the user's function: the job fails, not the runner
+            log.warning("concurrency_key raised %s; the job fails (retried, then "
+                        "dead-lettered, as if its handler had raised it)", describe(exc),
+                        extra=fields(stream=d.msg.stream, key=d.msg.key, entry_id=d.msg.id,
+                                     attempt=d.msg.attempt))
+            raise KeyFailed(exc) from exc
         key = self._gkeys.semaphore(concurrency_key)
         got = await self._run(scripts.semaphore(key, "take", self._member(d), self.per_key,
                                                 self.hold_ms))

@@ -10,6 +10,8 @@ import logging
 import traceback
 from typing import Any, Final
 
+from ._usercode import utf8
+
 #: the logger of a worker's delivery loop and its background loops (one name, so log
 #: configuration does not depend on how the package splits its modules)
 WORKER_LOGGER: Final = "streamwork.worker"
@@ -45,6 +47,7 @@ def error_message(exc: BaseException, limit: int | None = ERROR_LIMIT) -> str:
             text = repr(exc)
         except Exception:
             text = f"<unprintable {_type_name(exc)}>"
+    text = utf8(text)  # a lone surrogate (a file name) would fail to encode, in Redis too
     return text if limit is None else cap(text, limit)
 
 
@@ -71,7 +74,7 @@ def traceback_text(exc: BaseException, limit: int) -> str:
         parts = traceback.format_exception(exc)
     except Exception:
         return describe(exc)
-    text = "".join(cap(part.rstrip("\n")) + "\n" for part in parts).rstrip("\n")
+    text = utf8("".join(cap(part.rstrip("\n")) + "\n" for part in parts).rstrip("\n"))
     return text if len(text) <= limit else CUT + text[-limit:]
 
 

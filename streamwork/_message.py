@@ -101,9 +101,12 @@ class Message(Generic[P]):
         int and float by ``repr``, bytes as they are), so numbers reach Redis unrounded;
         any other type (bool, None, list, dict, ...) raises ConfigError at once.
         """
-        if not isinstance(command, str) or not command:
-            raise ValueError("stage(): command must be a Redis command name such as 'SET'")
-        self.staged.append((command, _wire_all(keys, "key"), _wire_all(args, "arg")))
+        if not isinstance(command, str) or not command or not command.isascii():
+            # checked here, in the handler: the outcome writer could not encode it later
+            raise ValueError(f"stage(): command must be a Redis command name such as 'SET', "
+                             f"got {_show(command)}")
+        self.staged.append((str.__str__(command), _wire_all(keys, "key"),
+                            _wire_all(args, "arg")))
 
     @property
     def order_key(self) -> str:

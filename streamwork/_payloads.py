@@ -6,7 +6,8 @@ and pydantic models. Validation is the library's own: ``msgspec.convert`` for st
 ``model_validate`` for pydantic models, and for a dataclass ``msgspec.convert`` when msgspec
 is installed, else pydantic's ``TypeAdapter`` when pydantic is, else the dataclass's own
 constructor (which checks field names, not their types). A payload that does not validate
-raises `InvalidPayload`, which the worker turns into a dead letter ``payload:invalid``.
+raises `InvalidPayload`, which the worker turns into a dead letter ``payload:invalid``;
+so does any other error validation raises (a user's validator or ``__post_init__``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any, Final
 
+from ._usercode import describe
 from .errors import ConfigError
 
 #: what a converter may raise besides the validators' own errors: a wrong shape altogether
@@ -47,7 +49,9 @@ def kind_of(payload_type: object) -> str:
 
 def converter(payload_type: object) -> Callable[[Any], Any]:
     """A function turning a decoded payload into a ``payload_type`` instance, raising
-    InvalidPayload with the validator's message when it does not fit."""
+    InvalidPayload with the error's type and message when it does not fit, whatever the
+    validation raised (a user's validator may raise anything): one bad payload must cost
+    only its own job, never the worker's reader."""
     kind = kind_of(payload_type)
     assert isinstance(payload_type, type)
     convert: Callable[[Any], Any]
@@ -76,11 +80,15 @@ def converter(payload_type: object) -> Callable[[Any], Any]:
                                 f"{type(raw).__name__}")
             return payload_type(**raw)
 
+    name = payload_type.__name__
+
     def checked(raw: Any) -> Any:
         try:
             return convert(raw)
         except errors as exc:
-            raise InvalidPayload(f"{payload_type.__name__}: {exc}") from exc
+            raise InvalidPayload(f"{name}: {describe(exc)}") from exc
+        except Exception as exc:  # a validator or __post_init__ of the user's raised
+            raise InvalidPayload(f"{name}: {describe(exc)} (raised while validating)") from exc
 
     return checked
 

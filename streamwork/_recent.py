@@ -13,12 +13,17 @@ float allocate nothing the collector tracks.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, MutableMapping
 from typing import Any, Protocol
 
+from ._logs import WORKER_LOGGER
+from ._usercode import describe
 from .errors import ConfigError
+
+log = logging.getLogger(WORKER_LOGGER)
 
 
 class RecentKeys:
@@ -75,21 +80,45 @@ class KeyCache(Protocol):
 class MappingKeys:
     """A user's cache (any ``cachetools`` cache, or another mutable mapping) as a KeyCache:
     its own size and expiry rules decide what it forgets. Used from the worker's event loop
-    thread only, so a cachetools cache needs no lock."""
+    thread only, so a cachetools cache needs no lock.
 
-    __slots__ = ("mapping",)
+    It is user code: the first error it raises is logged and the cache is used no more
+    (every key a miss, so the job records in Redis decide), since a cache that failed to
+    take or forget a key can no longer be trusted."""
+
+    __slots__ = ("broken", "mapping")
 
     def __init__(self, mapping: MutableMapping[str, Any]) -> None:
         self.mapping = mapping
+        self.broken = False
 
     def __contains__(self, key: object) -> bool:
-        return key in self.mapping
+        if self.broken:
+            return False
+        try:
+            return key in self.mapping
+        except Exception as exc:
+            self._failed("looking up a key", exc)
+            return False
 
     def add(self, key: str) -> None:
-        self.mapping[key] = True
+        if not self.broken:
+            try:
+                self.mapping[key] = True
+            except Exception as exc:
+                self._failed("adding a key", exc)
 
     def clear(self) -> None:
-        self.mapping.clear()
+        if not self.broken:
+            try:
+                self.mapping.clear()
+            except Exception as exc:
+                self._failed("clearing it", exc)
+
+    def _failed(self, doing: str, exc: Exception) -> None:
+        self.broken = True
+        log.error("the local_cache raised %s while %s; it is used no more (Redis's job "
+                  "records decide what is a duplicate)", describe(exc), doing)
 
 
 def local_cache(option: object, maxsize: int, ttl: float) -> KeyCache | None:

@@ -31,7 +31,11 @@ from typing import Any, Final
 
 import msgpack
 
+from ._usercode import describe
+
 DEFAULT_MAX_RESULT_BYTES: Final = 64 * 1024  #: results larger than this are not kept
+_NIL: Final = b"\xc0"  #: MessagePack's nil
+_ARRAY_OF_5: Final = b"\x95"  #: MessagePack's header of an array of 5 items
 
 STATES: Final = {"H": "queued", "R": "running", "D": "done", "W": "waiting", "X": "dead",
                   "C": "cancelled"}
@@ -98,17 +102,22 @@ def done_record(token: int | None, attempts: int, result: Any, max_bytes: int,
     if pack is None:
         pack = msgpack.Packer(use_bin_type=True).pack
     note = ""
+    packed = _NIL
     if result is not None:
         try:
             packed = pack(result)
-        except (TypeError, ValueError, OverflowError) as exc:
-            result, note = None, f"result not kept: not MessagePack-able ({exc})"
+        except Exception as exc:  # not encodable, or the user's type raised when asked
+            note = f"result not kept: not MessagePack-able ({describe(exc)})"
+            packed = _NIL
         else:
             if len(packed) > max_bytes:
-                result = None
                 note = (f"result not kept: {len(packed)} bytes of MessagePack, over "
                         f"max_result_bytes={max_bytes}")
-    return b"D" + pack([token or 0, attempts, int(time.time() * 1000), result, note])
+                packed = _NIL
+    # the record's array is put together here, so the result is packed once: a value
+    # whose packing succeeds once need not succeed twice
+    return b"".join((b"D", _ARRAY_OF_5, pack(token or 0), pack(attempts),
+                     pack(int(time.time() * 1000)), packed, pack(note)))
 
 
 def parse(stream: str, group: str, key: str, raw: bytes | None) -> JobStatus:

@@ -49,9 +49,15 @@ def retry_delay_for(attempt: int, retry_delay: float, retry_max_delay: float, *,
     ``explicit`` is a delay the handler asked for (``Retry(delay=...)``): used as it is,
     but never longer than ``retry_max_delay``, so a retried job always comes back within
     the redelivery horizon that ``dedup_window`` is checked against (its done record is
-    still there). Without it (or if it is NaN) the backoff of :func:`job_wait` applies."""
-    if explicit is not None and not math.isnan(explicit):
-        return float(min(max(explicit, 0.0), retry_max_delay))
+    still there). Without it (or if it is NaN, or no number at all: a handler's own Retry
+    subclass may set anything) the backoff of :func:`job_wait` applies."""
+    if explicit is not None:
+        try:
+            seconds = float(explicit)
+        except Exception:  # whatever the user's object raises
+            seconds = math.nan
+        if not math.isnan(seconds):
+            return float(min(max(seconds, 0.0), retry_max_delay))
     delay = job_wait(retry_delay, retry_max_delay)(_State(max(attempt, 1)))  # type: ignore[arg-type]
     # the sum of the two parts is at most the cap but for float rounding (one ulp)
     return float(min(delay, retry_max_delay))

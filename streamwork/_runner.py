@@ -23,12 +23,13 @@ from opentelemetry import trace
 from . import _telemetry as telemetry
 from ._delivery import Delivery, Failure, RunQueue, State
 from ._faults import Fault, classify
-from ._limits import Limits, retry_key_after
+from ._limits import KeyFailed, Limits, retry_key_after
 from ._logs import WORKER_LOGGER, describe, error_message, fields, seconds, traceback_text
 from ._message import Message, revoke
 from ._pool import DaemonPool
 from ._retry import retry_delay_for
 from ._start import Start
+from ._usercode import text
 from .errors import DeadLetter, Retry
 
 if TYPE_CHECKING:
@@ -132,11 +133,14 @@ class Runner:
                 if d.dropped:
                     host.forget(d)
                     continue
-                if limits is not None and not await self._within_limits(limits, d):
-                    if slots is not None:
-                        slots.release()
-                    host.requeue_later(d, retry_key_after())  # waits, uses no attempt
-                    continue
+                if limits is not None:
+                    allowed = await self._within_limits(limits, d)
+                    if not allowed:
+                        if slots is not None:
+                            slots.release()
+                        if allowed is False:  # None: it failed, its concurrency_key raised
+                            host.requeue_later(d, retry_key_after())  # waits, no attempt
+                        continue
                 # the last check, after every wait (a slot, a limit, its turn): a delivery
                 # whose lease was lost, that another worker took or whose job was cancelled
                 # meanwhile does not start
@@ -249,9 +253,10 @@ class Runner:
             host.forget(d)
         return False
 
-    async def _within_limits(self, limits: Limits, d: Delivery) -> bool:
+    async def _within_limits(self, limits: Limits, d: Delivery) -> bool | None:
         """Whether ``d`` may start now under the group's limits (a key cap and a rate);
-        a transient Redis error means not yet."""
+        a transient Redis error means not yet. None: the job failed (the user's
+        ``concurrency_key`` raised; its failure is recorded like a handler's)."""
         try:
             if not await limits.take_key(d):
                 return False
@@ -259,6 +264,10 @@ class Runner:
             return True
         except asyncio.CancelledError:
             raise
+        except KeyFailed as failed:
+            d.started = asyncio.get_running_loop().time()
+            self._failed(d, failed.error)
+            return None
         except Exception as exc:
             if classify(exc) is Fault.FATAL:
                 raise
@@ -333,7 +342,7 @@ class Runner:
         if msg.cancelled:  # whatever it raised: the job was cancelled, not retried
             action, reason, delay = "c", "cancelled", 0.0
         elif isinstance(exc, DeadLetter):
-            action, reason, delay = "d", f"dead_letter: {exc.reason}", 0.0
+            action, reason, delay = "d", f"dead_letter: {text(exc.reason)}", 0.0
         elif msg.attempt >= cfg.max_deliveries:
             action, reason, delay = "d", "timeout" if d.timed_out else "max_deliveries", 0.0
         else:

@@ -20,14 +20,15 @@ from __future__ import annotations
 import datetime as dt
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import msgpack
 
-from ._codec import DEFAULT_MAX_PAYLOAD_BYTES, pack_body
+from ._codec import DEFAULT_MAX_PAYLOAD_BYTES, decode_fields, pack_body
 from ._payloads import to_plain
+from ._usercode import text
 from .errors import ConfigError, PayloadTooLarge
 
 __all__ = ["CATCH_UP", "MAX_CATCH_UP", "MISSED_AFTER_MS", "Cron", "Every", "Schedule",
@@ -253,10 +254,12 @@ def _zone(tz: object) -> dt.tzinfo:
                                        f"time zone database, pip install tzdata)") from None
 
 
-def check_schedules(value: object,
-                    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> tuple[Schedule, ...]:
+def check_schedules(value: object, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+                    convert: Callable[[Any], Any] | None = None) -> tuple[Schedule, ...]:
     """A worker's ``schedules``: a list of `Every`/`Cron` with distinct names, each of
-    whose jobs fits ``max_payload_bytes``."""
+    whose jobs fits ``max_payload_bytes`` and, given the worker's payload converter
+    ``convert``, carries a payload that validates (else every tick would be
+    dead-lettered as ``payload:invalid``)."""
     if value is None:
         return ()
     if isinstance(value, (str, bytes, Every, Cron)) or not isinstance(value, Sequence):
@@ -273,11 +276,31 @@ def check_schedules(value: object,
                                            f"every tick's job key)")
         seen.add(item.name)
         try:
-            pack_body(tick_key(item.name, 0), to_plain(item.payload), {}, 0, max_payload_bytes)
+            body = pack_body(tick_key(item.name, 0), to_plain(item.payload), {}, 0,
+                             max_payload_bytes)
         except PayloadTooLarge as exc:
             raise ConfigError("schedules", f"the payload of schedule {item.name!r} is too "
                                            f"large: {exc}") from None
+        if convert is not None:
+            _check_typed(item, decode_fields(body, max_payload_bytes)[3], convert)
     return tuple(value)
+
+
+def _check_typed(item: Schedule, payload: Any, convert: Callable[[Any], Any]) -> None:
+    """ConfigError unless ``payload`` (a tick's payload as the worker decodes it) passes
+    the worker's payload converter ``convert``."""
+    try:
+        convert(payload)
+    except Exception as exc:  # InvalidPayload, with the validator's message
+        how = (f"sw.Every({item.seconds!r}, payload={{...}})" if isinstance(item, Every)
+               else f"sw.Cron({item.expr!r}, tz={item.tz!r}, payload={{...}})")
+        shown = repr(payload)
+        shown = shown if len(shown) <= 200 else shown[:200] + "..."
+        raise ConfigError("schedules", f"schedule {item.name!r} ticks with the payload "
+                                       f"{shown}, which the worker's payload_type "
+                                       f"refuses ({text(exc)}), so every tick would be "
+                                       f"dead-lettered; give the schedule a payload that "
+                                       f"validates: {how}") from None
 
 
 def from_description(name: str, desc: dict[str, Any]) -> Schedule:

@@ -18,6 +18,8 @@ from typing import Any, Final
 from opentelemetry import context, metrics, propagate, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from ._usercode import text
+
 SYSTEM: Final = "redis"  #: messaging.system of every span
 COUNTERS: Final = (
     "produced", "consumed", "acked", "retried", "dead_lettered", "deduplicated", "reclaimed",
@@ -176,6 +178,10 @@ def end_span(span: trace.Span | None, outcome: str, error: BaseException | None 
         return
     span.set_attribute("streamwork.outcome", outcome)
     if error is not None:
-        span.record_exception(error)
+        try:  # the SDK calls str() on it, which a user's exception may make raise
+            span.record_exception(error)
+        except Exception:
+            span.add_event("exception", {"exception.type": type(error).__name__,
+                                         "exception.message": text(error)})
         span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}"))
     span.end()

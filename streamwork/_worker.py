@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import signal
 import threading
 from collections import Counter
@@ -20,13 +21,15 @@ from . import _connection as connection
 from ._config import WorkerConfig, WorkerOptions, check_attributes
 from ._consumer import Consumer, consumer_name
 from ._keys import check_name
+from ._logs import WORKER_LOGGER, fields
 from ._message import Message, P
 from ._partitioned import Partitioned
 from ._payloads import converter
 from ._recent import local_cache
 from ._scheduler import with_schedules
 from ._schedules import check_schedules
-from .errors import ConfigError
+from ._usercode import describe
+from .errors import ConfigError, WorkerFailed
 
 __all__ = ["Health", "StreamWorker"]
 
@@ -34,6 +37,7 @@ W = TypeVar("W", bound="StreamWorker")
 
 #: options a worker takes as class attributes besides WorkerOptions' (Python only)
 _CLASS_OPTIONS = ("local_cache", "payload_type", "concurrency_key", "schedules")
+log = logging.getLogger(WORKER_LOGGER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +99,8 @@ class StreamWorker(WorkerOptions, Generic[P]):
         schedules = options.pop("schedules", type(self).schedules)
         self.config = WorkerConfig.build(type(self), options)
         _check_handle(type(self))
-        self.schedules = check_schedules(schedules, self.config.max_payload_bytes)
+        self.schedules = check_schedules(schedules, self.config.max_payload_bytes,
+                                         self._convert)
         self.local_cache = cache_option
         cache = local_cache(cache_option, self.config.local_cache_size,
                             self.config.local_cache_ttl)  # checked whatever dedup says
@@ -123,11 +128,13 @@ class StreamWorker(WorkerOptions, Generic[P]):
 
     async def on_start(self) -> None:
         """Called once in ``serve()`` before the first read: open pools and clients here.
-        May be a plain ``def``. If it raises, the worker does not start."""
+        May be a plain ``def``. If it raises, the worker does not start: ``serve()``
+        raises `WorkerFailed` (its ``cause`` is the error) and ``on_stop`` is not called."""
 
     async def on_stop(self) -> None:
         """Called once after the worker drained and closed its connections, also when it
-        stops on an error: close what ``on_start`` opened. May be a plain ``def``."""
+        stops on an error: close what ``on_start`` opened. May be a plain ``def``. An error
+        it raises is logged; the worker has stopped all the same."""
 
     def health(self) -> Health:
         """Whether the worker is whole (every internal loop running) and ready for work."""
@@ -183,13 +190,13 @@ class StreamWorker(WorkerOptions, Generic[P]):
                                                self.worker_name, cache=self._cache,
                                                convert=self._convert, key_of=self._key_of)
         try:
-            await _call_hook(self.on_start)
+            await _start_hook(self.on_start, cfg, self.consumer_name)
             try:
                 await with_schedules(runner.run(self._stop_event), self.schedules, cfg,
                                      self.url, self.consumer_name, self._stop_event,
                                      runner.link)
             finally:
-                await _call_hook(self.on_stop)
+                await _stop_hook(self.on_stop, cfg, self.consumer_name)
         finally:
             self._counts = Counter(runner.counts)
             if install_signal_handlers:
@@ -254,3 +261,26 @@ async def _call_hook(hook: Callable[[], Any]) -> None:
     result = hook()
     if inspect.isawaitable(result):
         await result
+
+
+async def _start_hook(hook: Callable[[], Any], cfg: WorkerConfig, consumer: str) -> None:
+    """Run ``on_start``: if the user's code raises, the worker does not start, and says so
+    (WorkerFailed naming the hook, the traceback logged)."""
+    try:
+        await _call_hook(hook)
+    except Exception as exc:
+        log.error("on_start raised %s; the worker does not start", describe(exc),
+                  exc_info=exc, extra=fields(stream=cfg.stream, group=cfg.group,
+                                             consumer=consumer))
+        raise WorkerFailed("on_start", exc) from exc
+
+
+async def _stop_hook(hook: Callable[[], Any], cfg: WorkerConfig, consumer: str) -> None:
+    """Run ``on_stop``: the worker has stopped whatever it raises, so an error is logged
+    rather than raised (which would turn a clean stop into a failed one)."""
+    try:
+        await _call_hook(hook)
+    except Exception as exc:
+        log.error("on_stop raised %s; the worker has stopped all the same", describe(exc),
+                  exc_info=exc, extra=fields(stream=cfg.stream, group=cfg.group,
+                                             consumer=consumer))

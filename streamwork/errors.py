@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._usercode import describe
+
 __all__ = [
     "BenchError",
     "ConfigError",
@@ -115,7 +117,7 @@ class WorkerFailed(StreamworkError):
         self.task = task
         self.cause = cause
         super().__init__(
-            f"worker stopped: its {task} failed with {type(cause).__name__}: {cause}. "
+            f"worker stopped: its {task} failed with {describe(cause)}. "
             "Held jobs stay pending for other workers; fix the cause (see the traceback "
             "in the log) and start the worker again."
         )
@@ -195,6 +197,10 @@ class HandlerControl(StreamworkError):
 class Retry(HandlerControl):
     """Raise from a handler to run the job again; delay=None uses the worker's backoff."""
 
+    # defaults for a subclass whose __init__ does not call this one
+    delay: float | None = None
+    reason: str = ""
+
     def __init__(self, delay: float | None = None, reason: str = "") -> None:
         if delay is not None and delay < 0:
             raise ConfigError("Retry.delay", f"must be >= 0 seconds or None, got {delay!r}")
@@ -205,6 +211,8 @@ class Retry(HandlerControl):
 
 class DeadLetter(HandlerControl):
     """Raise from a handler to skip retries and move the job to the dead-letter stream."""
+
+    reason: str = ""  # for a subclass whose __init__ does not call this one
 
     def __init__(self, reason: str) -> None:
         self.reason = reason

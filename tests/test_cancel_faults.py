@@ -213,7 +213,9 @@ async def test_a_delivery_lost_while_waiting_for_a_rate_token_does_not_start(
                                 message="the first worker to let the job go")
             finally:
                 await _stop((first, one), *(((second, two),) if two is not None else ()))
-        assert sorted(_runs(r)) == ["a:1", "b:1"] or sorted(_runs(r)) == ["a:1", "b:2"]
+        # "a" may run again (its completion could not be written while Redis stalled: its
+        # effect is staged, so it lands once); "b" never started on the first worker
+        assert len([run for run in _runs(r) if run.startswith("b:")]) == 1, _runs(r)
         assert sorted(r.lrange(EFFECTS, 0, -1)) == [b"a", b"b"]
     finally:
         r.close()
