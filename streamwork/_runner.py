@@ -170,7 +170,10 @@ class Runner:
                     if d.span is None:
                         d.result = await call(msg)
                     else:
-                        with trace.use_span(d.span, end_on_exit=False):
+                        # the exception is recorded when the outcome is (end_span, which
+                        # copes with one whose __str__ raises), not here
+                        with trace.use_span(d.span, end_on_exit=False, record_exception=False,
+                                            set_status_on_exception=False):
                             d.result = await call(msg)
                 except asyncio.CancelledError:
                     if d.cancelling:  # its job was cancelled (cancel_running)
