@@ -158,6 +158,8 @@ def _make_class(fn: Callable[..., Any], stream: str, group: str, payload_type: A
     for option, value in options.items():
         if option in _HOOKS:
             _check_hook(option, value)
+            if value is None:
+                continue  # no hook: the class's own, which does nothing
         if option in _FUNCTIONS and value is not None:
             value = staticmethod(value)
         attrs[option] = value

@@ -236,6 +236,19 @@ async def test_hooks_concurrency_key_schedules_and_local_cache(redis_url: str,
     assert events.index("key:b") < events.index("run:b")
 
 
+async def test_hooks_given_as_none_are_no_hooks(redis_url: str, r: redis.Redis) -> None:
+    """``on_start=None`` / ``on_stop=None`` (the typed default) mean no hook: the worker
+    starts, runs its jobs and stops."""
+
+    @sw.worker(S, group=G, on_start=None, on_stop=None, **QUICK)
+    async def plain(msg: sw.Message) -> str:
+        return "ok"
+
+    send(redis_url, {"a": 1})
+    await run_until_idle(plain.from_url(redis_url), r, timeout=60)
+    assert results(redis_url, ["a"]) == ["ok"]
+
+
 # -- refused when decorating ----------------------------------------------------------
 
 
