@@ -25,7 +25,7 @@ lint: $(STAMP)
 # examples rather than what the server does, to stay in the CI budget).
 SERVER_AGNOSTIC := tests/test_dashboard.py tests/test_processes.py tests/test_health.py \
 	tests/test_alerts.py tests/test_bench.py tests/test_examples.py \
-	tests/test_typed_payloads.py tests/test_cli.py
+	tests/test_typed_payloads.py tests/test_cli.py tests/test_function_worker.py
 test: lint
 	$(BIN)/pytest -q
 	VK="$$($(BIN)/python -c 'from streamwork._server import embedded_binary as e; print(e() or "")')"; \

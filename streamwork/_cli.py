@@ -8,6 +8,7 @@ import asyncio
 import difflib
 import gc
 import importlib
+import inspect
 import json
 import os
 import sys
@@ -29,6 +30,7 @@ from . import _logs as logs
 from . import _otel as otel
 from . import _processes as processes_mod
 from ._cli_common import fail, url_option
+from ._function import FunctionWorker
 from ._health import DEFAULT_HEALTH_HOST
 from ._host import serve_all
 from ._producer import Producer
@@ -37,6 +39,9 @@ from .errors import StreamworkError
 
 #: what `--timeout none` (and the like) parses to: the option is given, its value is None
 _NONE: Final = object()
+
+#: the base classes of workers, which are no workers themselves
+_BASES: Final = (StreamWorker, FunctionWorker)
 
 #: the most worker processes `run --processes` starts (more is a typo, not a plan)
 MAX_PROCESSES: Final = 256
@@ -93,28 +98,36 @@ def _overrides(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_worker(target: str) -> type[StreamWorker]:
-    """Import ``module:Class`` (the current directory is on the path) and check it."""
+    """Import ``module:Worker`` (the current directory is on the path) and check it: a
+    StreamWorker subclass, or a function decorated with ``@sw.worker`` (which is one)."""
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
-        fail(f"{target!r}: give the worker as MODULE:Class, e.g. myapp.workers:Billing")
+        fail(f"{target!r}: give the worker as MODULE:Worker (a StreamWorker subclass or an "
+             "@sw.worker function), e.g. myapp.workers:Billing")
     sys.path.insert(0, os.getcwd())
     module = _import(module_name)
     if not hasattr(module, attr):
         found = _workers_in(module)
         where = f"{module_name!r} ({getattr(module, '__file__', None) or 'no file'})"
         if not found:
-            fail(f"there is no {attr!r} in {where}, and it defines no StreamWorker subclass: "
-                 f"check MODULE:Class in {target!r}")
+            fail(f"there is no {attr!r} in {where}, and it defines no worker (StreamWorker "
+                 f"subclass or @sw.worker function): check MODULE:Worker in {target!r}")
         close = difflib.get_close_matches(attr, found, n=1)
         fail(f"there is no {attr!r} in {where}."
              + (f" Did you mean {close[0]!r}?" if close else "")
-             + f" Its StreamWorker subclasses: {', '.join(found)}")
+             + f" Its workers (StreamWorker subclasses, @sw.worker functions): "
+               f"{', '.join(found)}")
     cls = getattr(module, attr)
-    if cls is StreamWorker:
-        fail(f"{target!r} is StreamWorker itself: name your subclass of it")
+    if cls in _BASES:
+        fail(f"{target!r} is {cls.__name__} itself: name your subclass of it")
     if not (isinstance(cls, type) and issubclass(cls, StreamWorker)):
-        what = (f"an instance of {type(cls).__qualname__}: name the class"
-                if isinstance(cls, StreamWorker) else f"a {type(cls).__name__}")
+        if isinstance(cls, StreamWorker):
+            what = f"an instance of {type(cls).__qualname__}: name the class"
+        elif inspect.isroutine(cls):
+            what = ("a function not decorated with @sw.worker: put "
+                    "@sw.worker(\"stream\", group=\"...\") above it")
+        else:
+            what = f"a {type(cls).__name__}"
         found = _workers_in(module)
         fail(f"{target!r} is {what}, not a StreamWorker subclass"
              + (f"; {module_name!r} has these: {', '.join(found)}" if found else ""))
@@ -147,10 +160,11 @@ def _import_error(exc: BaseException) -> str:
 
 
 def _workers_in(module: types.ModuleType) -> list[str]:
-    """The names of the StreamWorker subclasses ``module`` has (defined or imported)."""
+    """The names of the workers ``module`` has (defined or imported): StreamWorker
+    subclasses, ``@sw.worker`` functions among them."""
     return sorted(name for name, value in vars(module).items()
                   if isinstance(value, type) and issubclass(value, StreamWorker)
-                  and value is not StreamWorker and not name.startswith("_"))
+                  and value not in _BASES and not name.startswith("_"))
 
 
 @click.group()

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("name", ["quickstart", "billing_dedup", "embed_asyncio",
-                                  "typed_payloads", "cancel_and_limits", "periodic"])
+                                  "typed_payloads", "cancel_and_limits", "periodic",
+                                  "function_worker"])
 def test_example_script_runs(name: str) -> None:
     """Each example script exits 0 on its own private server."""
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / f"{name}.py")],

@@ -45,6 +45,7 @@ PUBLIC = [
     "__version__",
     "async_fenced_set",
     "fenced_set",
+    "worker",
 ]
 
 #: streamwork.errors.__all__, pinned the same way
