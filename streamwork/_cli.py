@@ -11,6 +11,7 @@ import importlib
 import inspect
 import json
 import os
+import re
 import sys
 import traceback
 import types
@@ -29,11 +30,12 @@ from . import _connection as connection
 from . import _logs as logs
 from . import _otel as otel
 from . import _processes as processes_mod
-from ._cli_common import fail, url_option
+from ._cli_common import detect_partitions, fail, partitions_option, url_option
 from ._function import FunctionWorker
 from ._health import DEFAULT_HEALTH_HOST
 from ._host import serve_all
-from ._producer import Producer
+from ._partitions import partition_names, partition_of
+from ._producer import Producer, new_key
 from ._worker import StreamWorker
 from .errors import StreamworkError
 
@@ -47,17 +49,64 @@ _BASES: Final = (StreamWorker, FunctionWorker)
 MAX_PROCESSES: Final = 256
 
 
-def _or_none(inner: click.ParamType[Any]) -> Any:
-    """Option callback: a value of type ``inner``, or the word ``none`` (-> _NONE)."""
+def _or_none(inner: click.ParamType[Any], name: str) -> Any:
+    """Option callback: a value of type ``inner``, or the word ``none`` (-> _NONE); any
+    other word is refused naming both forms and what ``none`` means for this option."""
+    kind = "a number of seconds" if inner is click.FLOAT else "a whole number"
+    example = getattr(config.WorkerOptions, name, None)
+    example = f" (e.g. {example:g})" if isinstance(example, (int, float)) else ""
+    means = re.search(r"\(none: (.*)\)", config.HELP.get(name, ""))
+    none = f"'none' ({means.group(1)})" if means else "'none'"
 
     def convert(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
         if value is None:
             return None
         if value.strip().lower() == "none":
             return _NONE
-        return inner.convert(value, param, ctx)
+        try:
+            return inner.convert(value, param, ctx)
+        except click.BadParameter:
+            raise click.BadParameter(
+                f"{value!r} is neither {kind} nor 'none': give {kind}{example}, or "
+                f"{none}", ctx=ctx, param=param) from None
 
     return convert
+
+
+class _WorkerOption(click.Option):
+    """A `run` option for a worker option: its own default is None (not given: the worker
+    class's attribute stands), and help shows the default WorkerOptions declares."""
+
+    def __init__(self, *args: Any, shown_default: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.shown_default = shown_default
+
+    def get_help_extra(self, ctx: click.Context) -> Any:
+        extra = super().get_help_extra(ctx)
+        if self.shown_default is not None:
+            extra["default"] = self.shown_default
+        return extra
+
+
+#: what help shows as the default where the declared value alone would mislead
+_SHOWN: Final = {"only_partitions": "all"}
+
+
+def _default_text(name: str, hint: Any) -> str | None:
+    """How `run --help` shows an option's default: the value WorkerOptions declares (None:
+    the option has none to show, as stream and group, which each worker must set)."""
+    value = getattr(config.WorkerOptions, name)
+    if name in _SHOWN:
+        return _SHOWN[name]
+    if hint is bool:  # click's own form for a --flag/--no-flag pair
+        return name.replace("_", "-") if value else "no-" + name.replace("_", "-")
+    if value is None:
+        return "none"
+    if value == "":
+        return None
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
 
 
 _SCALARS: dict[Any, click.ParamType[Any]] = {int: click.INT, float: click.FLOAT, str: click.STRING}
@@ -68,21 +117,25 @@ def _option_for(name: str, hint: Any) -> Any | None:
     form (tests/test_cli.py then fails, so a new option cannot be forgotten)."""
     flag = "--" + name.replace("_", "-")
     help_text = config.HELP.get(name, f"the worker's {name}")
+    shown: dict[str, Any] = {"cls": _WorkerOption, "shown_default": _default_text(name, hint)}
     args = typing.get_args(hint)
     optional = type(None) in args and typing.get_origin(hint) in (types.UnionType, typing.Union)
     inner = next((a for a in args if a is not type(None)), None) if optional else hint
     if hint is bool:
-        return click.option(f"{flag}/--no-{flag[2:]}", name, default=None, help=help_text)
+        return click.option(f"{flag}/--no-{flag[2:]}", name, default=None, help=help_text,
+                            **shown)
     if typing.get_origin(inner) is tuple and typing.get_args(inner)[:1] in ((str,), (int,)):
         # a list: one repeatable option in the singular (--lock-url a --lock-url b)
         return click.option(flag.removesuffix("s"), name, multiple=True, help=help_text,
-                            type=_SCALARS[typing.get_args(inner)[0]])
+                            type=_SCALARS[typing.get_args(inner)[0]], **shown)
     if inner in _SCALARS and optional:
         kind = _SCALARS[inner]
         return click.option(flag, name, type=click.STRING, default=None, help=help_text,
-                            metavar=f"{kind.name.upper()}|none", callback=_or_none(kind))
+                            metavar=f"{kind.name.upper()}|none", callback=_or_none(kind, name),
+                            **shown)
     if inner in _SCALARS:
-        return click.option(flag, name, type=_SCALARS[inner], default=None, help=help_text)
+        return click.option(flag, name, type=_SCALARS[inner], default=None, help=help_text,
+                            **shown)
     return None
 
 
@@ -227,9 +280,11 @@ def _check_distinct(workers: list[StreamWorker]) -> None:
 @click.argument("targets", nargs=-1, required=True, metavar="MODULE:Worker...")
 @url_option
 @_run_options
-@click.option("--log-level", default="INFO", show_default=True)
+@click.option("--log-level", default="INFO", show_default=True,
+              help="least severe log records shown: DEBUG, INFO, WARNING, ERROR")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
-              show_default=True)
+              show_default=True,
+              help="text: one readable line per record; json: one JSON object per line")
 @click.option("--otlp", is_flag=True,
               help="export traces and metrics over OTLP (extra 'otlp'; also on when "
                    "OTEL_EXPORTER_OTLP_ENDPOINT is set)")
@@ -254,7 +309,10 @@ def run(ctx: click.Context, /, targets: tuple[str, ...], url: str | None, log_le
     Several workers share one process and event loop, each with its own options and
     concurrency (the options given here apply to every one); when one fails, all stop
     and the exit status is 1. With --processes N, a supervisor runs N such processes,
-    forwards SIGINT/SIGTERM to them and restarts one that dies."""
+    forwards SIGINT/SIGTERM to them and restarts one that dies.
+
+    A worker option not given keeps the worker class's attribute; the defaults shown
+    are streamwork's, for a class that does not set the option."""
     processes_mod.watch_parent()  # in a --processes child: never outlive the supervisor
     logs.configure(log_level, log_format)
     classes = [load_worker(target) for target in targets]
@@ -317,19 +375,31 @@ def _serve_here(workers: list[StreamWorker], otlp: bool, metrics_port: int | Non
 @click.argument("payload")
 @click.option("--key", default=None, help="job key (identity for dedup); default a new uuid")
 @click.option("--delay", type=float, default=None, help="seconds before the job is due")
+@click.option("--order-key", default=None,
+              help="picks the partition of a partitioned stream, and orders the job among "
+                   "those sharing it in ordered mode [default: the job key]")
+@partitions_option("the stream is split into P partitions (as its producers and workers "
+                   "were told): send to the one the order key picks")
 @url_option
 def send(stream: str, payload: str, key: str | None, delay: float | None,
-         url: str | None) -> None:
-    """Enqueue one job whose PAYLOAD is JSON; prints the entry id (or key, when delayed)."""
+         order_key: str | None, partitions: int | None, url: str | None) -> None:
+    """Enqueue one job whose PAYLOAD is JSON; prints the entry id (or key, when delayed).
+    To a partitioned stream, the partition it went to follows on stderr."""
     try:
         data = json.loads(payload)
     except json.JSONDecodeError as exc:
         fail(f"PAYLOAD is not valid JSON ({exc}); quote it, e.g. '{{\"order_id\": 7}}'")
+    partitions = detect_partitions(url, stream, partitions)
+    key = new_key() if key is None else key  # chosen here, to name its partition
     try:
-        with Producer.from_url(url) as producer:
-            click.echo(producer.send(stream, data, key=key, delay=delay))
+        with Producer.from_url(url, partitions={stream: partitions}) as producer:
+            click.echo(producer.send(stream, data, key=key, delay=delay, order_key=order_key))
     except StreamworkError as exc:
         fail(str(exc))
+    if partitions > 1:
+        i = partition_of(key if order_key is None else order_key, partitions)
+        click.echo(f"partition {i} of {partitions} ({partition_names(stream, partitions)[i]})",
+                   err=True)
 
 
 @main.command()

@@ -55,12 +55,18 @@ def partition_options(fn: F) -> F:
         "--partition", "partition", type=int, default=None, metavar="N",
         callback=_check_partition,
         help="only partition N (0-based; needs --partitions greater than N)")(fn)
+    return partitions_option(
+        "the stream is split into P partitions (as its producers and workers were told): "
+        "look at all of them together")(fn)
+
+
+def partitions_option(what: str) -> Callable[[F], F]:
+    """``--partitions P`` alone (default: the recorded count, else 1, or
+    $STREAMWORK_PARTITIONS), its help ``what`` it does."""
     return click.option(
         "--partitions", "partitions", type=int, default=None, metavar="P",
         envvar=PARTITIONS_ENV, show_envvar=True, callback=_check_partitions,
-        help="the stream is split into P partitions (as its producers and workers were "
-             "told): look at all of them together [default: the count recorded in "
-             "{S}:partitions, else 1]")(fn)
+        help=f"{what} [default: the count recorded in {{S}}:partitions, else 1]")
 
 
 def detect_partitions(url: str | None, stream: str | None, given: int | None) -> int:

@@ -56,7 +56,8 @@ def register(main: click.Group) -> None:
     @main.command("dashboard")
     @click.option("--host", default="127.0.0.1", show_default=True,
                   help="address to bind; anything but loopback needs --token")
-    @click.option("--port", type=click.IntRange(1, 65535), default=8321, show_default=True)
+    @click.option("--port", type=click.IntRange(1, 65535), default=8321, show_default=True,
+                  help="TCP port to serve the dashboard on")
     @click.option("--token", envvar=TOKEN_ENV, show_envvar=True, default=None,
                   help=f"secret every request must show (>= {MIN_TOKEN_CHARS} characters): "
                        "open the page once with ?token=..., or send 'Authorization: Bearer "

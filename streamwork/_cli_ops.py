@@ -470,19 +470,44 @@ def top_command(stream: str | None, interval: float, once: bool, url: str | None
                          else stats.sample(client, names))
                 console.print(_frame(before, after, interval))
                 return
-            with Live(_frame([], before, interval), console=console, auto_refresh=False,
-                      redirect_stdout=False) as live:
-                try:
-                    while True:
-                        time.sleep(interval)
-                        after = (_sample(client, view, first=False) if view.partitions > 1
-                                 else stats.sample(client, [stream] if stream else None))
-                        live.update(_frame(before, after, interval), refresh=True)
-                        before = after
-                except KeyboardInterrupt:
-                    pass
+            def frames() -> Iterator[RenderableType]:
+                """A frame now (without rates), then one per interval, forever."""
+                nonlocal before
+                yield _frame([], before, interval)
+                while True:
+                    time.sleep(interval)
+                    after = (_sample(client, view, first=False) if view.partitions > 1
+                             else stats.sample(client, [stream] if stream else None))
+                    yield _frame(before, after, interval)
+                    before = after
+
+            try:
+                if console.is_terminal:
+                    _redraw(console, frames())
+                else:  # a pipe or a file: a live display would write nothing
+                    _append(console, frames())
+            except KeyboardInterrupt:
+                pass
         finally:
             client.close()
+
+
+def _redraw(console: Console, frames: Iterator[RenderableType]) -> None:
+    """`top` on a terminal: each frame replaces the one before."""
+    with Live(next(frames), console=console, auto_refresh=False,
+              redirect_stdout=False) as live:
+        for frame in frames:
+            live.update(frame, refresh=True)
+
+
+def _append(console: Console, frames: Iterator[RenderableType]) -> None:
+    """`top` into a pipe or a file (`top | tee top.log`): the frames one after another,
+    plain, each flushed when printed (a reader that went away, `top | head`, ends it:
+    rich exits 1 on a broken pipe)."""
+    for frame in frames:
+        console.print(frame)
+        console.print()
+        console.file.flush()
 
 
 def _frame(before: Sequence[StreamStats], after: Sequence[StreamStats],
@@ -573,7 +598,9 @@ def job_command(stream: str, key: str, group: str | None, as_json: bool, url: st
             continue
         if name in ("updated_at", "due") and value is not None:
             value = f"{value:.3f} ({_ago(value)})"
-        click.echo(f"{name:>15}: {value!r}" if name == "result" else f"{name:>15}: {value}")
+        shown = repr(value) if name == "result" else str(value)
+        # a traceback's lines line up under the first one's value, not at the margin
+        click.echo(f"{name:>15}: " + shown.rstrip("\n").replace("\n", "\n" + " " * 17))
 
 
 def _ago(when: float) -> str:
@@ -618,7 +645,8 @@ def register(main: click.Group) -> None:
             partition: int | None, url: str | None) -> None:
         """Live view of every stream (or STREAM): inspect's figures plus produced/s and
         acked/s (partitioned streams as totals and per partition with --partitions P).
-        Ctrl-C quits."""
+        On a terminal it redraws in place; into a pipe or a file (`top | tee top.log`)
+        it prints a plain frame every --interval. Ctrl-C quits."""
         top_command(stream, interval, once, url, partitions, partition)
 
     @click.command("job")

@@ -63,6 +63,8 @@ log = logging.getLogger(WORKER_LOGGER)
 WAIT_RETRY: Final = 0.2  #: s before a waiting delivery's lease is tried again (first time)
 WAIT_RETRY_MAX: Final = 2.0  #: s, cap of that pause while nothing gets leased
 FINAL_FLUSH: Final = 2.0  #: s a stopping worker keeps trying to write its last outcomes
+#: the outcome counters the "worker stopped" line reports, each on its own
+STOP_COUNTS: Final = ("acked", "retried", "dead_lettered", "deduplicated", "cancelled")
 
 
 
@@ -211,7 +213,7 @@ class Consumer:
             self.stopped = True
             log.info("worker stopped", extra=fields(
                 stream=self.cfg.stream, group=self.cfg.group, consumer=self.name,
-                count=sum(self.counts.values()), outcome=f"left pending: {left}"))
+                **{what: self.counts[what] for what in STOP_COUNTS}, left_pending=left))
         if sup.fatal is not None:
             raise sup.fatal
 

@@ -13,9 +13,11 @@ going back into the same partition's group retry stream.
 
 from __future__ import annotations
 
+import base64
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import redis
 
@@ -46,17 +48,58 @@ class DeadLetterEntry:
     group: str = ""  #: the consumer group it died in (a replay goes back to it)
 
     def as_json(self) -> dict[str, Any]:
-        payload = self.payload
-        if isinstance(payload, bytes):
-            payload = payload.hex()
+        """The dead letter as JSON values, losslessly: ``payload`` as `json_value` gives
+        it (None when the body does not decode), ``original`` each entry field's bytes as
+        `json_bytes` gives them (a field name that is not UTF-8: ``base64:<its bytes>``)."""
         return {
             "id": self.id, "reason": self.reason, "error_type": self.error_type,
             "detail": self.detail, "src_id": self.src_id, "attempts": self.attempts,
             "consumer": self.consumer, "group": self.group, "ts_ms": self.ts_ms,
             "key": self.key,
-            "payload": payload,
-            "original": {k: v.decode("utf-8", "replace") for k, v in self.original.items()},
+            "payload": json_value(self.payload),
+            "original": {_json_name(k): json_bytes(v) for k, v in self.original.items()},
         }
+
+
+#: the keys of the objects that stand for values JSON has no form of (see `json_value`)
+MARKERS: Final = frozenset({"base64", "map", "float"})
+
+
+def json_bytes(data: bytes) -> str | dict[str, str]:
+    """Bytes as JSON: the text when they are valid UTF-8, else ``{"base64": "..."}``."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode("ascii")}
+
+
+def json_value(value: Any) -> Any:
+    """A decoded MessagePack value as JSON, so that the value can be told back exactly:
+    ``bytes`` -> ``{"base64": "..."}`` (a str stays a str); a map whose keys are not all
+    str, or that would read as one of these markers -> ``{"map": [[key, value], ...]}``;
+    NaN and the infinities -> ``{"float": "nan" | "inf" | "-inf"}``; lists stay lists."""
+    if isinstance(value, bytes):
+        return {"base64": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"float": str(value)}
+    if isinstance(value, dict):
+        if all(isinstance(k, str) for k in value) and not (
+                len(value) == 1 and next(iter(value)) in MARKERS):
+            return {k: json_value(v) for k, v in value.items()}
+        return {"map": [[json_value(k), json_value(v)] for k, v in value.items()]}
+    if isinstance(value, (list, tuple)):
+        return [json_value(v) for v in value]
+    return value
+
+
+def _json_name(name: str) -> str:
+    """A field name decoded with surrogateescape, as a JSON object key."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = name.encode("utf-8", "surrogateescape")
+        return "base64:" + base64.b64encode(raw).decode("ascii")
+    return name
 
 
 def _text(values: dict[bytes, bytes], name: str) -> str:
@@ -68,7 +111,8 @@ def _decode_id(entry_id: bytes | str) -> str:
 
 
 def _parse(entry_id: bytes, values: dict[bytes, bytes]) -> DeadLetterEntry:
-    original = {k[2:].decode("utf-8", "replace"): v for k, v in values.items()
+    # surrogateescape: a name that is not UTF-8 keeps its bytes (see _json_name)
+    original = {k[2:].decode("utf-8", "surrogateescape"): v for k, v in values.items()
                 if k.startswith(b"f.")}
     key: str | None = None
     payload: Any = None

@@ -20,7 +20,7 @@ from . import _scripts as scripts
 from . import _telemetry as telemetry
 from ._delivery import Delivery, Failure, Holder, State, ref
 from ._logs import WORKER_LOGGER, cap, error_message, fields, seconds
-from ._records import done_record
+from ._records import done_record, record_error
 from ._start import CANCELLED_QUEUED
 from ._supervisor import uninterrupted
 
@@ -226,7 +226,8 @@ class Outcomes:
         entries = [[f.entry_id, f.src, f.action, f.delay_ms, f.attempts, f.job_key,
                     f.delivery.lease if f.delivery else "",
                     f.delivery.member if f.delivery else b"",
-                    f.reason, f.error_type, f.detail, f.body] for f in live]
+                    f.reason, f.error_type, f.detail, f.body,
+                    record_error(f.error_type, f.detail) if f.job_key else ""] for f in live]
         res = await h.scripts.run(scripts.fail(
             h.gkeys, h.name, h.worker_name, h.lease.mode, round(h.cfg.dedup_window * 1000),
             entries)) if live else []

@@ -34,6 +34,8 @@ import msgpack
 from ._usercode import describe
 
 DEFAULT_MAX_RESULT_BYTES: Final = 64 * 1024  #: results larger than this are not kept
+RECORD_ERROR_LIMIT: Final = 400  #: characters of a failure a job record keeps (`record_error`)
+CUT: Final = "…"  #: marks where a record's error was cut
 _NIL: Final = b"\xc0"  #: MessagePack's nil
 _ARRAY_OF_5: Final = b"\x95"  #: MessagePack's header of an array of 5 items
 
@@ -118,6 +120,35 @@ def done_record(token: int | None, attempts: int, result: Any, max_bytes: int,
     # whose packing succeeds once need not succeed twice
     return b"".join((b"D", _ARRAY_OF_5, pack(token or 0), pack(attempts),
                      pack(int(time.time() * 1000)), packed, pack(note)))
+
+
+def record_error(error_type: str, detail: str, limit: int = RECORD_ERROR_LIMIT) -> str:
+    """The error a waiting or dead job's record keeps: ``<type>: <detail>`` whole when it
+    fits in ``limit`` characters; else its first line (the error, itself capped) and the
+    last whole lines of the traceback that fit (where it was raised, ending with the
+    error), with a line saying how many lines were cut: a traceback line is kept whole or
+    left out, never cut mid-word as a plain character cap would."""
+    text = f"{error_type}: {detail}" if detail else error_type
+    if len(text) <= limit:
+        return text
+    lines = text.split("\n")
+    head = lines[0]
+    if len(head) > limit // 2:
+        head = f"{head[:limit // 2]}{CUT} ({len(head) - limit // 2} more characters)"
+    rest = lines[1:]
+    room = limit - len(head) - len(_cut_line(len(rest))) - 2
+    tail: list[str] = []
+    for line in reversed(rest):
+        if len(line) + 1 > room:
+            break
+        tail.insert(0, line)
+        room -= len(line) + 1
+    cut = len(rest) - len(tail)
+    return "\n".join([head] + ([_cut_line(cut)] if cut else []) + tail)
+
+
+def _cut_line(lines: int) -> str:
+    return f"{CUT} ({lines} line{'s' if lines != 1 else ''} cut)"
 
 
 def parse(stream: str, group: str, key: str, raw: bytes | None) -> JobStatus:

@@ -138,13 +138,20 @@ class JobFailed(StreamworkError):
                 f"was cancelled: {status.reason or 'no reason given'}. It will not run; "
                 "send it again under a new key to run it.")
             return
+        error = str(status.error or "").strip()
+        replay = (f"`streamwork dlq replay {status.stream} --id {status.dead_letter_id}`"
+                  if status.dead_letter_id
+                  else f"`streamwork dlq replay {status.stream} --id ID` (ID from that list)")
         super().__init__(
             f"job {status.key!r} of group {status.group!r} on stream {status.stream!r} is "
             f"dead after {status.attempts} attempt(s): {status.reason or 'failed'}"
-            + (f" ({status.error})" if status.error else "")
+            + (f" ({error})" if error and "\n" not in error else "")
             + f". See it with `streamwork dlq list {status.stream}`; once the cause is "
-            f"fixed, `streamwork dlq replay {status.stream} --id {status.dead_letter_id} "
-            "runs it again."
+            f"fixed, {replay} runs it again."
+            # a traceback goes last, on lines of its own, so nothing it holds (or lacks)
+            # can leave the sentences above unclosed
+            + ("\nIts last error:\n" + "\n".join("  " + line for line in error.split("\n"))
+               if "\n" in error else "")
         )
 
 

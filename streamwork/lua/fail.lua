@@ -13,7 +13,8 @@
 -- "0" no dedup (no record), ARGV[6] how long a dead record is kept (ms)
 -- ARGV[7] MessagePack list, one per entry: [id, src, action ("r" retry / "d" dead), delay
 -- ms, attempts so far, job key, lease ("" when the delivery never held one), member ("" or the adopted delivery's member), reason,
--- error type, detail (message + short traceback), body ("" if unknown)]
+-- error type, detail (message + short traceback), body ("" if unknown), the error the job
+-- record keeps (whole lines, the cut marked)]
 -- ("c": cancelled while it ran - acknowledged, the record says cancelled, no dead letter)
 -- Returns per entry: 1 retry scheduled, 2 dead-lettered, 3 cancelled, 0 lost (not ours:
 -- nothing written), 4 vanished (neither the stream nor the group knows the entry any more)
@@ -60,7 +61,7 @@ for i, f in ipairs(batch) do
         if e[2][j] == BODY then body = e[2][j + 1] end
       end
     end
-    local error_text = f[10] .. ': ' .. string.sub(f[11], 1, 200)
+    local error_text = f[13] or (f[10] .. ': ' .. string.sub(f[11], 1, 200))
     if action == 'c' then  -- cancelled while it ran: acknowledged, the record says so
       if write then
         redis.call('SET', key, cancelled_record(now, why or f[9]), 'PX', cancel_ttl or ARGV[6])
