@@ -168,8 +168,9 @@ async def bill(url: str, stream: str, orders: int, console: Console) -> DemoResu
                 for i in range(0, orders, 500):
                     await producer.send_many(stream, payloads[i:i + 500], keys=keys[i:i + 500])
                 await producer.send_many(stream, [by_key[k] for k in resent], keys=resent)
-                states = await settle(producer, r, stream, keys, console)
-            elapsed = time.perf_counter() - start
+                await charge_all(r, stream, len(keys), console)
+                elapsed = time.perf_counter() - start
+                states = await final_states(producer, stream, keys)
         finally:
             for w in workers:
                 w.stop()
@@ -189,30 +190,37 @@ async def bill(url: str, stream: str, orders: int, console: Console) -> DemoResu
     )
 
 
-async def settle(producer: sw.AsyncProducer, r: aioredis.Redis, stream: str,
-                 keys: list[str], console: Console, timeout: float = 120.0) -> dict[str, str]:
-    """Wait until every order is done or dead (by its job status) and the group has read
-    and acknowledged every entry (the resent duplicates too); return each order's state."""
-    states = dict.fromkeys(keys, "unknown")
-    open_keys = list(keys)
+async def charge_all(r: aioredis.Redis, stream: str, orders: int, console: Console,
+                     timeout: float = 120.0) -> None:
+    """Show a progress bar until every order was charged or declined and the group has
+    read and acknowledged every entry of the stream (the resent duplicates too)."""
     with Progress(TextColumn("[bold]charging orders"), BarColumn(),
                   TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
                   console=console, transient=True) as progress:
-        bar = progress.add_task("orders", total=len(keys))
+        bar = progress.add_task("orders", total=orders)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             handled = len(ledger) + len(declined_seen)
-            progress.update(bar, completed=min(handled, len(keys)))
-            if handled >= len(keys):
-                # ask only about the orders not known to be finished yet, 50 at a time
-                for i in range(0, len(open_keys), 50):
-                    found = await asyncio.gather(*(
-                        producer.status(stream, k, group=Billing.group)
-                        for k in open_keys[i:i + 50]))
-                    states.update((st.key, st.state) for st in found)
-                open_keys = [k for k in open_keys if states[k] not in ("done", "dead")]
-                if not open_keys and await all_read(r, stream):
-                    break
+            progress.update(bar, completed=min(handled, orders))
+            if handled >= orders and await all_read(r, stream):
+                return
+            await asyncio.sleep(0.05)
+
+
+async def final_states(producer: sw.AsyncProducer, stream: str, keys: list[str],
+                       timeout: float = 30.0) -> dict[str, str]:
+    """Each order's state by its job status, once all are done or dead (or at the
+    timeout): a retried order's last outcome may land a moment after its handler ran."""
+    states = dict.fromkeys(keys, "unknown")
+    open_keys = list(keys)
+    deadline = time.monotonic() + timeout
+    while open_keys and time.monotonic() < deadline:
+        for i in range(0, len(open_keys), 50):  # 50 status reads at a time
+            found = await asyncio.gather(*(producer.status(stream, k, group=Billing.group)
+                                           for k in open_keys[i:i + 50]))
+            states.update((st.key, st.state) for st in found)
+        open_keys = [k for k in open_keys if states[k] not in ("done", "dead")]
+        if open_keys:
             await asyncio.sleep(0.05)
     return states
 
