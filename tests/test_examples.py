@@ -233,3 +233,20 @@ def test_demo_on_a_running_server_touches_only_its_own_keys(
     assert {k: r.dump(k) for k in r.scan_iter()} == before
     _assert_demo_ok(proc.stdout, 300)
     r.close()
+
+
+def test_streamwork_demo_without_the_examples_says_what_to_do(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """`streamwork demo` where examples/demo.py is absent (an install from a wheel) exits 1
+    with a message naming the file and `make demo`, not a traceback."""
+    from click.testing import CliRunner
+
+    from streamwork import _demo
+    from streamwork._cli import main
+
+    monkeypatch.setattr(_demo, "EXAMPLE", tmp_path / "demo.py")
+    monkeypatch.delitem(sys.modules, _demo._MODULE, raising=False)
+    result = CliRunner().invoke(main, ["demo", "--url", f"redis://127.0.0.1:{free_port()}/0"])
+    assert result.exit_code == 1, result.output
+    assert f"{tmp_path / 'demo.py'} is missing" in result.output
+    assert "make demo" in result.output
