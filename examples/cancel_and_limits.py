@@ -9,7 +9,7 @@ import sys
 import time
 
 import streamwork as sw
-from streamwork._server import RedisServer
+from streamwork.testing import RedisServer
 
 
 class Calls(sw.StreamWorker):

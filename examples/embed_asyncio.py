@@ -7,7 +7,7 @@ import asyncio
 import sys
 
 import streamwork as sw
-from streamwork._server import RedisServer
+from streamwork.testing import RedisServer
 
 
 class Thumbnails(sw.StreamWorker):

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 import streamwork as sw
-from streamwork._server import RedisServer
+from streamwork.testing import RedisServer
 
 resource = Resource.create({"service.name": "billing"})
 tracer_provider = TracerProvider(resource=resource)

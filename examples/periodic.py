@@ -9,7 +9,7 @@ import sys
 from collections import Counter
 
 import streamwork as sw
-from streamwork._server import RedisServer
+from streamwork.testing import RedisServer
 
 
 class Reports(sw.StreamWorker):

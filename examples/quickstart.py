@@ -3,7 +3,7 @@
 import sys
 
 import streamwork as sw
-from streamwork._server import RedisServer
+from streamwork.testing import RedisServer
 
 
 class Emails(sw.StreamWorker):

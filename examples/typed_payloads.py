@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 
 import streamwork as sw
-from streamwork._server import RedisServer
+from streamwork.testing import RedisServer
 
 
 @dataclass
