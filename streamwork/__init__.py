@@ -31,6 +31,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from ._extensions import Codec
     from ._lock import (
         AsyncHeldLock,
         AsyncRedlock,
@@ -53,7 +54,7 @@ _LAZY = {
     "async_fenced_set": "_lock", "fenced_set": "_lock", "Message": "_message",
     "AsyncProducer": "_producer", "Producer": "_producer", "Health": "_worker",
     "StreamWorker": "_worker", "JobStatus": "_records",
-    "Cron": "_schedules", "Every": "_schedules",
+    "Cron": "_schedules", "Every": "_schedules", "Codec": "_extensions",
 }
 
 
@@ -81,6 +82,7 @@ __all__ = [
     "AsyncHeldLock",
     "AsyncProducer",
     "AsyncRedlock",
+    "Codec",
     "ConfigError",
     "Cron",
     "DeadLetter",

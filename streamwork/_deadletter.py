@@ -21,6 +21,7 @@ import redis
 
 from . import _scripts as scripts
 from ._codec import decode_body
+from ._extensions import to_json
 from ._keys import StreamKeys
 from .errors import DecodeError
 
@@ -46,9 +47,10 @@ class DeadLetterEntry:
     group: str = ""  #: the consumer group it died in (a replay goes back to it)
 
     def as_json(self) -> dict[str, Any]:
-        payload = self.payload
-        if isinstance(payload, bytes):
-            payload = payload.hex()
+        """The entry for JSON: the payload's ext values readable (Decimal and UUID as str,
+        date and datetime in ISO 8601, an ext type of a codec as ``{"ext", "hex"}``),
+        bytes as hex."""
+        payload = to_json(self.payload)
         return {
             "id": self.id, "reason": self.reason, "error_type": self.error_type,
             "detail": self.detail, "src_id": self.src_id, "attempts": self.attempts,
@@ -73,7 +75,7 @@ def _parse(entry_id: bytes, values: dict[bytes, bytes]) -> DeadLetterEntry:
     key: str | None = None
     payload: Any = None
     try:
-        env = decode_body(values.get(b"f.d"))
+        env = decode_body(values.get(b"f.d"), keep_ext=True)  # whatever codec wrote it
         key, payload = env.key, env.payload
     except DecodeError:
         pass
