@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
@@ -43,6 +44,10 @@ _NATIVE: Final = (dict, list, tuple, str, bytes, bytearray, memoryview, int, flo
                   type(None))
 _BUILT_IN: Final = (decimal.Decimal, uuid.UUID, dt.date)
 _NAMES: Final = {EXT_DECIMAL: "Decimal", EXT_UUID: "UUID", EXT_DATE: "date"}
+
+#: every class any Codec registered: a schedule's payload, checked before the worker's codec
+#: is known, may hold these
+_EVER_REGISTERED: Final[weakref.WeakSet[type]] = weakref.WeakSet()
 
 NAIVE_DATETIME: Final = (
     "a naive datetime (no tzinfo) cannot be sent, since the instant it means depends on "
@@ -143,6 +148,7 @@ class Codec:
                                        f"{self._by_code[code][0].__qualname__})")
         self._by_type[cls] = (code, encode)
         self._by_code[code] = (cls, decode)
+        _EVER_REGISTERED.add(cls)
         return self
 
     @property
@@ -195,6 +201,11 @@ def _user_ext(cls: type, code: int, encode: Callable[[Any], Any], obj: Any) -> m
 
 def _native_base(cls: type) -> str:
     return next(b.__name__ for b in cls.__mro__ if b in (*_NATIVE, bool))
+
+
+def registered_anywhere(cls: type) -> bool:
+    """Whether some `Codec` of this process registered ``cls`` (or a base of it)."""
+    return any(c in _EVER_REGISTERED for c in cls.__mro__)
 
 
 def check_codec(value: object) -> Codec | None:

@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import msgpack
 
-from ._extensions import Codec, Unencodable
+from ._extensions import Codec, Unencodable, encode_builtin
 from ._usercode import describe
 from .errors import ConfigError
 
@@ -144,15 +144,16 @@ class _Encoded(bytes):
 
 
 def _msgspec_plain(payload: Any, codec: Codec | None) -> Any:
-    """``msgspec.to_builtins`` of a struct or dataclass, keeping the wire's ext types."""
+    """``msgspec.to_builtins`` of a struct or dataclass, keeping the wire's ext types (and
+    ``codec``'s, which msgspec hands to ``enc_hook``, as it does subclasses of the kept
+    types)."""
     import msgspec
 
-    if codec is None:
-        return msgspec.to_builtins(payload, builtin_types=_KEPT)
+    encode = encode_builtin if codec is None else codec.encode
     found: list[int] = []
 
     def enc_hook(obj: Any) -> Any:
-        ext = codec.encode(obj)  # Unencodable / TypeError for a type it does not know
+        ext = encode(obj)  # Unencodable / TypeError for a type it does not know
         if not isinstance(ext, msgpack.ExtType):  # an aware datetime subclass: a Timestamp
             return ext.to_datetime()
         data = _Encoded(ext.data)

@@ -27,7 +27,7 @@ from typing import Any, Final
 import msgpack
 
 from ._codec import DEFAULT_MAX_PAYLOAD_BYTES, decode_fields, pack_body
-from ._extensions import USER_CODES, Codec, Unencodable, encode_builtin, packer
+from ._extensions import USER_CODES, Codec, encode_builtin, packer, registered_anywhere
 from ._payloads import to_plain
 from ._usercode import text
 from .errors import ConfigError, PayloadTooLarge
@@ -75,8 +75,8 @@ def _check_name(name: object) -> str:
 
 
 def _check_payload(payload: Any, name: str) -> None:
-    """Refuse a payload no worker could send; the types of a codec (the worker's, not known
-    yet) pass here and are checked by `check_schedules`."""
+    """Refuse a payload no worker could send; the types some codec registered (the
+    worker's is not known yet) pass here and are checked by `check_schedules`."""
     try:
         _PROBE.pack(to_plain(payload, _ANY_TYPE))
     except (TypeError, ValueError, OverflowError) as exc:
@@ -84,24 +84,22 @@ def _check_payload(payload: Any, name: str) -> None:
         raise ConfigError("schedules", f"the payload of schedule {name!r} cannot be encoded "
                                        f"as MessagePack ({shown}); give dicts, lists, str, "
                                        f"bytes, numbers, bools, None, Decimal, UUID, date, "
-                                       f"aware datetime, or types of the worker's codec"
+                                       f"aware datetime, or types of the worker's codec "
+                                       f"(registered before the schedule is made)"
                           ) from None
 
 
 class _AnyType(Codec):
-    """A codec taking every type as its own (any data): a schedule's payload is checked
-    before the worker's codec is known."""
+    """A codec taking as its own every type some codec registered (with any data): a
+    schedule's payload is checked before the worker's codec is known."""
 
     def handles(self, cls: type) -> bool:
-        return True
+        return registered_anywhere(cls)
 
     def encode(self, obj: Any) -> Any:
-        try:
-            return encode_builtin(obj)
-        except Unencodable:
-            raise
-        except TypeError:
+        if registered_anywhere(type(obj)):
             return msgpack.ExtType(USER_CODES[-1], b"")
+        return encode_builtin(obj)
 
 
 _ANY_TYPE: Final = _AnyType()
