@@ -705,7 +705,8 @@ class Producer(_Core):
         returned (None if it returned nothing, or the result was too large to keep:
         `status` says why). Raises `JobFailed` if the job is dead, `TimeoutError`
         if it is not finished within ``timeout`` seconds (None: wait for ever) and
-        `GroupNotFound` as `status` does. Looks
+        `GroupNotFound` as `status` does, and `DecodeError` (``result:invalid``) if the
+        producer's codec fails to decode the result. Looks
         at the record with a growing pause (5 ms up to 0.5 s), not in a busy loop."""
         if group is None:
             group = _only_group(stream, self._perform(self._plan_groups(stream)))

@@ -78,7 +78,7 @@ def _check_payload(payload: Any, name: str) -> None:
     """Refuse a payload no worker could send; the types some codec registered (the
     worker's is not known yet) pass here and are checked by `check_schedules`."""
     try:
-        _PROBE.pack(to_plain(payload, _ANY_TYPE))
+        packer(_ANY_TYPE).pack(to_plain(payload, _ANY_TYPE))  # a Packer per thread
     except (TypeError, ValueError, OverflowError) as exc:
         shown = str(exc).removeprefix("payload: ")
         raise ConfigError("schedules", f"the payload of schedule {name!r} cannot be encoded "
@@ -103,7 +103,6 @@ class _AnyType(Codec):
 
 
 _ANY_TYPE: Final = _AnyType()
-_PROBE: Final = packer(_ANY_TYPE)
 
 
 def tick_text(tick_ms: int) -> str:

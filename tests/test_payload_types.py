@@ -337,6 +337,26 @@ async def test_a_decoder_that_raises_dead_letters_payload_invalid(redis_url: str
             p.result(STREAM, "bad", timeout=10)
 
 
+async def test_a_result_the_producers_decoder_fails_on(redis_url: str,
+                                                       r: redis.Redis) -> None:
+    """A result the producer's codec cannot decode raises DecodeError result:invalid from
+    status() and result(), naming the decoder's error; a producer without the codec
+    still reads the record (the value kept as its ext type)."""
+    class Returns(WithCodec):
+        async def handle(self, msg: sw.Message[Any]) -> Any:
+            return {"refund": Money(Decimal("5"), "XXX")}
+
+    with sw.Producer.from_url(redis_url, codec=money_codec()) as p:
+        p.send(STREAM, {}, key="refund")
+        await run_until_idle(Returns.from_url(redis_url), r, timeout=30)
+        with pytest.raises(sw.DecodeError, match="no such currency") as info:
+            p.result(STREAM, "refund", timeout=10)
+        assert info.value.reason == "result:invalid"
+    with sw.Producer.from_url(redis_url) as plain:
+        assert plain.result(STREAM, "refund", timeout=10) == {
+            "refund": msgpack.ExtType(40, b"5 XXX")}
+
+
 async def test_malformed_builtin_ext_and_unknown_codes(redis_url: str,
                                                        r: redis.Redis) -> None:
     """From another language: a Decimal ext that is not a number is payload:invalid (with
@@ -510,9 +530,12 @@ _leaves = st.one_of(
     st.decimals(allow_nan=True, allow_infinity=True), st.uuids(), st.dates(),
     st.datetimes(timezones=_offsets), st.integers(-(2**63), 2**64 - 1), st.text(),
     st.binary(), st.none(), st.booleans(), st.floats(allow_nan=False))
-_payloads = st.recursive(_leaves, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=5), inner, max_size=4)),
-    max_leaves=12)
+def _nest(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.one_of(st.lists(inner, max_size=4),
+                     st.dictionaries(st.text(max_size=5), inner, max_size=4))
+
+
+_payloads = st.recursive(_leaves, _nest, max_leaves=12)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
