@@ -31,6 +31,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from ._extensions import Codec
     from ._function import worker
     from ._lock import (
         AsyncHeldLock,
@@ -55,6 +56,7 @@ _LAZY = {
     "AsyncProducer": "_producer", "Producer": "_producer", "Health": "_worker",
     "StreamWorker": "_worker", "JobStatus": "_records",
     "Cron": "_schedules", "Every": "_schedules", "worker": "_function",
+    "Codec": "_extensions",
 }
 
 
@@ -82,6 +84,7 @@ __all__ = [
     "AsyncHeldLock",
     "AsyncProducer",
     "AsyncRedlock",
+    "Codec",
     "ConfigError",
     "Cron",
     "DeadLetter",

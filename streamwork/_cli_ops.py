@@ -43,6 +43,7 @@ from ._cli_common import (
     partition_streams,
     url_option,
 )
+from ._extensions import to_json
 from ._partitions import partition_of
 from ._producer import Producer
 from ._records import CANCEL_EFFECTS
@@ -587,6 +588,7 @@ def job_command(stream: str, key: str, group: str | None, as_json: bool, url: st
             fields["partition"] = None if where is None else where[0]
             fields["partition_stream"] = None if where is None else where[1]
     if as_json:
+        fields["result"] = to_json(st.result)  # Decimal, datetime, ...: str, ISO 8601
         click.echo(json.dumps(fields, default=repr, ensure_ascii=False))
         return
     for name, value in fields.items():

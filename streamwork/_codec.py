@@ -10,8 +10,13 @@ Entry fields (byte strings):
 * ``a`` - optional ASCII integer: deliveries this job already used in earlier entries
   (written by retries, so attempts keep counting across re-enqueues).
 
+Payloads and results may hold MessagePack extension types: Decimal, UUID, date and aware
+datetimes built in, and a `Codec`'s own types (see ``_extensions``).
+
 Decoding is strict: anything else is a DecodeError whose ``reason`` is a stable code
-(``decode_error:...``, ``schema:...``, ``unknown_version``, ``payload_too_large``).
+(``decode_error:...``, ``schema:...``, ``unknown_version``, ``payload_too_large``), and an
+ext value whose data does not decode is ``payload:invalid`` (`InvalidExt`, which knows the
+job's key) when the rest of the body is sound, else ``schema:bad_ext``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any, Final, NamedTuple
 
 import msgpack
 
+from ._extensions import BadExt, Codec, Unencodable, decode_builtin, ext_hook, packer
 from .errors import ConfigError, DecodeError, PayloadTooLarge
 
 #: the body version this code writes. 2 came with the per-group job records (key layout 2):
@@ -34,7 +40,9 @@ BODY_FIELD: Final = b"d"  #: entry field holding the MessagePack body
 ATTEMPTS_FIELD: Final = b"a"  #: entry field with deliveries already used by earlier entries
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 1024 * 1024  #: bodies above this are refused (1 MiB)
 
-Payload = Any  #: anything MessagePack can encode: None, bool, int, float, str, bytes, list, dict
+#: anything MessagePack can encode (None, bool, int, float, str, bytes, list, dict), Decimal,
+#: UUID, date, aware datetime, and the types of the producer's `Codec`
+Payload = Any
 
 
 class Envelope(NamedTuple):
@@ -47,8 +55,14 @@ class Envelope(NamedTuple):
     limit_ms: int | None = None
 
 
-def _reject_ext(code: int, data: bytes) -> object:
-    raise DecodeError("schema:unsupported_ext", f"MessagePack ext type {code} is not supported")
+class InvalidExt(DecodeError):
+    """A body whose payload holds an ext value that does not decode (a codec's decoder
+    raised, or a built-in ext type's data is malformed), the rest of it sound:
+    ``payload:invalid``, with the job's ``key``."""
+
+    def __init__(self, detail: str, key: str) -> None:
+        super().__init__("payload:invalid", detail)
+        self.key = key
 
 
 def check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
@@ -82,11 +96,12 @@ def encode_body(
     enqueued_ms: int | None = None,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     limit_ms: int | None = None,
+    codec: Codec | None = None,
 ) -> bytes:
     """Encode one job body; raise before anything is sent if it is not valid."""
     return pack_body(key, payload, check_headers(headers),
                      int(time.time() * 1000) if enqueued_ms is None else enqueued_ms,
-                     max_payload_bytes, limit_ms)
+                     max_payload_bytes, limit_ms, codec)
 
 
 def time_limit_ms(timeout: float | None) -> int | None:
@@ -100,18 +115,21 @@ def time_limit_ms(timeout: float | None) -> int | None:
 
 
 def pack_body(key: str, payload: Payload, headers: dict[str, str], enqueued_ms: int,
-              max_payload_bytes: int, limit_ms: int | None = None) -> bytes:
+              max_payload_bytes: int, limit_ms: int | None = None,
+              codec: Codec | None = None) -> bytes:
     """``encode_body`` for headers already checked (a producer checks them once a batch)."""
     return pack_bodies([key], [payload], headers, enqueued_ms, max_payload_bytes,
-                       limit_ms)[0]
+                       limit_ms, codec)[0]
 
 
 def pack_bodies(keys: Sequence[str], payloads: Sequence[Payload], headers: dict[str, str],
                 enqueued_ms: int, max_payload_bytes: int,
-                limit_ms: int | None = None) -> list[bytes]:
+                limit_ms: int | None = None, codec: Codec | None = None) -> list[bytes]:
     """The bodies of many jobs sharing headers, time and limit (one send_many): one
-    Packer for all of them; raises for the first that is not valid, before any is sent."""
-    pack = msgpack.Packer(use_bin_type=True).pack
+    Packer for all of them; raises for the first that is not valid, before any is sent.
+    Ext types (built in, and ``codec``'s) cost nothing to payloads without them: the
+    packer asks for them only on values it cannot pack itself."""
+    pack = packer(codec).pack
     # the fields every body of the batch shares are packed once; each job adds its key
     # and payload (a map's order means nothing to a reader): 2 small packs per job
     shared: dict[str, Any] = {"v": FORMAT_VERSION, "t": enqueued_ms, "h": headers}
@@ -128,9 +146,12 @@ def pack_bodies(keys: Sequence[str], payloads: Sequence[Payload], headers: dict[
             data: bytes = head + pack(key) + b"\xa1p" + pack(payload)
         except (TypeError, ValueError, OverflowError) as exc:
             check_utf8("key", key)  # blame a key that is not UTF-8 on the key
+            if isinstance(exc, Unencodable):
+                raise ConfigError("payload", str(exc)) from exc  # says what to do itself
             raise ConfigError(
                 "payload", f"cannot be encoded as MessagePack ({exc}); send dicts, lists, "
-                "str, bytes, numbers, bools or None"
+                "str, bytes, numbers, bools, None, Decimal, UUID, date or aware datetime "
+                "values, or register the type with a streamwork.Codec"
             ) from exc
         if len(data) > max_payload_bytes:
             raise PayloadTooLarge(len(data), max_payload_bytes)
@@ -142,12 +163,16 @@ def pack_bodies(keys: Sequence[str], payloads: Sequence[Payload], headers: dict[
 Fields = tuple[str, int, dict[str, str], Payload, int | None]
 
 
-def decode_body(data: bytes | None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> Envelope:
-    """Decode and validate a body; raise DecodeError with a stable reason code."""
-    return Envelope(*decode_fields(data, max_payload_bytes))
+def decode_body(data: bytes | None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+                codec: Codec | None = None, *, keep_ext: bool = False) -> Envelope:
+    """Decode and validate a body; raise DecodeError with a stable reason code.
+    ``keep_ext``: an ext type neither built in nor ``codec``'s (or one that does not
+    decode) stays a `msgpack.ExtType` instead of failing: for tools that show payloads."""
+    return Envelope(*decode_fields(data, max_payload_bytes, codec, keep_ext=keep_ext))
 
 
-def decode_fields(data: bytes | None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> Fields:
+def decode_fields(data: bytes | None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+                  codec: Codec | None = None, *, keep_ext: bool = False) -> Fields:
     """``decode_body`` as a plain tuple (key, enqueued_ms, headers, payload, limit_ms)."""
     if data is None:
         raise DecodeError("schema:no_data_field", "the entry has no 'd' field")
@@ -158,9 +183,16 @@ def decode_fields(data: bytes | None, max_payload_bytes: int = DEFAULT_MAX_PAYLO
     if not data:
         raise DecodeError("decode_error:incomplete", "the 'd' field is empty")
     try:
-        body = _unpackb(data, strict_map_key=False, ext_hook=_reject_ext)  # str, lists
+        body = _unpackb(data, strict_map_key=False, timestamp=3,  # str, lists, datetimes
+                        ext_hook=(decode_builtin if codec is None and not keep_ext
+                                  else ext_hook(codec, keep=keep_ext, keep_bad=keep_ext)))
     except DecodeError:
         raise
+    except BadExt as exc:
+        raise _bad_ext(data, str(exc)) from None
+    except OverflowError as exc:  # a timestamp past what a datetime holds
+        raise _bad_ext(data, f"a MessagePack timestamp (ext type -1) is out of datetime's "
+                             f"range ({exc})") from None
     except msgpack.ExtraData:
         raise DecodeError("decode_error:extra_data", "trailing bytes after the body") from None
     except msgpack.StackError:
@@ -180,6 +212,21 @@ def decode_fields(data: bytes | None, max_payload_bytes: int = DEFAULT_MAX_PAYLO
 
 _FIELDS: Final = frozenset({"v", "k", "t", "h", "p", "l"})
 _unpackb: Final = msgpack.unpackb
+
+
+def _keep(code: int, data: bytes) -> msgpack.ExtType:
+    return msgpack.ExtType(code, bytes(data))
+
+
+def _bad_ext(data: bytes, detail: str) -> DecodeError:
+    """The error of a body holding an ext value that does not decode: ``payload:invalid``
+    with the job's key when the rest of the body is a sound envelope (the job can be
+    named and failed), else ``schema:bad_ext``."""
+    try:
+        key = _validate(_unpackb(data, strict_map_key=False, ext_hook=_keep))[0]
+    except Exception:
+        return DecodeError("schema:bad_ext", detail)
+    return InvalidExt(detail, key)
 
 
 def _validate(body: object) -> Fields:

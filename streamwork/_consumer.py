@@ -39,10 +39,11 @@ from . import _reclaim as reclaim
 from . import _scripts as scripts
 from . import _telemetry as telemetry
 from . import _upkeep as upkeep
-from ._codec import ATTEMPTS_FIELD, BODY_FIELD, decode_fields, parse_attempts
+from ._codec import ATTEMPTS_FIELD, BODY_FIELD, InvalidExt, decode_fields, parse_attempts
 from ._config import WorkerConfig, parse_rate
 from ._connection import reconnect_delay
 from ._delivery import MAIN, RETRY, Delivery, Entry, Failure, RunQueue, State, ref
+from ._extensions import Codec
 from ._faults import Fault, classify
 from ._keys import GroupKeys, StreamKeys
 from ._leases import Claim
@@ -93,7 +94,8 @@ class Consumer:
                  client: Any = None, slots: asyncio.Semaphore | None = None,
                  convert: Callable[[Any], Any] | None = None,
                  key_of: Callable[[Message], str] | None = None,
-                 limit_keys: GroupKeys | None = None, link: Link | None = None) -> None:
+                 limit_keys: GroupKeys | None = None, link: Link | None = None,
+                 codec: Codec | None = None) -> None:
         self.handle = handle
         self.cfg = cfg
         self.name = name
@@ -106,6 +108,7 @@ class Consumer:
         self.redis: Any = connection.async_client(url) if client is None else client
         self.slots = slots
         self.convert = convert  # the worker's payload_type, as a converter
+        self.codec = codec  # the worker's own ext types (payloads read, results written)
         # ordered mode: each order key's deliveries, in admission order; the head alone
         # may run, and those in ``gated`` are leased and wait only for their turn
         self.gate: dict[str, deque[Delivery]] = {}
@@ -130,7 +133,7 @@ class Consumer:
         # entries whose outcome waits without a Delivery: ref -> (entry id, src)
         self.loose: dict[bytes, tuple[bytes, int]] = {}
         self.waiting: dict[bytes, Delivery] = {}  # need a lease before they can run
-        self.outcomes = Outcomes(self)
+        self.outcomes = Outcomes(self, codec)
         self.cache: KeyCache | None = None
         if cfg.dedup:
             self.cache = (local_cache(None, cfg.local_cache_size, cfg.local_cache_ttl)
@@ -445,6 +448,7 @@ class Consumer:
         delivery count (None: all first deliveries)."""
         cfg = self.cfg
         inflight, loose, cache, convert = self.inflight, self.loose, self.cache, self.convert
+        codec = self.codec
         max_payload, max_deliveries = cfg.max_payload_bytes, cfg.max_deliveries
         stream, group, consumer, timeout = cfg.stream, cfg.group, self.name, cfg.timeout
         retry = src != MAIN
@@ -468,7 +472,15 @@ class Consumer:
                 found = dict(zip(values[::2], values[1::2], strict=False))
                 body, used = found.get(BODY_FIELD), found.get(ATTEMPTS_FIELD)
             try:
-                job_key, enqueued_ms, headers, payload, limit_ms = decode_fields(body, max_payload)
+                job_key, enqueued_ms, headers, payload, limit_ms = decode_fields(
+                    body, max_payload, codec)
+            except InvalidExt as exc:  # an ext value (a codec's type) did not decode
+                assert body is not None
+                self._dead_on_arrival(entry_id, src, parse_attempts(used) + count,
+                                      "payload:invalid", "InvalidPayload", exc.detail,
+                                      exc.key, body)
+                self.count("invalid_payload", 1)
+                continue
             except DecodeError as exc:  # logged once dead-lettered (see Outcomes)
                 self._dead_on_arrival(entry_id, src, count, exc.reason, "DecodeError",
                                       exc.detail)

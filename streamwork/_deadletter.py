@@ -23,6 +23,7 @@ import redis
 
 from . import _scripts as scripts
 from ._codec import decode_body
+from ._extensions import to_json
 from ._keys import StreamKeys
 from .errors import DecodeError
 
@@ -49,8 +50,10 @@ class DeadLetterEntry:
 
     def as_json(self) -> dict[str, Any]:
         """The dead letter as JSON values, losslessly: ``payload`` as `json_value` gives
-        it (None when the body does not decode), ``original`` each entry field's bytes as
-        `json_bytes` gives them (a field name that is not UTF-8: ``base64:<its bytes>``)."""
+        it (None when the body does not decode; Decimal and UUID as str, date and datetime
+        in ISO 8601, an ext type of a codec as ``{"ext", "hex"}``), ``original`` each entry
+        field's bytes as `json_bytes` gives them (a field name that is not UTF-8:
+        ``base64:<its bytes>``)."""
         return {
             "id": self.id, "reason": self.reason, "error_type": self.error_type,
             "detail": self.detail, "src_id": self.src_id, "attempts": self.attempts,
@@ -89,7 +92,9 @@ def json_value(value: Any) -> Any:
         return {"map": [[json_value(k), json_value(v)] for k, v in value.items()]}
     if isinstance(value, (list, tuple)):
         return [json_value(v) for v in value]
-    return value
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return to_json(value)  # the ext types: Decimal, UUID, date, datetime, a codec's
 
 
 def _json_name(name: str) -> str:
@@ -117,7 +122,7 @@ def _parse(entry_id: bytes, values: dict[bytes, bytes]) -> DeadLetterEntry:
     key: str | None = None
     payload: Any = None
     try:
-        env = decode_body(values.get(b"f.d"))
+        env = decode_body(values.get(b"f.d"), keep_ext=True)  # whatever codec wrote it
         key, payload = env.key, env.payload
     except DecodeError:
         pass

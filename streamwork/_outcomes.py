@@ -14,11 +14,10 @@ import enum
 import logging
 from typing import Any, Final
 
-import msgpack
-
 from . import _scripts as scripts
 from . import _telemetry as telemetry
 from ._delivery import Delivery, Failure, Holder, State, ref
+from ._extensions import Codec, packer
 from ._logs import WORKER_LOGGER, cap, error_message, fields, seconds
 from ._records import done_record, record_error
 from ._start import CANCELLED_QUEUED
@@ -57,13 +56,13 @@ class Failed(enum.IntEnum):
 class Outcomes:
     """The outcome buffers of one consumer and the step that flushes them."""
 
-    def __init__(self, host: Holder) -> None:
+    def __init__(self, host: Holder, codec: Codec | None = None) -> None:
         self.host = host
         self.acks: list[tuple[bytes, int]] = []  # duplicates the local cache knows are done
         self.done: list[Delivery] = []
         self.failed: list[Failure] = []
         self.needed = asyncio.Event()
-        self._pack = msgpack.Packer(use_bin_type=True).pack  # the flusher's, for records
+        self._pack = packer(codec).pack  # the flusher's, for records (results: codec's types)
         #: held deliveries whose outcome is decided (state FINISHING), written or not yet;
         #: the reader does not count them as work to come (it reads while acks are sent)
         self.finishing = 0

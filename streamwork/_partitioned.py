@@ -32,6 +32,7 @@ from . import _connection as connection
 from . import _scripts as scripts
 from ._config import WorkerConfig
 from ._consumer import Consumer
+from ._extensions import Codec
 from ._faults import Fault, classify
 from ._keys import StreamKeys
 from ._logs import WORKER_LOGGER, fields
@@ -79,8 +80,10 @@ class Partitioned:
     def __init__(self, handle: Handler, cfg: WorkerConfig, url: str, name: str,
                  worker_name: str, cache: KeyCache | None,
                  convert: Callable[[Any], Any] | None = None,
-                 key_of: Callable[[Any], str] | None = None) -> None:
+                 key_of: Callable[[Any], str] | None = None,
+                 codec: Codec | None = None) -> None:
         self.handle = handle
+        self.codec = codec
         self.convert = convert
         self.key_of = key_of
         self.cfg = cfg
@@ -183,7 +186,7 @@ class Partitioned:
                               "only_partitions": None})
         consumer = Consumer(self.handle, cfg, self.url, self.name, self.worker_name,
                             cache=self.cache, client=self.redis, slots=self.slots,
-                            convert=self.convert, key_of=self.key_of,
+                            convert=self.convert, key_of=self.key_of, codec=self.codec,
                             limit_keys=self.base,  # limits span the partitions
                             link=self.link)
         stop = asyncio.Event()

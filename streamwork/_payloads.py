@@ -8,16 +8,25 @@ is installed, else pydantic's ``TypeAdapter`` when pydantic is, else the datacla
 constructor (which checks field names, not their types). A payload that does not validate
 raises `InvalidPayload`, which the worker turns into a dead letter ``payload:invalid``;
 so does any other error validation raises (a user's validator or ``__post_init__``).
+
+Fields of the wire format's ext types (Decimal, UUID, date, aware datetime) and of a
+`Codec`'s types are sent as those types, not as strings, so any reader gets them back.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+import decimal
 import functools
 import importlib.util
+import uuid
 from collections.abc import Callable
 from typing import Any, Final
 
+import msgpack
+
+from ._extensions import Codec, Unencodable, encode_builtin
 from ._usercode import describe
 from .errors import ConfigError
 
@@ -25,6 +34,10 @@ from .errors import ConfigError
 _SHAPE_ERRORS: Final = (TypeError, ValueError, KeyError, AttributeError)
 #: payload types sent as they are (no conversion looked for)
 PLAIN: Final = frozenset({dict, list, str, int, float, bool, bytes, type(None), tuple})
+#: what a typed payload's fields keep as they are: the wire format carries them
+_KEPT: Final = (bytes, bytearray, decimal.Decimal, dt.datetime, dt.date, uuid.UUID)
+#: scalars a pydantic dump needs no JSON conversion for
+_SCALARS: Final = (str, int, float, bool, type(None), bytes, bytearray, *_KEPT)
 
 
 class InvalidPayload(Exception):
@@ -93,25 +106,100 @@ def converter(payload_type: object) -> Callable[[Any], Any]:
     return checked
 
 
-def to_plain(payload: Any) -> Any:
-    """``payload`` as plain MessagePack values: a dataclass, msgspec.Struct or pydantic model
-    instance becomes a map; anything else is returned as it is."""
+def to_plain(payload: Any, codec: Codec | None = None) -> Any:
+    """``payload`` as values the wire format carries: a dataclass, msgspec.Struct or
+    pydantic model instance becomes a map (its Decimal, UUID, date and datetime fields,
+    and ``codec``'s types, kept as they are); anything else is returned as it is."""
     if type(payload) in PLAIN:
         return payload
+    try:
+        return _typed_plain(payload, codec)
+    except Unencodable as exc:  # says what to do itself (a naive datetime, a codec's error)
+        raise ConfigError("payload", str(exc)) from exc
+    except (TypeError, ValueError) as exc:  # a field of a type nothing here can send
+        raise ConfigError("payload", (
+            f"a {type(payload).__name__} cannot be sent: {describe(exc)}; its fields may hold "
+            "what MessagePack carries, Decimal, UUID, date, aware datetime, or a type "
+            "registered with a streamwork.Codec")) from exc
+
+
+def _typed_plain(payload: Any, codec: Codec | None) -> Any:
     if dataclasses.is_dataclass(payload) and not isinstance(payload, type):
         if _have("msgspec"):
-            import msgspec
-
-            return msgspec.to_builtins(payload, builtin_types=(bytes, bytearray))
+            return _msgspec_plain(payload, codec)
         return dataclasses.asdict(payload)
     if hasattr(type(payload), "__struct_fields__"):
-        import msgspec
-
-        return msgspec.to_builtins(payload, builtin_types=(bytes, bytearray))
+        return _msgspec_plain(payload, codec)
     dump = getattr(payload, "model_dump", None)
     if callable(dump) and not isinstance(payload, type):
-        return dump(mode="json")
+        return _jsonable(dump(mode="python"), codec)
     return payload
+
+
+class _Encoded(bytes):
+    """A codec type's ext data, carried through ``msgspec.to_builtins`` in a memoryview
+    (a type it passes through) and turned into a `msgpack.ExtType` after."""
+
+    code: int
+
+
+def _msgspec_plain(payload: Any, codec: Codec | None) -> Any:
+    """``msgspec.to_builtins`` of a struct or dataclass, keeping the wire's ext types (and
+    ``codec``'s, which msgspec hands to ``enc_hook``, as it does subclasses of the kept
+    types)."""
+    import msgspec
+
+    encode = encode_builtin if codec is None else codec.encode
+    found: list[int] = []
+
+    def enc_hook(obj: Any) -> Any:
+        ext = encode(obj)  # Unencodable / TypeError for a type it does not know
+        if not isinstance(ext, msgpack.ExtType):  # an aware datetime subclass: a Timestamp
+            return ext.to_datetime()
+        data = _Encoded(ext.data)
+        data.code = ext.code
+        found.append(1)
+        return memoryview(data)
+
+    plain = msgspec.to_builtins(payload, builtin_types=(*_KEPT, memoryview),
+                                enc_hook=enc_hook)
+    return _with_ext(plain) if found else plain
+
+
+def _with_ext(value: Any) -> Any:
+    """``value`` with the memoryviews over `_Encoded` data made ext values again."""
+    t = type(value)
+    if t is dict:
+        return {_with_ext(k): _with_ext(v) for k, v in value.items()}
+    if t is list or t is tuple:
+        return [_with_ext(v) for v in value]
+    if t is memoryview and isinstance(value.obj, _Encoded):
+        return msgpack.ExtType(value.obj.code, bytes(value.obj))
+    return value
+
+
+def _jsonable(value: Any, codec: Codec | None) -> Any:
+    """A pydantic ``model_dump(mode="python")`` with the values the wire format does not
+    carry (enums, sets, paths, ...) as ``mode="json"`` would give them: the ext types and
+    ``codec``'s types are kept."""
+    if isinstance(value, _SCALARS):
+        if isinstance(value, (str, int)) and type(value) not in (str, int, bool):
+            return _json_leaf(value)  # a str or int enum member: its value
+        return value
+    t = type(value)
+    if t is dict:
+        return {_jsonable(k, codec): _jsonable(v, codec) for k, v in value.items()}
+    if t is list or t is tuple:
+        return [_jsonable(v, codec) for v in value]
+    if codec is not None and codec.handles(t):
+        return value
+    return _json_leaf(value)
+
+
+def _json_leaf(value: Any) -> Any:
+    from pydantic_core import to_jsonable_python
+
+    return to_jsonable_python(value)
 
 
 @functools.cache

@@ -38,6 +38,7 @@ from ._codec import (
     pack_body,
     time_limit_ms,
 )
+from ._extensions import Codec, check_codec
 from ._faults import is_transient
 from ._keys import StreamKeys
 from ._partitions import (
@@ -94,10 +95,11 @@ def new_key() -> str:
 
 
 def _prepare(payload: Payload, key: str | None, hdrs: dict[str, str], limit: int,
-             now_ms: int | None = None, limit_ms: int | None = None) -> _Job:
+             now_ms: int | None = None, limit_ms: int | None = None,
+             codec: Codec | None = None) -> _Job:
     job_key = new_key() if key is None else key
     enqueued = int(time.time() * 1000) if now_ms is None else now_ms
-    return _Job(job_key, pack_body(job_key, payload, hdrs, enqueued, limit, limit_ms))
+    return _Job(job_key, pack_body(job_key, payload, hdrs, enqueued, limit, limit_ms, codec))
 
 
 def _due(delay: float | None, at: dt.datetime | None) -> tuple[str, str] | None:
@@ -227,8 +229,12 @@ class _Core:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
         partitions: int | Mapping[str, int] = 1,
+        codec: Codec | None = None,
     ) -> None:
         _check_options(max_payload_bytes, retry_timeout)
+        #: the producer's own ext types (payloads it sends, results it reads); None: the
+        #: built-in ones only (Decimal, UUID, date, aware datetime)
+        self.codec = check_codec(codec)
         self._redis = client
         self.url = url
         self.max_payload_bytes = max_payload_bytes
@@ -286,8 +292,8 @@ class _Core:
         if order_key is not None and check_order_key(order_key) != job_key:
             hdrs[ORDER_KEY_HEADER] = order_key
         target = self._target(stream, job_key, order_key)
-        job = _prepare(to_plain(payload), job_key, hdrs, self.max_payload_bytes,
-                       limit_ms=time_limit_ms(timeout))
+        job = _prepare(to_plain(payload, self.codec), job_key, hdrs, self.max_payload_bytes,
+                       limit_ms=time_limit_ms(timeout), codec=self.codec)
         what = f"send to {stream!r}"
         if due is not None:
             return _Op(what, target, 1, call=scripts.schedule(_keys(target), *due,
@@ -309,14 +315,14 @@ class _Core:
         job_keys = [new_key() if k is None else k for k in _check_keys(payloads, keys)]
         orders = _check_order_keys(order_keys, job_keys)
         if not all(type(p) in PLAIN for p in payloads):  # instances of typed payloads
-            payloads = [to_plain(p) for p in payloads]
+            payloads = [to_plain(p, self.codec) for p in payloads]
         count = self.partitions_of(stream)
         if orders is None:
             bodies = pack_bodies(job_keys, payloads, hdrs, now_ms, self.max_payload_bytes,
-                                 limit_ms)
+                                 limit_ms, self.codec)
         else:  # a job whose order key is not its key carries it in a header
             bodies = [pack_bodies([k], [p], hdrs if o == k else {**hdrs, ORDER_KEY_HEADER: o},
-                                  now_ms, self.max_payload_bytes, limit_ms)[0]
+                                  now_ms, self.max_payload_bytes, limit_ms, self.codec)[0]
                       for k, p, o in zip(job_keys, payloads, orders, strict=True)]
         what = f"send_many to {stream!r}"
         if count == 1:
@@ -571,7 +577,9 @@ class Producer(_Core):
 
     @classmethod
     def from_url(cls, url: str | None = None, **options: Any) -> Producer:
-        """A producer for ``url`` (default ``$REDIS_URL``, else redis://127.0.0.1:6379/0)."""
+        """A producer for ``url`` (default ``$REDIS_URL``, else redis://127.0.0.1:6379/0);
+        ``options``: ``max_payload_bytes``, ``retry_timeout``, ``partitions`` and ``codec``
+        (a `Codec`: your own types in the payloads it sends and the results it reads)."""
         resolved = connection.resolve_url(url)
         return cls(connection.sync_client(resolved), url=resolved, **options)
 
@@ -664,7 +672,7 @@ class Producer(_Core):
                 break
         if not raw and named is not None:
             self._check_group(stream, named)
-        return records.parse(stream, group, key, raw)
+        return records.parse(stream, group, key, raw, self.codec)
 
     def cancel(self, stream: str, key: str, *, group: str | None = None, reason: str = "",
                order_key: str | None = None, ttl: float = CANCEL_TTL) -> str:
@@ -697,7 +705,8 @@ class Producer(_Core):
         returned (None if it returned nothing, or the result was too large to keep:
         `status` says why). Raises `JobFailed` if the job is dead, `TimeoutError`
         if it is not finished within ``timeout`` seconds (None: wait for ever) and
-        `GroupNotFound` as `status` does. Looks
+        `GroupNotFound` as `status` does, and `DecodeError` (``result:invalid``) if the
+        producer's codec fails to decode the result. Looks
         at the record with a growing pause (5 ms up to 0.5 s), not in a busy loop."""
         if group is None:
             group = _only_group(stream, self._perform(self._plan_groups(stream)))
@@ -841,7 +850,7 @@ class AsyncProducer(_Core):
                 break
         if not raw and named is not None:
             await self._check_group(stream, named)
-        return records.parse(stream, group, key, raw)
+        return records.parse(stream, group, key, raw, self.codec)
 
     async def cancel(self, stream: str, key: str, *, group: str | None = None,
                      reason: str = "", order_key: str | None = None,

@@ -31,7 +31,9 @@ from typing import Any, Final
 
 import msgpack
 
+from ._extensions import BadExt, Codec, ext_hook, packer
 from ._usercode import describe
+from .errors import DecodeError
 
 DEFAULT_MAX_RESULT_BYTES: Final = 64 * 1024  #: results larger than this are not kept
 RECORD_ERROR_LIMIT: Final = 400  #: characters of a failure a job record keeps (`record_error`)
@@ -99,10 +101,10 @@ def done_record(token: int | None, attempts: int, result: Any, max_bytes: int,
                 pack: Callable[[Any], bytes] | None = None) -> bytes:
     """The done record of a job whose handler returned ``result`` (capped at ``max_bytes``
     of MessagePack; over it, or not encodable, the job still completes without it).
-    ``pack``: a reused ``msgpack.Packer(use_bin_type=True).pack`` (one thread only), which
-    saves building a Packer per job."""
+    ``pack``: a reused ``_extensions.packer(codec).pack`` (one thread only), which saves
+    building a Packer per job and carries the worker's ext types."""
     if pack is None:
-        pack = msgpack.Packer(use_bin_type=True).pack
+        pack = packer().pack
     note = ""
     packed = _NIL
     if result is not None:
@@ -151,14 +153,24 @@ def _cut_line(lines: int) -> str:
     return f"{CUT} ({lines} line{'s' if lines != 1 else ''} cut)"
 
 
-def parse(stream: str, group: str, key: str, raw: bytes | None) -> JobStatus:
-    """The status a job record says (None: unknown)."""
+def parse(stream: str, group: str, key: str, raw: bytes | None,
+          codec: Codec | None = None) -> JobStatus:
+    """The status a job record says (None: unknown). A result's ext types are decoded by
+    ``codec`` and the built-in hooks; one of a code neither knows stays a `msgpack.ExtType`
+    (so a tool without the codec still shows the record), and one whose decoder fails
+    raises DecodeError ``result:invalid``."""
     if not raw:
         return JobStatus(stream, group, key, "unknown")
     state, rest = raw[:1].decode("latin-1"), raw[1:]
     if state in ("R", "H"):
         return _leased(stream, group, key, state, rest.decode("utf-8", "replace"))
-    fields = msgpack.unpackb(rest, raw=False, strict_map_key=False, unicode_errors="replace")
+    try:
+        fields = msgpack.unpackb(rest, raw=False, strict_map_key=False,
+                                 unicode_errors="replace", timestamp=3,
+                                 ext_hook=ext_hook(codec, keep=True))
+    except (BadExt, DecodeError, OverflowError) as exc:
+        raise DecodeError("result:invalid", f"the result of job {key!r} (group {group!r}) "
+                                            f"does not decode: {describe(exc)}") from exc
     if state == "D":
         token, attempts, updated, result, note = fields
         return JobStatus(stream, group, key, "done", attempts=int(attempts), result=result,

@@ -34,6 +34,7 @@ from . import _connection as connection
 from . import _scripts as scripts
 from ._codec import pack_body
 from ._config import WorkerConfig
+from ._extensions import Codec
 from ._keys import StreamKeys
 from ._logs import WORKER_LOGGER, fields
 from ._message import ORDER_KEY_HEADER
@@ -71,8 +72,9 @@ class Scheduler:
     """Enqueues the ticks of a worker's schedules until stopped."""
 
     def __init__(self, schedules: Sequence[Schedule], cfg: WorkerConfig, url: str,
-                 consumer: str, link: Link | None = None) -> None:
+                 consumer: str, link: Link | None = None, codec: Codec | None = None) -> None:
         self.cfg = cfg
+        self.codec = codec  # the worker's: its own types in schedule payloads
         self.link = link  # the worker's: an outage is reported once, not per client
         self.consumer = consumer
         self.redis: Any = connection.async_client(url)
@@ -198,7 +200,7 @@ class Scheduler:
         """tick.lua calls for ``chosen``: each with its ticks' bodies and the tick it
         decides up to (the last call: ``upto``, the latest tick looked at)."""
         s = st.schedule
-        payload = to_plain(s.payload)
+        payload = to_plain(s.payload, self.codec)
         sent = int(time.time() * 1000)
         calls: list[tuple[int, list[tuple[int, bytes]]]] = []
         chunk: list[tuple[int, bytes]] = []
@@ -206,7 +208,7 @@ class Scheduler:
         for tick in chosen:
             headers = {SCHEDULE_HEADER: s.name, TICK_HEADER: str(tick), ORDER_KEY_HEADER: s.name}
             body = pack_body(tick_key(s.name, tick), payload, headers, sent,
-                             self.cfg.max_payload_bytes)
+                             self.cfg.max_payload_bytes, codec=self.codec)
             if chunk and (len(chunk) >= CHUNK_TICKS or size + len(body) > CHUNK_BYTES):
                 calls.append((chunk[-1][0], chunk))
                 chunk, size = [], 0
@@ -239,14 +241,16 @@ async def _nothing() -> None:
 
 async def with_schedules(main: Awaitable[None], schedules: Sequence[Schedule],
                          cfg: WorkerConfig, url: str, consumer: str,
-                         stop: asyncio.Event, link: Link | None = None) -> None:
+                         stop: asyncio.Event, link: Link | None = None,
+                         codec: Codec | None = None) -> None:
     """Await ``main`` (the worker's consumer) with a `Scheduler` beside it when there are
     ``schedules``: either one failing stops both (through ``stop``), and the scheduler's
     error is raised when the consumer had none."""
     if not schedules:
         await main
         return
-    task = asyncio.ensure_future(Scheduler(schedules, cfg, url, consumer, link).run(stop))
+    task = asyncio.ensure_future(Scheduler(schedules, cfg, url, consumer, link,
+                                           codec).run(stop))
     try:
         await main
     except BaseException:

@@ -27,6 +27,7 @@ from typing import Any, Final
 import msgpack
 
 from ._codec import DEFAULT_MAX_PAYLOAD_BYTES, decode_fields, pack_body
+from ._extensions import USER_CODES, Codec, encode_builtin, packer, registered_anywhere
 from ._payloads import to_plain
 from ._usercode import text
 from .errors import ConfigError, PayloadTooLarge
@@ -74,12 +75,34 @@ def _check_name(name: object) -> str:
 
 
 def _check_payload(payload: Any, name: str) -> None:
+    """Refuse a payload no worker could send; the types some codec registered (the
+    worker's is not known yet) pass here and are checked by `check_schedules`."""
     try:
-        msgpack.packb(to_plain(payload), use_bin_type=True)
+        packer(_ANY_TYPE).pack(to_plain(payload, _ANY_TYPE))  # a Packer per thread
     except (TypeError, ValueError, OverflowError) as exc:
+        shown = str(exc).removeprefix("payload: ")
         raise ConfigError("schedules", f"the payload of schedule {name!r} cannot be encoded "
-                                       f"as MessagePack ({exc}); give dicts, lists, str, "
-                                       f"bytes, numbers, bools or None") from None
+                                       f"as MessagePack ({shown}); give dicts, lists, str, "
+                                       f"bytes, numbers, bools, None, Decimal, UUID, date, "
+                                       f"aware datetime, or types of the worker's codec "
+                                       f"(registered before the schedule is made)"
+                          ) from None
+
+
+class _AnyType(Codec):
+    """A codec taking as its own every type some codec registered (with any data): a
+    schedule's payload is checked before the worker's codec is known."""
+
+    def handles(self, cls: type) -> bool:
+        return registered_anywhere(cls)
+
+    def encode(self, obj: Any) -> Any:
+        if registered_anywhere(type(obj)):
+            return msgpack.ExtType(USER_CODES[-1], b"")
+        return encode_builtin(obj)
+
+
+_ANY_TYPE: Final = _AnyType()
 
 
 def tick_text(tick_ms: int) -> str:
@@ -255,11 +278,12 @@ def _zone(tz: object) -> dt.tzinfo:
 
 
 def check_schedules(value: object, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-                    convert: Callable[[Any], Any] | None = None) -> tuple[Schedule, ...]:
+                    convert: Callable[[Any], Any] | None = None,
+                    codec: Codec | None = None) -> tuple[Schedule, ...]:
     """A worker's ``schedules``: a list of `Every`/`Cron` with distinct names, each of
-    whose jobs fits ``max_payload_bytes`` and, given the worker's payload converter
-    ``convert``, carries a payload that validates (else every tick would be
-    dead-lettered as ``payload:invalid``)."""
+    whose jobs the worker's ``codec`` encodes within ``max_payload_bytes`` and, given the
+    worker's payload converter ``convert``, carries a payload that validates (else every
+    tick would be dead-lettered as ``payload:invalid``)."""
     if value is None:
         return ()
     if isinstance(value, (str, bytes, Every, Cron)) or not isinstance(value, Sequence):
@@ -276,13 +300,16 @@ def check_schedules(value: object, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_
                                            f"every tick's job key)")
         seen.add(item.name)
         try:
-            body = pack_body(tick_key(item.name, 0), to_plain(item.payload), {}, 0,
-                             max_payload_bytes)
+            body = pack_body(tick_key(item.name, 0), to_plain(item.payload, codec), {}, 0,
+                             max_payload_bytes, codec=codec)
         except PayloadTooLarge as exc:
             raise ConfigError("schedules", f"the payload of schedule {item.name!r} is too "
                                            f"large: {exc}") from None
+        except ConfigError as exc:  # a type the worker's codec does not know
+            raise ConfigError("schedules", f"the payload of schedule {item.name!r} cannot "
+                                           f"be sent: {exc}") from None
         if convert is not None:
-            _check_typed(item, decode_fields(body, max_payload_bytes)[3], convert)
+            _check_typed(item, decode_fields(body, max_payload_bytes, codec)[3], convert)
     return tuple(value)
 
 

@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 from . import _connection as connection
 from ._config import WorkerConfig, WorkerOptions, check_attributes
 from ._consumer import Consumer, consumer_name
+from ._extensions import check_codec
 from ._keys import check_name
 from ._logs import WORKER_LOGGER, fields
 from ._message import Message, P
@@ -36,7 +37,7 @@ __all__ = ["Health", "StreamWorker"]
 W = TypeVar("W", bound="StreamWorker")
 
 #: options a worker takes as class attributes besides WorkerOptions' (Python only)
-_CLASS_OPTIONS = ("local_cache", "payload_type", "concurrency_key", "schedules")
+_CLASS_OPTIONS = ("local_cache", "payload_type", "concurrency_key", "schedules", "codec")
 log = logging.getLogger(WORKER_LOGGER)
 
 
@@ -88,6 +89,12 @@ class StreamWorker(WorkerOptions, Generic[P]):
     #: ``catch_up``). Python only (attribute or ``from_url(schedules=[...])``).
     schedules: Any = ()
 
+    #: your own types in payloads and results: a ``sw.Codec`` registering each with a
+    #: MessagePack ext code and its encoder and decoder (give producers the same one). A
+    #: payload its decoder fails on is dead-lettered (``payload:invalid``). Decimal, UUID,
+    #: date and aware datetime need none. Python only (attribute or ``from_url(codec=...)``).
+    codec: Any = None
+
     def __init__(self, url: str | None = None, *, consumer: str | None = None,
                  **options: Any) -> None:
         check_attributes(type(self), StreamWorker, _CLASS_OPTIONS)  # misspelt options
@@ -96,11 +103,12 @@ class StreamWorker(WorkerOptions, Generic[P]):
         self.payload_type = options.pop("payload_type", type(self).payload_type)
         self._convert = None if self.payload_type is None else converter(self.payload_type)
         self._key_of = _key_function(self, options.pop("concurrency_key", None))
+        self.codec = check_codec(options.pop("codec", type(self).codec))
         schedules = options.pop("schedules", type(self).schedules)
         self.config = WorkerConfig.build(type(self), options)
         _check_handle(type(self))
         self.schedules = check_schedules(schedules, self.config.max_payload_bytes,
-                                         self._convert)
+                                         self._convert, self.codec)
         self.local_cache = cache_option
         cache = local_cache(cache_option, self.config.local_cache_size,
                             self.config.local_cache_ttl)  # checked whatever dedup says
@@ -184,17 +192,18 @@ class StreamWorker(WorkerOptions, Generic[P]):
         if cfg.partitions > 1 or cfg.ordered:
             runner = self._partitioned = Partitioned(
                 self.handle, cfg, self.url, self.consumer_name, self.worker_name, self._cache,
-                convert=self._convert, key_of=self._key_of)
+                convert=self._convert, key_of=self._key_of, codec=self.codec)
         else:
             runner = self._consumer = Consumer(self.handle, cfg, self.url, self.consumer_name,
                                                self.worker_name, cache=self._cache,
-                                               convert=self._convert, key_of=self._key_of)
+                                               convert=self._convert, key_of=self._key_of,
+                                               codec=self.codec)
         try:
             await _start_hook(self.on_start, cfg, self.consumer_name)
             try:
                 await with_schedules(runner.run(self._stop_event), self.schedules, cfg,
                                      self.url, self.consumer_name, self._stop_event,
-                                     runner.link)
+                                     runner.link, self.codec)
             finally:
                 await _stop_hook(self.on_stop, cfg, self.consumer_name)
         finally:

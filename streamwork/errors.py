@@ -157,7 +157,9 @@ class JobFailed(StreamworkError):
 
 class DecodeError(StreamworkError):
     """A stream entry is not a valid streamwork envelope (``reason`` is a stable code); the
-    entry went to the dead letters with its original fields, byte for byte."""
+    entry went to the dead letters with its original fields, byte for byte. Also raised by
+    a producer's ``status``/``result`` (reason ``result:invalid``) when its codec's
+    decoder fails on a job's result."""
 
     def __init__(self, reason: str, detail: str) -> None:
         self.reason = reason

@@ -21,6 +21,7 @@ PUBLIC = [
     "AsyncHeldLock",
     "AsyncProducer",
     "AsyncRedlock",
+    "Codec",
     "ConfigError",
     "Cron",
     "DeadLetter",
