@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import msgpack
 import redis
 
 from . import _scripts as scripts
@@ -90,7 +91,7 @@ def json_value(value: Any) -> Any:
                 len(value) == 1 and next(iter(value)) in MARKERS):
             return {k: json_value(v) for k, v in value.items()}
         return {"map": [[json_value(k), json_value(v)] for k, v in value.items()]}
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple)) and not isinstance(value, msgpack.ExtType):
         return [json_value(v) for v in value]
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
