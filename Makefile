@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 DEMO_VENV := .venv-demo
 DEMO_STAMP := $(DEMO_VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -28,7 +28,7 @@ demo: $(DEMO_STAMP)
 	@$(DEMO_VENV)/bin/streamwork demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check streamwork tests examples benchmarks
+	$(BIN)/ruff check streamwork tests examples benchmarks docs
 	$(BIN)/mypy streamwork
 
 # The suite runs twice: on redis-server (PATH) and on the embedded extra's Valkey 8 (there
@@ -37,7 +37,8 @@ lint: $(STAMP)
 # examples rather than what the server does, to stay in the CI budget).
 SERVER_AGNOSTIC := tests/test_dashboard.py tests/test_processes.py tests/test_health.py \
 	tests/test_alerts.py tests/test_bench.py tests/test_examples.py \
-	tests/test_typed_payloads.py tests/test_cli.py tests/test_function_worker.py
+	tests/test_typed_payloads.py tests/test_cli.py tests/test_function_worker.py \
+	tests/test_docs.py
 test: lint
 	$(BIN)/pytest -q
 	VK="$$($(BIN)/python -c 'from streamwork._server import embedded_binary as e; print(e() or "")')"; \
@@ -46,8 +47,14 @@ test: lint
 	  -m "not cluster" $(SERVER_AGNOSTIC:%=--ignore=%); \
 	else echo "embedded extra missing: Valkey pass skipped"; fi
 
+# the documentation site in site/ (mkdocs.yml); --strict: any warning (a broken link, a
+# page missing from the nav, a name the API reference cannot find) fails the build. The
+# tests build it too (tests/test_docs.py), and run every ```python block of the docs.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict -d site
+
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) $(DEMO_VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(DEMO_VENV) .mypy_cache .ruff_cache .pytest_cache site
