@@ -7,20 +7,28 @@ process knows which block it was in when it failed or hung. The blocks share the
 of a module named ``docs`` (so code under ``if __name__ == "__main__":`` does not run).
 A block that raises ends the run with exit status 1 and a traceback whose frames name the
 document and its lines; one that runs longer than BLOCK_TIMEOUT seconds (default 30) ends
-it too, after every thread's stack is printed. tests/test_docs.py starts it, with
-$REDIS_URL pointing at a private, empty server.
+it too, after every thread's stack is printed.
+
+``python -m tests.docs_runner --serve`` is how tests/test_docs.py uses it: it imports what
+documents use (streamwork, redis, asyncio) once, then for each request line (JSON: the
+arguments above, the files for the document's output, its working directory and
+environment) forks a process that runs that document, and answers with a line giving the
+process's pid, then one with its exit status: a fresh process per document, without each
+one importing redis again.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import importlib.util
+import json
 import linecache
 import os
 import sys
 import traceback
 import types
 from pathlib import Path
+from typing import Any
 
 _HOOKS = Path(__file__).resolve().parent.parent / "docs" / "hooks" / "mdblocks.py"
 
@@ -76,7 +84,54 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def serve() -> None:
+    """Fork one process per request line on stdin (see the module's docstring)."""
+    import asyncio  # noqa: F401  (imported once here, not once per document)
+
+    import msgpack  # noqa: F401
+    import redis
+    import redis.asyncio  # noqa: F401
+
+    import streamwork
+    import streamwork.testing
+
+    for name in streamwork.__all__:
+        getattr(streamwork, name)  # the lazily imported classes too
+    load_mdblocks()
+    for line in sys.stdin:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:  # the document's process
+            _child(request)
+        print(json.dumps({"pid": pid}), flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"exit": os.waitstatus_to_exitcode(status)}), flush=True)
+
+
+def _child(request: dict[str, Any]) -> None:
+    """Run one document as the request says, then end this process."""
+    code = 1
+    try:
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(target, fd)
+        os.chdir(request["cwd"])
+        os.environ.update(request["env"])
+        code = main(request["args"])
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+        sys.exit(0)
     code = main(sys.argv[1:])
     sys.stdout.flush()
     sys.stderr.flush()

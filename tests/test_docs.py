@@ -14,16 +14,21 @@
 
 from __future__ import annotations
 
+import json
 import os
+import queue
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from html import unescape
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -62,33 +67,88 @@ def _tail(text: str, lines: int = 40) -> str:
     return "\n".join(kept)
 
 
-def run_document(path: Path, make_server: Callable[..., RedisServer],
+class Runner:
+    """tests/docs_runner.py in its ``--serve`` form: one process that imports streamwork
+    and redis once and forks a fresh process per document."""
+
+    def __init__(self) -> None:
+        env = {**os.environ,
+               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.docs_runner", "--serve"], cwd=ROOT, env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.replies.put(json.loads(line))
+        self.replies.put(None)  # the runner ended
+
+    def _reply(self, timeout: float | None = None) -> dict[str, Any]:
+        reply = self.replies.get(timeout=timeout)
+        if reply is None:
+            raise AssertionError(f"tests/docs_runner.py --serve ended (status "
+                                 f"{self.proc.wait()}); its errors are above")
+        return reply
+
+    def run(self, request: dict[str, Any], timeout: float) -> tuple[int, bool]:
+        """Run one document; its exit status, and whether it was killed for being late."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        pid = self._reply(timeout=60)["pid"]
+        try:
+            return self._reply(timeout=timeout)["exit"], False
+        except queue.Empty:
+            os.kill(pid, signal.SIGKILL)
+            return self._reply(timeout=60)["exit"], True
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.reader.join(timeout=30)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+
+
+@pytest.fixture(scope="session", name="runner")
+def _runner() -> Iterator[Runner]:
+    runner = Runner()
+    yield runner
+    runner.close()
+
+
+def run_document(path: Path, runner: Runner, make_server: Callable[..., RedisServer],
                  block_timeout: float = BLOCK_TIMEOUT) -> Run:
-    """Run the python blocks of ``path`` in a child process against a new private server."""
+    """Run the python blocks of ``path`` in a process of their own, against a new private
+    server."""
     name = _name(path)
     if not any(b.is_python for b in mdblocks.blocks(path.read_text(encoding="utf-8"))):
         return Run(True, f"{name}: no python blocks", "")
     server = make_server()
-    env = {**os.environ, "REDIS_URL": server.url,
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     with tempfile.TemporaryDirectory(prefix="streamwork-docs-") as workdir:
         # the blocks run in a temporary working directory: files they write land there
-        status_file = Path(workdir) / ".status"
+        files = Path(workdir) / ".docs"
+        files.mkdir()
+        status_file, out_file, err_file = (files / n for n in ("status", "stdout", "stderr"))
         started = time.monotonic()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.docs_runner", str(path), name, str(status_file),
-             str(block_timeout)],
-            cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            out, err = proc.communicate(timeout=DOCUMENT_TIMEOUT)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-            timed_out = True
+        code, timed_out = runner.run({
+            "args": [str(path), name, str(status_file), str(block_timeout)],
+            "stdout": str(out_file), "stderr": str(err_file), "cwd": workdir,
+            "env": {"REDIS_URL": server.url}}, timeout=DOCUMENT_TIMEOUT)
         seconds = time.monotonic() - started
         lines = status_file.read_text().splitlines() if status_file.exists() else []
-    if proc.returncode == 0 and lines[-1:] == ["done"]:
+        out = out_file.read_text(errors="replace") if out_file.exists() else ""
+        err = err_file.read_text(errors="replace") if err_file.exists() else ""
+    if code == 0 and lines[-1:] == ["done"]:
         return Run(True, f"{name}: every python block ran ({seconds:.1f} s)", out)
     where = f"{name}:{lines[-1].split()[1]}" if lines and lines[-1].startswith("start") \
         else name
@@ -101,7 +161,7 @@ def run_document(path: Path, make_server: Callable[..., RedisServer],
     elif err.startswith(f"{where}: "):
         why = err  # the runner's own report: the block's line, then the traceback
     else:
-        why = f"{where}: exit status {proc.returncode}\n{err}"
+        why = f"{where}: exit status {code}\n{err}"
     return Run(False, f"{_tail(why)}\n--- what the blocks printed ---\n{_tail(out, 20)}", out)
 
 
@@ -109,10 +169,12 @@ def run_document(path: Path, make_server: Callable[..., RedisServer],
 
 
 @pytest.mark.timeout(DOCUMENT_TIMEOUT + 60)
+@pytest.mark.usefixtures("site_build")  # the site builds meanwhile
 @pytest.mark.parametrize("path", DOCUMENTS, ids=_name)
-def test_python_blocks_run(path: Path, make_server: Callable[..., RedisServer]) -> None:
+def test_python_blocks_run(path: Path, runner: Runner,
+                           make_server: Callable[..., RedisServer]) -> None:
     """Every ```python block of the document runs without error, in order."""
-    run = run_document(path, make_server)
+    run = run_document(path, runner, make_server)
     assert run.ok, run.message
 
 
@@ -146,7 +208,8 @@ def test_readme_relative_links_exist() -> None:
 # --- the harness itself ---------------------------------------------------------------------
 
 
-def test_harness_runs_blocks_in_one_namespace(make_server: Callable[..., RedisServer]) -> None:
+def test_harness_runs_blocks_in_one_namespace(runner: Runner,
+                                              make_server: Callable[..., RedisServer]) -> None:
     """The fixture document's blocks share a namespace named ``docs``, and only python
     blocks that the page shows run (in lists and admonitions too); each run of a document
     gets a new empty server."""
@@ -154,15 +217,16 @@ def test_harness_runs_blocks_in_one_namespace(make_server: Callable[..., RedisSe
     found = [b.line for b in mdblocks.blocks(session.read_text()) if b.is_python]
     assert found == [9, 29, 35, 39, 51]
     for _ in range(2):  # the second run's first block sees an empty server again
-        run = run_document(session, make_server)
+        run = run_document(session, runner, make_server)
         assert run.ok, run.message
         assert "session ok" in run.stdout
 
 
-def test_harness_names_the_failing_block(make_server: Callable[..., RedisServer]) -> None:
+def test_harness_names_the_failing_block(runner: Runner,
+                                         make_server: Callable[..., RedisServer]) -> None:
     """A failing block fails its document's test with the document's path, the line of the
     block and a traceback through the document's own lines; later blocks do not run."""
-    run = run_document(FIXTURES / "failing.md", make_server)
+    run = run_document(FIXTURES / "failing.md", runner, make_server)
     assert not run.ok
     assert run.message.startswith("tests/docs_fixtures/failing.md:9: the ```python block "
                                   "starting on this line raised AssertionError"), run.message
@@ -172,10 +236,11 @@ def test_harness_names_the_failing_block(make_server: Callable[..., RedisServer]
     assert "not reached" not in run.message
 
 
-def test_harness_stops_a_hanging_block(make_server: Callable[..., RedisServer]) -> None:
+def test_harness_stops_a_hanging_block(runner: Runner,
+                                       make_server: Callable[..., RedisServer]) -> None:
     """A block that does not end is stopped after the block time limit, and the failure
     names its line and shows where it was."""
-    run = run_document(FIXTURES / "hanging.md", make_server, block_timeout=1.0)
+    run = run_document(FIXTURES / "hanging.md", runner, make_server, block_timeout=1.0)
     assert not run.ok
     assert run.message.startswith("tests/docs_fixtures/hanging.md:7: the ```python block "
                                   "starting on this line did not finish within 1 s"), \
@@ -211,24 +276,52 @@ class Site:
         return out.read_text(encoding="utf-8")
 
 
-@pytest.fixture(scope="session", name="site")
-def _site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
-    """The site, built once per test session with ``mkdocs build --strict``."""
+@dataclass
+class Build:
+    """The site's build, started in the background: ``proc`` writes the site into ``out``
+    and its output into ``log``; ``missing`` says why it could not start."""
+
+    proc: subprocess.Popen[bytes] | None
+    out: Path
+    log: Path
+    missing: str = ""
+
+
+@pytest.fixture(scope="session", name="site_build")
+def _site_build(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Build]:
+    """Start ``mkdocs build --strict`` once per test session, in the background: the
+    document tests ask for it first, so the site builds while their blocks run."""
     try:
         import material  # noqa: F401
         import mkdocs  # noqa: F401
     except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail("mkdocs is missing on CI: pip install -e '.[dev]' (the docs extra)")
-        pytest.skip("mkdocs is not installed (pip install -e '.[docs]')")
+        yield Build(None, Path(), Path(), "mkdocs is not installed (pip install -e '.[docs]')")
+        return
     out = tmp_path_factory.mktemp("site")
+    log = tmp_path_factory.mktemp("site-build") / "mkdocs.log"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    if done.returncode != 0:
-        pytest.fail(f"mkdocs build --strict failed:\n{done.stdout}\n{done.stderr}")
-    yield Site(out)
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
+            cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    yield Build(proc, out, log)
+    if proc.poll() is None:  # the session did not need the site after all
+        proc.kill()
+    proc.wait()
+
+
+@pytest.fixture(scope="session", name="site")
+def _site(site_build: Build) -> Site:
+    """The site, built by ``mkdocs build --strict`` (which must pass)."""
+    if site_build.proc is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"the docs cannot be built on CI: {site_build.missing}")
+        pytest.skip(site_build.missing)
+    status = site_build.proc.wait(timeout=600)
+    if status != 0:
+        pytest.fail(f"mkdocs build --strict failed:\n{site_build.log.read_text()}")
+    return Site(site_build.out)
 
 
 @pytest.mark.timeout(660)
