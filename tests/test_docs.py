@@ -337,7 +337,8 @@ def test_site_runs_every_python_block_it_shows(site: Site) -> None:
     """Each page shows exactly the ```python blocks the tests run (none hides from them)."""
     for path in (ROOT / "docs").rglob("*.md"):
         src = path.relative_to(ROOT / "docs").as_posix()
-        shown = site.page(src).count('class="language-python highlight"')
+        shown = len(re.findall(r'class="language-(?:python|py|python3) highlight"',
+                               site.page(src)))
         run = sum(b.is_python for b in mdblocks.blocks(path.read_text(encoding="utf-8")))
         assert shown == run, f"docs/{src}: {shown} python blocks shown, {run} run"
 
