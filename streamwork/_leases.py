@@ -163,16 +163,18 @@ class RedlockLease(Lease):
     async def take(self, batch: Sequence[Delivery]) -> list[int]:
         out = await self._claim(batch, "check")  # only look: done records and ownership
         go = [i for i, code in enumerate(out) if code == Claim.GO]
-        started = time.monotonic()
         results = await asyncio.gather(
             *(self._bounded(self.redlock.acquire(
                 redlock_resource(self.cfg.stream, batch[i].msg.key))) for i in go),
             return_exceptions=True)
+        # valid_for already counts from each lease's own request: add it to now, not to a
+        # time before the whole batch was taken (that would count the wait twice)
+        now = time.monotonic()
         granted = []
         for i, held in zip(go, results, strict=True):
             if isinstance(held, AsyncHeldLock):
                 batch[i].held = held
-                batch[i].deadline = started + held.valid_for
+                batch[i].deadline = now + held.valid_for
                 batch[i].lease = f"{self.owner}:{held.fencing_token}"
                 out[i] = held.fencing_token
                 granted.append(i)
@@ -203,9 +205,10 @@ class RedlockLease(Lease):
         results = await asyncio.gather(
             *(self._bounded(d.held.extend()) for d in ds if d.held is not None),
             return_exceptions=True)
+        now = time.monotonic()  # as in take: the validity returned counts from now
         for d, validity in zip(ds, results, strict=True):
             if isinstance(validity, float) and validity > 0:
-                d.deadline = sent + validity
+                d.deadline = now + validity
 
     async def release(self, ds: Sequence[Delivery]) -> None:
         held = [d.held for d in ds if d.held is not None]
