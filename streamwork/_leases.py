@@ -12,7 +12,7 @@ import asyncio
 import enum
 import time
 from collections.abc import Awaitable, Sequence
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from . import _scripts as scripts
 from ._faults import Fault, classify
@@ -155,6 +155,7 @@ class RedlockLease(Lease):
         # at most this many Redlock operations at once, so a batch reuses pooled
         # connections instead of opening one per job to every master
         self._slots = asyncio.Semaphore(REDLOCK_PARALLEL)
+        self._releasing: set[asyncio.Future[list[Any]]] = set()  # see release and close
 
     async def _bounded(self, op: Awaitable[T]) -> T:
         async with self._slots:
@@ -215,10 +216,18 @@ class RedlockLease(Lease):
         for d in ds:
             d.held = None
         if held:  # shielded: a stopping worker must not leave leases behind half-released
-            await asyncio.shield(asyncio.gather(
-                *(self._bounded(h.release()) for h in held), return_exceptions=True))
+            releasing = asyncio.gather(
+                *(self._bounded(h.release()) for h in held), return_exceptions=True)
+            self._releasing.add(releasing)
+            releasing.add_done_callback(self._releasing.discard)
+            await asyncio.shield(releasing)
 
     async def close(self) -> None:
+        """Let the releases still under way (their caller may have been cancelled) finish
+        first: started after the clients are closed, they would open connections that
+        nothing closes."""
+        if self._releasing:
+            await asyncio.gather(*self._releasing, return_exceptions=True)
         await self.redlock.aclose()
 
 

@@ -13,8 +13,10 @@ import redis
 
 import streamwork as sw
 from streamwork._config import WorkerConfig
+from streamwork._delivery import Delivery
 from streamwork._keys import StreamKeys, redlock_resource
-from streamwork.testing import Ledger, await_for, run_until_idle
+from streamwork._leases import RedlockLease
+from streamwork.testing import Ledger, await_for, run_until_idle, wait_for
 from tests.workers_dedup import StagedLedgerWorker
 
 STREAM = "jobs"
@@ -201,3 +203,37 @@ async def test_duplicates_acked_by_a_slow_claim_are_not_counted_lost(
     lost = [rec.getMessage() for rec in caplog.records if "lease lost" in rec.getMessage()]
     assert not lost, lost
     assert worker.counts["lock_lost"] == worker.counts["reclaimed"] == 0, worker.counts
+
+
+async def test_closing_redlock_leases_waits_for_the_releases_under_way(
+    masters: list[Any]
+) -> None:
+    """A worker stopping while its outcome flusher releases Redlock leases: the flusher is
+    cancelled, the release (shielded) goes on, then the leases' clients are closed. The
+    close waits for that release, so no connection is opened after it (left open, such
+    connections were garbage-collected at the end of a test: unraisable warnings)."""
+    cfg = WorkerConfig(stream=STREAM, group="g", lock_urls=tuple(m.url for m in masters))
+    no_scripts: Any = None  # release and close use only the Redlock masters
+    lease = RedlockLease(no_scripts, StreamKeys.for_stream(STREAM).group("g"), cfg, "c", "o")
+    ds = []
+    for i in range(40):  # more than run at once: most releases wait for a slot
+        msg = sw.Message(f"{i}-1", STREAM, f"k{i}", {}, 1, 0.0, {})
+        d = Delivery(f"{i}-1".encode(), 0, msg, b"", None, f"{i}-1".encode())
+        d.held = await lease.redlock.acquire(redlock_resource(STREAM, msg.key))
+        ds.append(d)
+    flushing = asyncio.create_task(lease.release(ds))
+    await asyncio.sleep(0)  # the release has started
+    flushing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await flushing
+    await lease.close()
+    clients = [redis.Redis.from_url(m.url) for m in masters]
+    try:
+        for c in clients:
+            assert not [k for k in c.scan_iter("redlock:*") if not k.endswith(b":fence")]
+            # only this client is left connected
+            wait_for(lambda c=c: c.info("clients")["connected_clients"] == 1, timeout=10,
+                     message="every connection of the closed leases to be closed")
+    finally:
+        for c in clients:
+            c.close()
