@@ -62,11 +62,15 @@ async def beat(h: Holder) -> bool:
                               [lease.value(d) for d in held] + [""] * len(loose),
                               [d.member for d in held] + [b""] * len(loose),
                               [lease.marked(d) for d in held] + [""] * len(loose)]
+    # a claim under way for a waiting delivery may acknowledge it (a duplicate) before this
+    # beat runs in Redis: that claim, not the beat, says what became of it
+    claiming = [d.leasing for d in held]
     sent = time.monotonic()
     res = await h.scripts.run(scripts.heartbeat(h.gkeys, h.name, cfg.visibility_ms, batch))
+    still = set(h.held_deliveries())
     kept, deleted = [], []
-    for d, code in zip(held, res, strict=False):
-        if d.dropped:
+    for d, was_claiming, code in zip(held, claiming, res, strict=False):
+        if d.dropped or d not in still:  # let go meanwhile: its outcome is settled
             continue
         if code == Beat.KEPT:
             kept.append(d)
@@ -83,6 +87,8 @@ async def beat(h: Holder) -> bool:
             deleted.append(d)
         elif code == Beat.VANISHED:
             h.vanish(d)
+        elif d.state == State.WAITING and (was_claiming or d.leasing):
+            continue  # its claim decides (and a later beat looks again)
         elif d.state != State.FINISHING:
             h.lose(d, "another worker took the delivery or its lease")
     await lease.extended(kept, sent)

@@ -12,7 +12,7 @@ import asyncio
 import enum
 import time
 from collections.abc import Awaitable, Sequence
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from . import _scripts as scripts
 from ._faults import Fault, classify
@@ -160,6 +160,7 @@ class RedlockLease(Lease):
         # at most this many Redlock operations at once, so a batch reuses pooled
         # connections instead of opening one per job to every master
         self._slots = asyncio.Semaphore(REDLOCK_PARALLEL)
+        self._releasing: set[asyncio.Future[list[Any]]] = set()  # see release and close
 
     async def _bounded(self, op: Awaitable[T]) -> T:
         async with self._slots:
@@ -168,16 +169,18 @@ class RedlockLease(Lease):
     async def take(self, batch: Sequence[Delivery]) -> list[int]:
         out = await self._claim(batch, "check")  # only look: done records and ownership
         go = [i for i, code in enumerate(out) if code == Claim.GO]
-        started = time.monotonic()
         results = await asyncio.gather(
             *(self._bounded(self.redlock.acquire(
                 redlock_resource(self.cfg.stream, batch[i].msg.key))) for i in go),
             return_exceptions=True)
+        # valid_for already counts from each lease's own request: add it to now, not to a
+        # time before the whole batch was taken (that would count the wait twice)
+        now = time.monotonic()
         granted = []
         for i, held in zip(go, results, strict=True):
             if isinstance(held, AsyncHeldLock):
                 batch[i].held = held
-                batch[i].deadline = started + held.valid_for
+                batch[i].deadline = now + held.valid_for
                 batch[i].lease = f"{self.owner}:{held.fencing_token}"
                 out[i] = held.fencing_token
                 granted.append(i)
@@ -211,19 +214,28 @@ class RedlockLease(Lease):
         results = await asyncio.gather(
             *(self._bounded(d.held.extend()) for d in ds if d.held is not None),
             return_exceptions=True)
+        now = time.monotonic()  # as in take: the validity returned counts from now
         for d, validity in zip(ds, results, strict=True):
             if isinstance(validity, float) and validity > 0:
-                d.deadline = sent + validity
+                d.deadline = now + validity
 
     async def release(self, ds: Sequence[Delivery]) -> None:
         held = [d.held for d in ds if d.held is not None]
         for d in ds:
             d.held = None
         if held:  # shielded: a stopping worker must not leave leases behind half-released
-            await asyncio.shield(asyncio.gather(
-                *(self._bounded(h.release()) for h in held), return_exceptions=True))
+            releasing = asyncio.gather(
+                *(self._bounded(h.release()) for h in held), return_exceptions=True)
+            self._releasing.add(releasing)
+            releasing.add_done_callback(self._releasing.discard)
+            await asyncio.shield(releasing)
 
     async def close(self) -> None:
+        """Let the releases still under way (their caller may have been cancelled) finish
+        first: started after the clients are closed, they would open connections that
+        nothing closes."""
+        if self._releasing:
+            await asyncio.gather(*self._releasing, return_exceptions=True)
         await self.redlock.aclose()
 
 

@@ -92,34 +92,51 @@ class Ledger:
         )
 
 
-def _group_idle(client: Any, stream: str, group: str) -> bool:
-    """``group`` has read every entry of ``stream`` and acknowledged all (False if the
-    stream or the group does not exist)."""
-    if not client.exists(stream):
+def _group_idle(exists: Any, groups: Any, last: Any, group: str) -> bool:
+    """``group`` has read every entry of a stream and acknowledged all (False if the
+    stream or the group does not exist), from EXISTS, XINFO GROUPS and XREVRANGE COUNT 1."""
+    if not exists or isinstance(groups, Exception):
         return False
-    groups = {g["name"].decode() if isinstance(g["name"], bytes) else g["name"]: g
-              for g in client.xinfo_groups(stream)}
-    g = groups.get(group)
-    if g is None:
+    for raw in groups:
+        g = _fields(raw)
+        if (g["name"].decode() if isinstance(g["name"], bytes) else g["name"]) == group:
+            break
+    else:
         return False
     lag = g.get("lag")
+    last_id = last[0][0] if last else b"0-0"
     return bool(g["pending"] == 0 and (lag == 0 or (lag is None and
-                                        g["last-delivered-id"] == _last_id(client, stream))))
+                                        g["last-delivered-id"] == last_id)))
+
+
+def _fields(info: Any) -> dict[str, Any]:
+    """One group of an XINFO GROUPS reply with str field names: redis-py parses it into a
+    dict, except in a cluster pipeline (bytes field names)."""
+    pairs = info.items() if isinstance(info, dict) else zip(info[::2], info[1::2], strict=True)
+    return {(k.decode() if isinstance(k, bytes) else k): v for k, v in pairs}
 
 
 def stream_idle(client: Any, stream: str, group: str) -> bool:
     """True when ``group`` has read every entry of the stream and of its retry stream,
-    acknowledged all, and nothing is delayed or waiting for a retry."""
+    acknowledged all, and nothing is delayed or waiting for a retry.
+
+    One MULTI/EXEC looks at all of them at once (they share a hash slot): looked at one
+    after the other, a job moving on meanwhile (a retry promoted from the retry ZSET to
+    the retry stream, say) could be missed in both places."""
     keys = StreamKeys.for_stream(stream)
     gkeys = keys.group(group)
-    retry_idle = (not client.exists(gkeys.retry)) or _group_idle(client, gkeys.retry, group)
-    return (_group_idle(client, stream, group) and retry_idle
-            and client.zcard(keys.delayed) == 0 and client.zcard(gkeys.retries) == 0)
-
-
-def _last_id(client: Any, stream: str) -> Any:
-    last = client.xrevrange(stream, count=1)
-    return last[0][0] if last else b"0-0"
+    pipe = client.pipeline(transaction=True)
+    for name in (stream, gkeys.retry):
+        pipe.exists(name)
+        pipe.xinfo_groups(name)  # an error for a missing stream: judged by EXISTS
+        pipe.xrevrange(name, count=1)
+    pipe.zcard(keys.delayed)
+    pipe.zcard(gkeys.retries)
+    (main, main_groups, main_last, retry, retry_groups, retry_last, delayed,
+     retries) = pipe.execute(raise_on_error=False)
+    retry_idle = not retry or _group_idle(retry, retry_groups, retry_last, group)
+    return (_group_idle(main, main_groups, main_last, group) and retry_idle
+            and delayed == 0 and retries == 0)
 
 
 async def run_until_idle(worker: StreamWorker, client: Any, timeout: float = 30.0) -> None:

@@ -203,20 +203,22 @@ async def test_delayed_sends_wait_until_due(r: redis.Redis, redis_url: str) -> N
     worker = LedgerWorker.from_url(redis_url)
     task = asyncio.create_task(worker.serve())
     try:
+        # the delays (1 s and more) leave room for the five sends on a busy machine: the
+        # undelayed one, sent last, must still go out before the first delayed one is due
         sent: dict[str, tuple[float, float]] = {}  # key -> (send time, due time)
         with Producer.from_url(redis_url) as p:
             t = time.time()
-            p.send(STREAM, {}, key="sync-delay", delay=0.5)
-            sent["sync-delay"] = (t, t + 0.5)
-            at = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=0.8)
+            p.send(STREAM, {}, key="sync-delay", delay=1.0)
+            sent["sync-delay"] = (t, t + 1.0)
+            at = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1.6)
             t = time.time()
             p.send(STREAM, {}, key="sync-at", at=at)
             sent["sync-at"] = (t, at.timestamp())
         async with AsyncProducer.from_url(redis_url) as ap:
             t = time.time()
-            await ap.send(STREAM, {}, key="async-delay", delay=0.6)
-            sent["async-delay"] = (t, t + 0.6)
-            at = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=0.7)
+            await ap.send(STREAM, {}, key="async-delay", delay=1.2)
+            sent["async-delay"] = (t, t + 1.2)
+            at = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1.4)
             t = time.time()
             await ap.send(STREAM, {}, key="async-at", at=at)
             sent["async-at"] = (t, at.timestamp())

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import signal
 from typing import Any
 
 import pytest
@@ -10,8 +13,10 @@ import redis
 
 import streamwork as sw
 from streamwork._config import WorkerConfig
+from streamwork._delivery import Delivery
 from streamwork._keys import StreamKeys, redlock_resource
-from streamwork.testing import Ledger, await_for, run_until_idle
+from streamwork._leases import RedlockLease
+from streamwork.testing import Ledger, await_for, run_until_idle, wait_for
 from tests.workers_dedup import StagedLedgerWorker
 
 STREAM = "jobs"
@@ -164,3 +169,71 @@ async def test_jobs_wait_for_a_lock_quorum_instead_of_dying(
     assert Ledger(r).report(keys).exactly_once
     assert r.xlen(StreamKeys.for_stream(STREAM).dead) == 0
     assert worker.counts["reclaimed"] == 0
+
+
+async def test_duplicates_acked_by_a_slow_claim_are_not_counted_lost(
+    redis_url: str, r: redis.Redis, masters: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Copies of done jobs read with fresh ones, one master paused (it answers nothing, so
+    each Redlock call waits out its timeout): the claim acknowledges the copies at once,
+    then takes the fresh ones' leases slowly, over a heartbeat. That heartbeat must leave
+    the copies to their claim (deduplicated), not report their never-held lease lost; and
+    each lease keeps its own validity, not one shortened by the whole batch's wait."""
+    done = [f"d{i}" for i in range(40)]
+    fresh = [f"f{i}" for i in range(48)]
+    urls = [m.url for m in masters]
+    opts: dict[str, Any] = {"lock_urls": urls, "visibility_timeout": 4.5, "batch_size": 200}
+    producer = sw.Producer.from_url(redis_url)
+    producer.send_many(STREAM, [{}] * len(done), keys=done)
+    await run_until_idle(StagedLedgerWorker.from_url(redis_url, **opts), r, timeout=60)
+    producer.send_many(STREAM, [{}] * (len(done) + len(fresh)), keys=done + fresh)
+    producer.close()
+    # a lease now takes two 0.45 s timeouts (acquire, fencing token), 16 at a time: the
+    # 48 fresh ones about 3 s, over the 1.5 s heartbeat interval, and the first of them
+    # taken lives on for about 1.5 s after the last one is (4.5 s from its own request)
+    worker = StagedLedgerWorker.from_url(redis_url, **opts)
+    caplog.set_level(logging.ERROR, logger="streamwork.worker")
+    os.kill(masters[2].pid, signal.SIGSTOP)
+    try:
+        await run_until_idle(worker, r, timeout=60)
+    finally:
+        os.kill(masters[2].pid, signal.SIGCONT)
+    assert Ledger(r).report(done + fresh).exactly_once
+    assert worker.counts["deduplicated"] == len(done), worker.counts
+    lost = [rec.getMessage() for rec in caplog.records if "lease lost" in rec.getMessage()]
+    assert not lost, lost
+    assert worker.counts["lock_lost"] == worker.counts["reclaimed"] == 0, worker.counts
+
+
+async def test_closing_redlock_leases_waits_for_the_releases_under_way(
+    masters: list[Any]
+) -> None:
+    """A worker stopping while its outcome flusher releases Redlock leases: the flusher is
+    cancelled, the release (shielded) goes on, then the leases' clients are closed. The
+    close waits for that release, so no connection is opened after it (left open, such
+    connections were garbage-collected at the end of a test: unraisable warnings)."""
+    cfg = WorkerConfig(stream=STREAM, group="g", lock_urls=tuple(m.url for m in masters))
+    no_scripts: Any = None  # release and close use only the Redlock masters
+    lease = RedlockLease(no_scripts, StreamKeys.for_stream(STREAM).group("g"), cfg, "c", "o")
+    ds = []
+    for i in range(40):  # more than run at once: most releases wait for a slot
+        msg = sw.Message(f"{i}-1", STREAM, f"k{i}", {}, 1, 0.0, {})
+        d = Delivery(f"{i}-1".encode(), 0, msg, b"", None, f"{i}-1".encode())
+        d.held = await lease.redlock.acquire(redlock_resource(STREAM, msg.key))
+        ds.append(d)
+    flushing = asyncio.create_task(lease.release(ds))
+    await asyncio.sleep(0)  # the release has started
+    flushing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await flushing
+    await lease.close()
+    clients = [redis.Redis.from_url(m.url) for m in masters]
+    try:
+        for c in clients:
+            assert not [k for k in c.scan_iter("redlock:*") if not k.endswith(b":fence")]
+            # only this client is left connected
+            wait_for(lambda c=c: c.info("clients")["connected_clients"] == 1, timeout=10,
+                     message="every connection of the closed leases to be closed")
+    finally:
+        for c in clients:
+            c.close()

@@ -10,7 +10,8 @@ import pytest
 import redis
 
 import streamwork as sw
-from streamwork.testing import Ledger, await_for, run_until_idle, wait_for
+from streamwork._keys import StreamKeys
+from streamwork.testing import Ledger, await_for, run_until_idle, stream_idle, wait_for
 from tests.workers import STREAM, LedgerWorker
 
 
@@ -71,6 +72,41 @@ async def test_run_until_idle_times_out_with_an_assertion(redis_url: str,
     with pytest.raises(AssertionError, match=repr(STREAM)):
         await run_until_idle(worker, r, timeout=0.5)
     assert not worker.health().alive
+
+
+def test_stream_idle_never_misses_a_job_moving_between_retry_zset_and_stream(
+        r: redis.Redis) -> None:
+    """A job that keeps moving (each move one atomic step, as the worker's scripts make
+    them) between the group's retry ZSET and its retry stream is always somewhere, so
+    stream_idle never says idle: it looks at every place in one snapshot, not one after
+    the other (when a busy machine slowed those looks, run_until_idle stopped a worker
+    with a retry still to run)."""
+    keys = StreamKeys.for_stream(STREAM)
+    retry, retries = keys.group("g").retry, keys.group("g").retries
+    r.xadd(STREAM, {"b": "x"})
+    r.xgroup_create(STREAM, "g", id="$")
+    r.xgroup_create(retry, "g", id="$", mkstream=True)
+    r.zadd(retries, {"job": 0})
+    stop = threading.Event()
+
+    def move() -> None:  # ZSET -> retry stream (unread) -> read (pending) -> ZSET, forever
+        mover = redis.Redis(connection_pool=r.connection_pool)
+        while not stop.is_set():
+            with mover.pipeline(transaction=True) as pipe:
+                pipe.zrem(retries, "job").xadd(retry, {"b": "x"}).execute()
+            [[_, [(entry, _)]]] = mover.xreadgroup("g", "c", {retry: ">"}, count=1)
+            with mover.pipeline(transaction=True) as pipe:
+                pipe.xack(retry, "g", entry).zadd(retries, {"job": 0}).execute()
+
+    thread = threading.Thread(target=move, daemon=True)
+    thread.start()
+    try:
+        seen_idle = sum(stream_idle(r, STREAM, "g") for _ in range(300))
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive()
+    assert seen_idle == 0, f"idle in {seen_idle} of 300 looks while a job was always there"
 
 
 def test_wait_for_returns_the_truthy_value_or_raises_with_the_message() -> None:

@@ -9,7 +9,8 @@ extra payload keys before falling back to LedgerWorker's behaviour:
 * ``retry_until`` - raise ``Retry(delay=payload["retry_delay"])`` while attempt < it;
 * ``dead_unless`` - raise ``DeadLetter`` unless the Redis key of that name exists;
 * ``first_sleep`` - sleep this long on attempt 1 only, then push ``int(msg.lock_lost)`` to
-  ``lost:<key>``;
+  ``lost:<key>`` once it is true or LOSS_NOTICE s have passed (a loss is told by the next
+  heartbeat: a handler resumed from a stall can run before it);
 * ``gate``        - attempts >= this wait until the Redis key ``open:<key>`` exists (at
   most GATE_TIMEOUT s; past it the attempt fails and is retried).
 """
@@ -17,6 +18,7 @@ extra payload keys before falling back to LedgerWorker's behaviour:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -25,6 +27,7 @@ from streamwork.testing import await_for
 from tests.workers import LedgerWorker
 
 GATE_TIMEOUT = 120.0  #: s a gated attempt waits for its gate (longer than any test using it)
+LOSS_NOTICE = 10.0  #: s a first_sleep attempt waits for msg.lock_lost (many heartbeats)
 
 
 class RecordingWorker(LedgerWorker):
@@ -41,6 +44,8 @@ class RecordingWorker(LedgerWorker):
             raise sw.DeadLetter(f"{p['dead_unless']} is not set")
         if msg.attempt == 1 and p.get("first_sleep"):
             await asyncio.sleep(float(p["first_sleep"]))
+            with contextlib.suppress(AssertionError):
+                await await_for(lambda: msg.lock_lost, timeout=LOSS_NOTICE)
             db.rpush("lost:" + msg.key, int(msg.lock_lost))
         if p.get("gate") and msg.attempt >= int(p["gate"]):
             await await_for(lambda: db.exists("open:" + msg.key), timeout=GATE_TIMEOUT,

@@ -152,10 +152,11 @@ async def test_batches_larger_than_luas_unpack_limit(r: redis.Redis, redis_url: 
             p.send_many(STREAM, [{}] * 1000, keys=keys[i:i + 1000])
     for dedup in (False, True):  # one flush of ~9000 acks; then leases and done-markers
         r.xgroup_create(STREAM, f"big-{dedup}", id="0")
-        # a lease long enough for one process to start 9000 jobs on a busy 2-core machine
-        # (each start is recorded in Redis): what is tested is the batch size, not speed
+        # a lease long enough for 9000 handlers, their starts and their heartbeats on a
+        # busy machine: with 1 s, leases ran out before the heartbeat came round, and each
+        # lost job was then reclaimed one at a time
         worker = Noop.from_url(redis_url, group=f"big-{dedup}", dedup=dedup,
-                               batch_size=9000, concurrency=9000, visibility_timeout=5.0)
+                               batch_size=9000, concurrency=9000, visibility_timeout=30.0)
         await run_until_idle(worker, r, timeout=120)
         assert worker.counts["acked"] == len(keys)
         assert r.xpending(STREAM, f"big-{dedup}")["pending"] == 0
