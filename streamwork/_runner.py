@@ -122,6 +122,8 @@ class Runner:
                 msg = d.msg
                 if d.dropped:
                     host.forget(d)
+                    if limits is not None and d.ref in limits.held:
+                        await self._give_back(limits, d)
                     continue
                 if limits is not None and not await self._within_limits(limits, d):
                     if slots is not None:
