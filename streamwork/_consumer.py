@@ -681,7 +681,9 @@ class Consumer:
         return self.limits is not None and await self.limits.keep_all()
 
     def _retry_due(self, d: Delivery) -> None:
-        if not d.dropped and self.inflight.get(d.ref) is d and d.state == State.QUEUED:
+        # one dropped meanwhile (its lease lost) is queued too: the runner that takes it
+        # forgets it and gives back its key hold (left here, it filled the capacity for good)
+        if self.inflight.get(d.ref) is d and d.state == State.QUEUED:
             self.queue.put_many([d])
 
     def let_go_unstarted(self) -> None:

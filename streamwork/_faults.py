@@ -104,6 +104,14 @@ def _torn_down(exc: BaseException) -> bool:
     return last is not None and last.startswith(_CONNECTION_MODULES)
 
 
+def _cluster_unreachable(exc: BaseException) -> bool:
+    """True for redis-py's word that no node of a cluster answered (``Redis Cluster cannot
+    be connected``), which is no ConnectionError: an outage like any other, e.g. a worker
+    started while the node its URL names is failing over."""
+    return (isinstance(exc, redis.exceptions.RedisClusterException)
+            and "cannot be connected" in str(exc))
+
+
 def classify(exc: BaseException) -> Fault:
     """Whether ``exc`` is worth a retry, calls for recreating the group, or is fatal."""
     if isinstance(exc, _FATAL_TYPES):
@@ -115,7 +123,7 @@ def classify(exc: BaseException) -> Fault:
         if code in _TRANSIENT_CODES or isinstance(exc, _TRANSIENT_TYPES):
             return Fault.TRANSIENT
         return Fault.FATAL
-    if isinstance(exc, _TRANSIENT_TYPES) or _torn_down(exc):
+    if isinstance(exc, _TRANSIENT_TYPES) or _torn_down(exc) or _cluster_unreachable(exc):
         return Fault.TRANSIENT
     return Fault.FATAL
 

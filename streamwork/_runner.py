@@ -132,6 +132,8 @@ class Runner:
                 msg = d.msg
                 if d.dropped:
                     host.forget(d)
+                    if limits is not None and d.ref in limits.held:
+                        await self._give_back(limits, d)
                     continue
                 if limits is not None:
                     allowed = await self._within_limits(limits, d)

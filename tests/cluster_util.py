@@ -382,3 +382,73 @@ def kill_master(cluster: LocalCluster, master: RedisServer, timeout: float = 30.
     del cluster.replicas_of[dead]
     cluster.replicas_of[replica.port] = []
     return replica
+
+
+def kill_master_in_sync(cluster: LocalCluster, master: RedisServer, timeout: float = 30.0,
+                        ) -> tuple[RedisServer, int]:
+    """`kill_master` with nothing to lose: first ``CLIENT PAUSE ... WRITE`` on ``master``
+    (from then on it executes no write, so it acknowledges none), then wait until its
+    replica has processed the master's whole replication stream up to that point (the
+    replica's ``master_repl_offset`` reaches the master's), then SIGKILL it. Every write the
+    master ever acknowledged is on the replica it fails over to: with asynchronous
+    replication the loss of a failover is what the replica lacks at the kill, here nothing.
+    (The paused clients' commands were never executed; they fail with the connection and
+    are retried on the promoted replica.) Returns the promoted replica and the offset."""
+    [replica] = cluster.replicas_of[master.port]
+    direct = redis.Redis(host="127.0.0.1", port=master.port, socket_timeout=10)
+    follower = redis.Redis(host="127.0.0.1", port=replica.port, socket_timeout=10)
+    try:
+        direct.execute_command("CLIENT", "PAUSE", str(int(timeout * 1000)), "WRITE")
+        try:
+            # read after the pause: covers every write acknowledged before it (the PINGs the
+            # master still sends its replica while paused only move the offset on)
+            offset = int(direct.info("replication")["master_repl_offset"])
+            wait_for(lambda: int(follower.info("replication")["master_repl_offset"])
+                     >= offset, timeout, 0.01,
+                     message=f"replica {replica.port} to reach offset {offset}")
+        except BaseException:
+            direct.execute_command("CLIENT", "UNPAUSE")  # no kill after all: let it serve
+            raise
+    finally:
+        direct.close()
+        follower.close()
+    return kill_master(cluster, master, timeout), offset
+
+
+def rejoin(cluster: LocalCluster, server: RedisServer, master: RedisServer,
+           timeout: float = 60.0) -> None:
+    """Start ``server`` again, a master `kill_master` killed and ``master`` replaced: from its
+    cluster config file it rejoins, learns its slots moved on, and becomes ``master``'s
+    replica (empty, it syncs in full). Wait until the cluster is whole again as
+    `local_cluster` hands one out (every node agrees, each master has its replica, links
+    up, no sync in progress); ``cluster``'s lists then name ``server`` as that replica."""
+    server.start()
+    servers = [*cluster.servers, server]
+    nodes = {s.port: redis.Redis(host="127.0.0.1", port=s.port, socket_timeout=5)
+             for s in servers}
+    why: str | None = "not looked at yet"
+
+    def whole() -> bool:
+        nonlocal why
+        try:
+            why = _not_ready(nodes, len(cluster.masters), 1)
+            if why is None:
+                repl = nodes[server.port].info("replication")
+                if repl.get("role") != "slave" or str(repl.get("master_port")) != str(
+                        master.port):
+                    why = f"{server.port} is {repl.get('role')} of {repl.get('master_port')}"
+        except (redis.exceptions.RedisError, ValueError) as e:
+            why = f"a node did not answer as expected: {e!r}"
+        return why is None
+
+    try:
+        try:
+            wait_for(whole, timeout, 0.05, message="the old master to rejoin")
+        except AssertionError:
+            raise AssertionError(f"{server.port} did not rejoin as the replica of "
+                                 f"{master.port} in {timeout:g}s: {why}") from None
+    finally:
+        for node in nodes.values():
+            node.close()
+    cluster.replicas.append(server)
+    cluster.replicas_of[master.port] = [server]

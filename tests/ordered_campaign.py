@@ -1,6 +1,8 @@
 """The ordered-mode campaign, on one server or on a cluster: 3 worker processes, retries,
 a dead-lettered job, one process SIGKILLed mid-run; then every order key's effect log must
-be exactly its jobs, in order, each once (the dead-lettered one absent)."""
+be exactly its jobs, in order, each once (the dead-lettered one absent). `check_order`
+judges such logs against what a producer was told stored (the nemesis's ordered campaign,
+tests/faults/test_nemesis_cluster.py, uses it too)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import streamwork as sw
@@ -73,3 +76,54 @@ def run_campaign(url: str, client: Any,
         return {"logs": logs, "alive": alive, "dead": dead}
     finally:
         producer.close()
+
+
+@dataclass
+class OrderVerdict:
+    """Per order key, what its effect log got wrong (only keys with something wrong)."""
+
+    lost: dict[str, list[int]] = field(default_factory=dict)  # told stored, never applied
+    twice: dict[str, list[int]] = field(default_factory=dict)  # applied more than once
+    #: (seq, the later-sent seq applied before it): applied out of enqueue order
+    out_of_order: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    ghosts: dict[str, list[int]] = field(default_factory=dict)  # applied, never sent
+
+    def counts(self) -> dict[str, int]:
+        return {name: sum(len(v) for v in getattr(self, name).values())
+                for name in ("lost", "twice", "out_of_order", "ghosts")}
+
+    def problems(self) -> list[str]:
+        """One line per kind of wrong, e.g. ``3 jobs lost: {...}`` (the jobs by key)."""
+        return [f"{n} jobs {name.replace('_', ' ')}: "
+                f"{dict(list(getattr(self, name).items())[:4])}"
+                for name, n in self.counts().items() if n]
+
+
+def check_order(told: dict[str, list[int]], uncertain: dict[str, set[int]],
+                logs: dict[str, list[int]]) -> OrderVerdict:
+    """Judge each order key's effect log (the ``seq`` of each job, in the order they took
+    effect) against ``told``: the seqs the producer was told stored. A key's seqs grow in
+    the order they were sent, one send returning before the next began, so that is their
+    enqueue order. The seqs in ``uncertain`` (a send that raised: maybe stored) may be
+    there or not, but in order too."""
+    verdict = OrderVerdict()
+    for key in sorted(set(told) | set(logs)):
+        sent, log = told.get(key, []), logs.get(key, [])
+        known = set(sent) | uncertain.get(key, set())
+        seen: set[int] = set()
+        latest = -1  # the latest-sent seq applied so far
+        for seq in log:
+            if seq in seen:
+                verdict.twice.setdefault(key, []).append(seq)
+                continue
+            seen.add(seq)
+            if seq not in known:
+                verdict.ghosts.setdefault(key, []).append(seq)
+                continue
+            if seq < latest:
+                verdict.out_of_order.setdefault(key, []).append((seq, latest))
+            latest = max(latest, seq)
+        missing = [seq for seq in sent if seq not in seen]
+        if missing:
+            verdict.lost[key] = missing
+    return verdict

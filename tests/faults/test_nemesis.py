@@ -1,24 +1,40 @@
 """Nemesis: a seeded, randomized fault campaign (Jepsen-style) against running workers.
 
 Three ``streamwork run tests.workers_nemesis:NemesisWorker`` processes serve a stream under a
-steady producer load while a nemesis thread, driven by ``random.Random(seed)``, keeps doing
-one of: SIGKILL a worker (a small supervisor restarts dead workers), SIGSTOP a worker for
-longer than its visibility timeout, restart redis-server (AOF, appendfsync always: nothing
-acknowledged is lost), CLIENT PAUSE ~1 s, an OOM window (maxmemory just above the memory in
-use for 1-2 s), DEBUG SLEEP 1. Some jobs are poison: 1 in 200 always raises, 1 in 500 kills
-its process every time. DESIGN.md, "A worker is whole, or it exits", is the contract.
+steady producer load with bursts (a ``send_many`` of BURST quick jobs now and then) while a
+nemesis thread, driven by ``random.Random(seed)``, keeps doing one of: SIGKILL a worker (a
+small supervisor restarts dead workers), SIGSTOP a worker for longer than its visibility
+timeout, restart redis-server (AOF, appendfsync always: nothing acknowledged is lost), CLIENT
+PAUSE ~1 s, an OOM window (maxmemory just above the memory in use for 1-2 s), DEBUG SLEEP 1.
+Some jobs are poison: 1 in 200 always raises, 1 in 500 kills its process every time. The
+workers run under a group rate limit (RATE_LIMIT jobs/s), a cap of PER_KEY jobs in flight per
+concurrency key (a quarter of the single sends share the key "hot", and run longest) and a
+schedule (``Every(0.5)``, ``catch_up = "all"``), and log each handler call's start and end.
 
-Then faults stop, the system settles, and the verdict is:
+Then faults stop, the system settles, and the checkers (CHECKS) give the verdict:
 
-* every good job the producer saw acknowledged is applied exactly once (staged writes);
-* every poison job is in ``{S}:dead`` (max_deliveries) and never applied; no good job is;
-* nothing pending, nothing waiting in a retry ZSET, nothing unread;
-* no worker exited on its own (only the ones the nemesis killed or a poison job ended);
-* every live worker still serves: it reads, and it handles part of a final batch.
+* jobs: every good job the producer saw acknowledged is applied exactly once (staged
+  writes); every poison job is in ``{S}:dead`` (max_deliveries) and never applied, no good
+  job is; nothing pending, nothing waiting in a retry ZSET, nothing unread;
+* rate: in no 1-s window did more handlers start than the limit allows (see `_check_rate`
+  for the bound and why it holds);
+* key cap: never more than PER_KEY handler calls of one concurrency key in flight at once
+  (see `_check_key_cap` for what counts as in flight around a SIGKILL or SIGSTOP);
+* ticks: every tick of the schedule due between the start of the campaign and the end of
+  the faults is applied exactly once (``catch_up = "all"`` enqueues even the ticks missed
+  while no worker could, so none may be missing); no tick is applied twice;
+* workers: no worker exited on its own (only the ones the nemesis killed or a poison job
+  ended); every live worker still serves: it reads, and it handles part of a final batch.
+
+Another kind of fault (e.g. cancelling jobs) is a function in `_actions` with a weight;
+another checker is a function of the `Evidence` added to CHECKS.
 
 Seed: ``STREAMWORK_NEMESIS_SEED`` (default below); it and the action log are printed and
-put into the failure message. ``STREAMWORK_SOAK=1`` runs the 10-minute variant.
-Run with ``pytest -s`` to see the figures.
+put into the failure message. The figures (jobs, faults by kind, lost, twice, stuck, the
+fastest start rate, the most jobs of one key in flight, ticks missing and doubled) are
+printed (``pytest -s``) and written to ``$STREAMWORK_NEMESIS_REPORT_DIR`` (default the temp
+dir) as ``streamwork-nemesis-single-<seed>.json``. ``STREAMWORK_SOAK=1`` runs the long
+variant (``STREAMWORK_SOAK_SECONDS``, default 1800 s of faults).
 """
 
 from __future__ import annotations
@@ -34,7 +50,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import msgpack
 import pytest
@@ -43,18 +59,49 @@ import redis
 import streamwork as sw
 from streamwork._codec import decode_body
 from streamwork._keys import StreamKeys
+from streamwork._limits import BURST_SECONDS
+from streamwork._schedules import tick_key
 from streamwork.errors import DecodeError
 from streamwork.testing import Ledger, wait_for
-from tests.workers_nemesis import GROUP, LEDGER, POISON_EXIT, SERVED_BY, STREAM, NemesisWorker
-
-T = TypeVar("T")
+from tests.nemesis_kit import (
+    Action,
+    Call,
+    Faults,
+    Supervisor,
+    diagnose,
+    max_starts_per_window,
+    most_in_flight,
+    publish,
+    read_calls,
+    retrying,
+    run_nemesis,
+    safe,
+)
+from tests.workers_nemesis import (
+    GROUP,
+    LEDGER,
+    PER_KEY,
+    RATE_LIMIT,
+    SERVED_BY,
+    STREAM,
+    TICK,
+    NemesisWorker,
+)
 
 TARGET = "tests.workers_nemesis:NemesisWorker"
 KEYS = StreamKeys.for_stream(STREAM)
 SEED = int(os.environ.get("STREAMWORK_NEMESIS_SEED", "20250611"))
+SECONDS = float(os.environ.get("STREAMWORK_NEMESIS_SECONDS", "35"))
+SOAK_SECONDS = float(os.environ.get("STREAMWORK_SOAK_SECONDS", "1800"))
 WORKERS = 3
-RATE = 60.0  #: jobs per second the producer aims at
-RAISE_EVERY, EXIT_EVERY = 200, 500  #: one job in N is poison of that kind
+RATE = 60.0  #: single sends per second the producer aims at
+#: after every 300 single sends, one send_many of 150 quick jobs (cold keys, no sleep):
+#: unlimited, the workers would start them within a fraction of a second
+BURST_EVERY, BURST = 300, 150
+RAISE_EVERY, EXIT_EVERY = 200, 500  #: one single send in N is poison of that kind
+HOT_EVERY = 4  #: one job in 4 has the concurrency key "hot" ...
+HOT_SLEEP = (0.02, 0.1)  #: ... and sleeps this long (s): 2 in flight serve ~33 jobs/s
+COLD_KEYS, COLD_SLEEP = 7, (0.0, 0.04)  #: the others: keys "cold-0".."cold-6"
 RESTART_DELAY = 0.3  #: s the supervisor waits before replacing a dead worker
 SETTLE_TIMEOUT = 120.0  #: s for everything to be handled once faults stop
 FINAL_JOBS = 60  #: jobs of the after-campaign batch every live worker must take part in
@@ -62,166 +109,89 @@ FINAL_JOBS = 60  #: jobs of the after-campaign batch every live worker must take
 #: so the window bites at once, while work is in flight
 OOM_HEADROOM = 2048
 VT = NemesisWorker.visibility_timeout
+TICK_MS = TICK.interval_ms
 
 #: nemesis actions and their weights; STREAMWORK_NEMESIS_ACTIONS="kill,stop" narrows them
-ACTIONS = {"kill": 3, "stop": 2, "restart_redis": 1, "client_pause": 1, "oom": 2,
+WEIGHTS = {"kill": 3, "stop": 2, "restart_redis": 1, "client_pause": 1, "oom": 2,
            "debug_sleep": 1}
 if os.environ.get("STREAMWORK_NEMESIS_ACTIONS"):
-    ACTIONS = {a: ACTIONS[a] for a in os.environ["STREAMWORK_NEMESIS_ACTIONS"].split(",")}
-
-TRANSIENT = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-             redis.exceptions.BusyLoadingError, OSError)
-
-
-def _retrying(fn: Callable[[], T], timeout: float = 30.0) -> T:
-    """Run an admin call against a server that may be restarting right now."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return fn()
-        except TRANSIENT:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-
-
-def _safe(fn: Callable[[], T], default: T) -> T:
-    """A look for wait_for: ``default`` while the server cannot answer it."""
-    try:
-        return fn()
-    except (redis.exceptions.RedisError, OSError):
-        return default
-
-
-def _pid_of(consumer: bytes | str) -> int | None:
-    name = consumer.decode() if isinstance(consumer, bytes) else consumer
-    try:
-        return int(name.rsplit("-", 2)[1])  # host-pid-random
-    except (IndexError, ValueError):
-        return None
-
-
-@dataclass
-class Exit:
-    at: float
-    pid: int
-    code: int
-    why: str  # "nemesis" | "poison" | "ON ITS OWN"
-    log: Path
-
-
-class Supervisor:
-    """Keeps WORKERS worker processes running: a dead one is replaced after RESTART_DELAY.
-    Records every exit and whether the nemesis or a poison job caused it."""
-
-    def __init__(self, spawn: Callable[..., subprocess.Popen[bytes]], url: str,
-                 logdir: Path, t0: float) -> None:
-        self.spawn_worker, self.url, self.logdir, self.t0 = spawn, url, logdir, t0
-        self.lock = threading.Lock()
-        self.slots: list[subprocess.Popen[bytes]] = []
-        self.logs: dict[int, Path] = {}
-        self.killed: set[int] = set()
-        self.exits: list[Exit] = []
-        self.spawned = 0
-        self._dead_since: dict[int, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="supervisor", daemon=True)
-        self.error: BaseException | None = None
-
-    def start(self, n: int) -> None:
-        with self.lock:
-            self.slots = [self._spawn() for _ in range(n)]
-        self._thread.start()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _spawn(self) -> subprocess.Popen[bytes]:
-        path = self.logdir / f"worker-{self.spawned}.log"
-        self.spawned += 1
-        with path.open("wb") as out:
-            proc = self.spawn_worker(TARGET, self.url, stdout=out)
-        self.logs[proc.pid] = path
-        return proc
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.wait(0.05):
-                with self.lock:
-                    self._look()
-        except BaseException as exc:  # reported by the main thread
-            self.error = exc
-
-    def _look(self) -> None:
-        now = time.monotonic()
-        for i, proc in enumerate(self.slots):
-            code = proc.poll()
-            if code is None:
-                continue
-            if i not in self._dead_since:
-                self._dead_since[i] = now
-                if code == -signal.SIGKILL and proc.pid in self.killed:
-                    why = "nemesis"
-                elif code == POISON_EXIT:
-                    why = "poison"
-                else:
-                    why = "ON ITS OWN"
-                self.exits.append(Exit(now - self.t0, proc.pid, code, why, self.logs[proc.pid]))
-            elif now - self._dead_since[i] >= RESTART_DELAY:
-                del self._dead_since[i]
-                self.slots[i] = self._spawn()
-
-    def signal(self, slot: int, sig: signal.Signals) -> int | None:
-        """Send ``sig`` to the worker in ``slot`` if it is alive; its pid, or None."""
-        with self.lock:
-            proc = self.slots[slot]
-            if proc.poll() is not None:
-                return None
-            if sig == signal.SIGKILL:
-                self.killed.add(proc.pid)
-            os.kill(proc.pid, sig)
-            return proc.pid
-
-    def live(self) -> list[subprocess.Popen[bytes]]:
-        with self.lock:
-            return [p for p in self.slots if p.poll() is None]
-
-    def unexpected_exits(self) -> list[Exit]:
-        with self.lock:
-            return [e for e in self.exits if e.why == "ON ITS OWN"]
+    WEIGHTS = {a: WEIGHTS[a] for a in os.environ["STREAMWORK_NEMESIS_ACTIONS"].split(",")}
 
 
 @dataclass
 class Campaign:
     seed: int
     seconds: float
-    t0: float = field(default_factory=time.monotonic)
-    actions: list[str] = field(default_factory=list)
+    faults: Faults = field(default_factory=Faults)
     good: list[str] = field(default_factory=list)  # acknowledged by Redis
     poison: dict[str, str] = field(default_factory=dict)  # acknowledged poison key -> kind
     uncertain: dict[str, str] = field(default_factory=dict)  # send raised: maybe enqueued
+    bursts: int = 0  # send_many calls acknowledged
     oom_rejected: int = 0
+    ticks_from_ms: int = 0  # the Redis server's clock when the faults began ...
+    ticks_to_ms: int = 0  # ... and when they ended: every tick between must be applied
     settled_in: float | None = None
     errors: list[str] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
     stop_producing: threading.Event = field(default_factory=threading.Event)
     stop_nemesis: threading.Event = field(default_factory=threading.Event)
 
+    @property
+    def t0(self) -> float:
+        return self.faults.t0
+
     def note(self, what: str) -> None:
-        self.actions.append(f"{time.monotonic() - self.t0:7.2f}s  {what}")
+        self.faults.note(what)
+
+    def expected_ticks(self) -> list[str]:
+        """The job keys of the schedule's ticks due while the faults went on."""
+        first = (self.ticks_from_ms // TICK_MS + 1) * TICK_MS
+        return [tick_key(TICK.name, t) for t in range(first, self.ticks_to_ms + 1, TICK_MS)]
+
+
+def _server_ms(admin: redis.Redis) -> int:
+    seconds, micros = retrying(admin.time)
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _job(i: int, rnd: random.Random, quick: bool = False) -> dict[str, Any]:
+    """Job i's payload (not poison): its concurrency key and how long it runs."""
+    if quick:
+        return {"ck": f"cold-{i % COLD_KEYS}", "sleep": 0}
+    if i % HOT_EVERY == 0:
+        return {"ck": "hot", "sleep": round(rnd.uniform(*HOT_SLEEP), 3)}
+    return {"ck": f"cold-{i % COLD_KEYS}", "sleep": round(rnd.uniform(*COLD_SLEEP), 3)}
 
 
 def _produce(c: Campaign, url: str) -> None:
-    """Steady load; a key counts as sent only once its send returned."""
+    """Steady load with bursts; a key counts as sent only once its send returned."""
     rnd = random.Random(c.seed * 7919 + 1)
     try:
         with sw.Producer.from_url(url, retry_timeout=60) as p:
-            i = 0
+            i = singles = 0
             while not c.stop_producing.is_set():
+                if singles and singles % BURST_EVERY == 0:
+                    keys = [f"job-{i + j}" for j in range(BURST)]
+                    try:
+                        p.send_many(STREAM, [_job(i + j, rnd, quick=True) for j in range(BURST)],
+                                    keys)
+                    except redis.exceptions.OutOfMemoryError:
+                        c.oom_rejected += 1  # refused whole: not enqueued; send it again
+                        time.sleep(0.05)
+                        continue
+                    except Exception as exc:  # maybe enqueued, maybe not
+                        c.uncertain.update(dict.fromkeys(keys, ""))
+                        c.errors.append(f"producer: send_many of {keys[0]}.. failed: {exc!r}")
+                    else:
+                        c.good += keys
+                        c.bursts += 1
+                    i += BURST
+                    singles += 1
+                    continue
                 key = f"job-{i}"
-                kind = ("raise" if i % RAISE_EVERY == RAISE_EVERY // 2 else
-                        "exit" if i % EXIT_EVERY == EXIT_EVERY - 3 else "")
-                payload: dict[str, Any] = {"sleep": round(rnd.uniform(0.0, 0.04), 3)}
+                kind = ("raise" if singles % RAISE_EVERY == RAISE_EVERY // 2 else
+                        "exit" if singles % EXIT_EVERY == EXIT_EVERY - 3 else "")
+                payload = _job(i, rnd)
                 if kind:
                     payload["poison"] = kind
                 try:
@@ -239,63 +209,61 @@ def _produce(c: Campaign, url: str) -> None:
                     else:
                         c.good.append(key)
                 i += 1
+                singles += 1
                 time.sleep(1 / RATE)
     except BaseException as exc:  # reported by the main thread
         c.errors.append(f"producer died: {exc!r}")
 
 
-def _nemesis(c: Campaign, sup: Supervisor, server: Any, admin: redis.Redis) -> None:
-    """Random faults until c.seconds have passed; every random draw comes from the seed."""
-    rnd = random.Random(c.seed)
+def _actions(c: Campaign, sup: Supervisor, server: Any,
+             admin: redis.Redis) -> dict[str, tuple[int, Action]]:
+    """The nemesis's faults (those in WEIGHTS), each drawing what it needs from the
+    generator it is given. A new kind of fault goes here and into WEIGHTS; e.g. a "cancel"
+    would cancel a random recent job with the producer, note its key in the campaign, and
+    a checker in CHECKS would then judge that key by the state its cancel returned."""
     raw: Any = admin
-    names, weights = list(ACTIONS), list(ACTIONS.values())
-    try:
-        while time.monotonic() - c.t0 < c.seconds and not c.stop_nemesis.is_set():
-            action = rnd.choices(names, weights)[0]
-            slot = rnd.randrange(WORKERS)
-            length = rnd.uniform(1.0, 2.0)
-            headroom = rnd.randint(0, OOM_HEADROOM)
-            if action == "kill":
-                pid = sup.signal(slot, signal.SIGKILL)
-                c.note(f"SIGKILL worker slot {slot} pid {pid}" if pid else
-                       f"SIGKILL slot {slot}: no live worker, skipped")
-            elif action == "stop":
-                pause = rnd.uniform(1.3 * VT, 2.2 * VT)
-                pid = sup.signal(slot, signal.SIGSTOP)
-                c.note(f"SIGSTOP worker slot {slot} pid {pid} for {pause:.1f}s" if pid else
-                       f"SIGSTOP slot {slot}: no live worker, skipped")
-                if pid:
-                    try:
-                        c.stop_nemesis.wait(pause)
-                    finally:
-                        os.kill(pid, signal.SIGCONT)
-                    c.note(f"SIGCONT pid {pid}")
-            elif action == "restart_redis":
-                down = length / 4
-                c.note(f"restart redis-server (down {down:.2f}s)")
-                server.kill()
-                time.sleep(down)
-                server.start()
-                c.note("redis-server back")
-            elif action == "client_pause":
-                c.note("CLIENT PAUSE 1000 ms")
-                _retrying(lambda: admin.client_pause(1000))
-            elif action == "oom":
-                limit = headroom + _retrying(
-                    lambda: int(admin.info("memory")["used_memory"]))
-                c.note(f"OOM window {length:.1f}s: maxmemory {limit}")
-                try:
-                    _retrying(functools.partial(admin.config_set, "maxmemory", limit))
-                    c.stop_nemesis.wait(length)
-                finally:
-                    _retrying(lambda: admin.config_set("maxmemory", 0))
-                c.note("OOM window over: maxmemory 0")
-            elif action == "debug_sleep":
-                c.note("DEBUG SLEEP 1")
-                _retrying(lambda: raw.execute_command("DEBUG", "SLEEP", 1))
-            c.stop_nemesis.wait(rnd.uniform(0.5, 2.5))  # quiet between faults
-    except BaseException as exc:  # reported by the main thread
-        c.errors.append(f"nemesis died: {exc!r}")
+
+    def kill(rnd: random.Random) -> str | None:
+        slot = rnd.randrange(WORKERS)
+        pid = sup.signal(slot, signal.SIGKILL)
+        return f"SIGKILL worker slot {slot} pid {pid}" if pid else None
+
+    def stop(rnd: random.Random) -> str | None:
+        slot, pause = rnd.randrange(WORKERS), rnd.uniform(1.3 * VT, 2.2 * VT)
+        pid = sup.stall(slot, pause, c.stop_nemesis)
+        return f"SIGSTOP worker slot {slot} pid {pid} for {pause:.1f}s, SIGCONT" if pid else None
+
+    def restart_redis(rnd: random.Random) -> str:
+        down = rnd.uniform(0.25, 0.5)
+        c.note(f"restart redis-server (down {down:.2f}s)")
+        server.kill()
+        time.sleep(down)
+        server.start()
+        return "redis-server back"
+
+    def client_pause(rnd: random.Random) -> str:
+        retrying(lambda: admin.client_pause(1000))
+        return "CLIENT PAUSE 1000 ms"
+
+    def oom(rnd: random.Random) -> str:
+        length, headroom = rnd.uniform(1.0, 2.0), rnd.randint(0, OOM_HEADROOM)
+        limit = headroom + retrying(lambda: int(admin.info("memory")["used_memory"]))
+        c.note(f"OOM window {length:.1f}s: maxmemory {limit}")
+        try:
+            retrying(functools.partial(admin.config_set, "maxmemory", limit))
+            c.stop_nemesis.wait(length)
+        finally:
+            retrying(lambda: admin.config_set("maxmemory", 0))
+        return "OOM window over: maxmemory 0"
+
+    def debug_sleep(rnd: random.Random) -> str:
+        retrying(lambda: raw.execute_command("DEBUG", "SLEEP", 1))
+        return "DEBUG SLEEP 1"
+
+    every: dict[str, Action] = {"kill": kill, "stop": stop, "restart_redis": restart_redis,
+                                "client_pause": client_pause, "oom": oom,
+                                "debug_sleep": debug_sleep}
+    return {name: (weight, every[name]) for name, weight in WEIGHTS.items()}
 
 
 @dataclass
@@ -305,6 +273,10 @@ class State:
     pending: int
     waiting: int  # members of retry/delayed ZSETs under the stream's tag
     unread: int
+
+    @property
+    def stuck(self) -> int:
+        return self.pending + self.waiting + self.unread
 
 
 def _dead(admin: redis.Redis) -> dict[str, list[str]]:
@@ -323,27 +295,34 @@ def _tag_keys(admin: redis.Redis, kind: str) -> list[str]:
     return [k.decode() for k in admin.scan_iter(match=KEYS.prefix + "*", _type=kind)]
 
 
+def _unread(admin: redis.Redis, stream: str) -> int:
+    groups = {g["name"].decode(): g for g in admin.xinfo_groups(stream)}
+    last = admin.xrevrange(stream, count=1)
+    if GROUP in groups and last and groups[GROUP]["last-delivered-id"] != last[0][0]:
+        return max(1, int(groups[GROUP].get("lag") or 0))  # the group has not read them all
+    return 0
+
+
 def _state(admin: redis.Redis) -> State:
-    """What the group has left to do: pending (in every stream under the tag, so a per-group
-    retry stream counts too), waiting in any ZSET under the tag, and unread entries."""
+    """What the group has left to do: pending and unread entries (in every stream under the
+    tag too, so the group's retry stream, where the ticks go, counts) and jobs waiting in
+    any ZSET under the tag (the concurrency keys' semaphores left out: they are holds)."""
     pending = int(admin.xpending(STREAM, GROUP)["pending"])
+    unread = _unread(admin, STREAM)
     for key in _tag_keys(admin, "stream"):
         if key != KEYS.dead:
             pending += sum(int(g["pending"]) for g in admin.xinfo_groups(key))
-    zsets = {KEYS.delayed, *_tag_keys(admin, "zset")}
+            unread += _unread(admin, key)
+    zsets = {KEYS.delayed, *(z for z in _tag_keys(admin, "zset") if ":sem:" not in z)}
     waiting = sum(int(admin.zcard(z)) for z in zsets)
-    group = {g["name"].decode(): g for g in admin.xinfo_groups(STREAM)}[GROUP]
-    last = admin.xrevrange(STREAM, count=1)
-    unread = 0
-    if last and group["last-delivered-id"] != last[0][0]:  # the group has not read them all
-        unread = max(1, int(group.get("lag") or 0))
     return State(Ledger(admin, LEDGER).counts(), _dead(admin), pending, waiting, unread)
 
 
 def _settled(admin: redis.Redis, c: Campaign) -> bool:
     s = _state(admin)
-    return (s.pending == 0 and s.waiting == 0 and s.unread == 0
-            and all(k in s.counts for k in c.good) and all(k in s.dead for k in c.poison))
+    return (s.stuck == 0 and all(k in s.counts for k in c.good)
+            and all(k in s.dead for k in c.poison)
+            and all(k in s.counts for k in c.expected_ticks()))
 
 
 def _stream_id(raw: bytes) -> tuple[int, int]:
@@ -385,14 +364,30 @@ def _where(admin: redis.Redis, lost: list[str], dead: dict[str, list[str]]) -> C
     return where
 
 
-def _verdict(admin: redis.Redis, s: State, c: Campaign) -> list[str]:
+
+@dataclass
+class Evidence:
+    """What the checkers judge: the campaign's record, the group's state once settled, the
+    supervisor's record of the processes, and every handler call the event files tell."""
+
+    admin: redis.Redis
+    c: Campaign
+    s: State
+    sup: Supervisor
+    calls: list[Call]
+
+
+def _check_jobs(ev: Evidence) -> list[str]:
+    """Every acknowledged good job applied once, poison dead-lettered unapplied, nothing
+    stranded."""
+    admin, s, c = ev.admin, ev.s, ev.c
     problems = []
     lost = [k for k in c.good if k not in s.counts]
     if lost:
-        where: dict[str, int] = _safe(lambda: dict(_where(admin, lost, s.dead)), {})
+        where: dict[str, int] = safe(lambda: dict(_where(admin, lost, s.dead)), {})
         problems.append(f"{len(lost)} acknowledged good jobs never applied {where}, "
                         f"e.g. {lost[:8]}")
-    twice = {k: n for k, n in s.counts.items() if n > 1}
+    twice = {k: n for k, n in s.counts.items() if n > 1 and not _is_tick(k)}
     if twice:
         problems.append(f"{len(twice)} jobs applied more than once, e.g. "
                         f"{dict(list(twice.items())[:8])}")
@@ -407,7 +402,7 @@ def _verdict(admin: redis.Redis, s: State, c: Campaign) -> list[str]:
     if odd:
         problems.append(f"poison jobs dead-lettered with another reason: {odd}")
     good = set(c.good) | {k for k, kind in c.uncertain.items() if not kind}
-    dead_good = {k: r for k, r in s.dead.items() if k in good}
+    dead_good = {k: r for k, r in s.dead.items() if k in good or _is_tick(k)}
     if dead_good:
         problems.append(f"{len(dead_good)} good jobs dead-lettered, e.g. "
                         f"{dict(list(dead_good.items())[:8])}")
@@ -417,7 +412,96 @@ def _verdict(admin: redis.Redis, s: State, c: Campaign) -> list[str]:
         problems.append(f"{s.waiting} jobs still waiting in retry/delayed ZSETs")
     if s.unread:
         problems.append(f"{s.unread} entries never read by the group")
+    c.figures.update(lost=len(lost), twice=len(twice), stuck=s.stuck,
+                     poison_applied=len(applied_poison), poison_not_dead=len(undead),
+                     good_dead_lettered=len(dead_good))
     return problems
+
+
+#: the rate limiter's bucket holds BURST_SECONDS of the rate (at least one token)
+BURST_TOKENS = max(1.0, RATE_LIMIT * BURST_SECONDS)
+#: runners that may hold a token they have not started a handler with yet (the live
+#: processes' ``concurrency`` runners; a dead process starts nothing)
+RUNNERS = WORKERS * NemesisWorker.concurrency
+#: the most handler starts any 1-s window may see (see _check_rate)
+RATE_BOUND = int(RATE_LIMIT + BURST_TOKENS + RUNNERS)
+
+
+def _check_rate(ev: Evidence) -> list[str]:
+    """No 1-s window saw more than RATE_BOUND handler starts: limit + bucket + runners.
+
+    Why that bound holds: every start follows a token taken from the group's bucket, by the
+    runner that starts it, with no other token taken by that runner in between. The bucket
+    holds at most BURST_TOKENS and refills at RATE_LIMIT per second of the Redis server's
+    clock, so in any second it hands out at most RATE_LIMIT + BURST_TOKENS tokens. The
+    starts in a window [t, t+1) are those of tokens taken in it, plus those taken before t
+    by runners that had not started their handler by t: at most one per runner, RUNNERS in
+    all (a runner's token can wait that long in a SIGSTOPped or busy process). The server's
+    clock (TIME) and the workers' CLOCK_MONOTONIC advance at the same rate on one machine;
+    a wall-clock step during the run would void the argument (none is made here)."""
+    most, at = max_starts_per_window([call.start for call in ev.calls])
+    ev.c.figures.update(max_starts_per_1s=most, rate_bound=RATE_BOUND, rate_limit=RATE_LIMIT)
+    if most > RATE_BOUND:
+        return [f"{most} handlers started within 1 s (from {at - ev.c.t0:.2f}s), more than "
+                f"the rate limit allows: {RATE_LIMIT:g}/s + {BURST_TOKENS:g} in the bucket + "
+                f"{RUNNERS} runners = {RATE_BOUND}"]
+    return []
+
+
+def _check_key_cap(ev: Evidence) -> list[str]:
+    """Never more than PER_KEY handler calls of one concurrency key in flight at once.
+
+    A call is in flight from its start line to its end line; a call whose process died in
+    it, until the nemesis's SIGKILL (or the exit seen); a call whose process was SIGSTOPped
+    while in it, until the SIGSTOP (kit.in_flight: its holds lapse while stopped, longer
+    than a visibility timeout, and what it does after SIGCONT is the documented case of a
+    paused worker). Every start of those processes after SIGCONT counts in full."""
+    crowds = most_in_flight(ev.calls, ev.sup)
+    most = max(crowds.values(), key=lambda crowd: crowd.most, default=None)
+    ev.c.figures.update(max_in_flight_per_key=most.most if most else 0,
+                        max_in_flight_hot=crowds["hot"].most if "hot" in crowds else 0,
+                        per_key_cap=PER_KEY)
+    over = [crowd for crowd in crowds.values() if crowd.most > PER_KEY]
+    return [f"{crowd.most} jobs of concurrency key {crowd.key!r} in flight at once (cap "
+            f"{PER_KEY}) at {crowd.at - ev.c.t0:.3f}s: " + "; ".join(
+                f"{call.key} pid {call.pid} {call.start - ev.c.t0:.3f}s.."
+                + (f"{call.end - ev.c.t0:.3f}s" if call.end is not None else "(died)")
+                for call in crowd.calls) for crowd in over]
+
+
+def _is_tick(key: str) -> bool:
+    return key.startswith(TICK.name + ":")
+
+
+def _check_ticks(ev: Evidence) -> list[str]:
+    """Every tick due while the faults went on applied once; no tick applied twice."""
+    expected = ev.c.expected_ticks()
+    missing = [k for k in expected if k not in ev.s.counts]
+    doubled = {k: n for k, n in ev.s.counts.items() if _is_tick(k) and n > 1}
+    ev.c.figures.update(ticks_expected=len(expected), ticks_missing=len(missing),
+                        ticks_doubled=len(doubled),
+                        ticks_applied=sum(1 for k in ev.s.counts if _is_tick(k)))
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} of {len(expected)} ticks never applied, e.g. "
+                        f"{missing[:8]}")
+    if doubled:
+        problems.append(f"{len(doubled)} ticks applied more than once, e.g. "
+                        f"{dict(list(doubled.items())[:8])}")
+    return problems
+
+
+#: the checkers, each a function of the evidence returning problems (and adding figures)
+CHECKS: list[Callable[[Evidence], list[str]]] = [_check_jobs, _check_rate, _check_key_cap,
+                                                  _check_ticks]
+
+
+def _pid_of(consumer: bytes | str) -> int | None:
+    name = consumer.decode() if isinstance(consumer, bytes) else consumer
+    try:
+        return int(name.rsplit("-", 2)[1])  # host-pid-random
+    except (IndexError, ValueError):
+        return None
 
 
 def _consumer_idle(admin: redis.Redis) -> dict[int, int]:
@@ -485,13 +569,15 @@ def _liveness(admin: redis.Redis, url: str, sup: Supervisor) -> list[str]:
         wait_for(lambda: _reading(admin, pids) >= pids, 30, interval=0.1,
                  message="every live worker reading")
     except AssertionError:
+        stuck = sorted(pids - _reading(admin, pids))
         problems.append(f"live workers not reading (neither blocked in XREADGROUP nor active "
-                        f"in the last 2 s): pids {sorted(pids - _reading(admin, pids))}; "
+                        f"in the last 2 s): pids {stuck}; "
                         f"consumer idle ms by pid: {_consumer_idle(admin)}")
+        problems += [f"not reading: {diagnose(pid, sup.logs.get(pid))}" for pid in stuck]
     keys = [f"final-{i}" for i in range(FINAL_JOBS)]
     with sw.Producer.from_url(url) as p:
-        for key in keys:
-            p.send(STREAM, {"final": True}, key=key)
+        for i, key in enumerate(keys):
+            p.send(STREAM, {"final": True, "ck": f"final-{i % 4}"}, key=key)
             time.sleep(0.02)  # spread over the readers
     ledger = Ledger(admin, LEDGER)
     try:
@@ -536,16 +622,20 @@ def _campaign(make_server: Callable[..., Any],
     server = make_server(appendfsync="always", extra_args=["--enable-debug-command", "yes"])
     admin = redis.Redis.from_url(server.url, socket_timeout=10)
     c = Campaign(seed, seconds)
-    sup = Supervisor(spawn_worker, server.url, tmp_path, c.t0)
+    sup = Supervisor(spawn_worker, TARGET, server.url, tmp_path, c.t0,
+                     restart_delay=RESTART_DELAY)
     sup.start(WORKERS)
     problems: list[str] = []
     try:
         pids = {p.pid for p in sup.live()}
-        wait_for(lambda: _safe(lambda: _reader_pids(admin, pids) >= pids, False), 60,
+        wait_for(lambda: safe(lambda: _reader_pids(admin, pids) >= pids, False), 60,
                  interval=0.1, message="the worker processes reading")
-        c.t0 = sup.t0 = time.monotonic()
+        c.faults.t0 = sup.t0 = time.monotonic()
+        c.ticks_from_ms = _server_ms(admin)
         producer = threading.Thread(target=_produce, args=(c, server.url), daemon=True)
-        nemesis = threading.Thread(target=_nemesis, args=(c, sup, server, admin), daemon=True)
+        nemesis = threading.Thread(target=run_nemesis, args=(
+            _actions(c, sup, server, admin), seed, seconds, c.faults, c.stop_nemesis,
+            c.errors), daemon=True)
         producer.start()
         nemesis.start()
         nemesis.join(seconds + 120)
@@ -553,16 +643,17 @@ def _campaign(make_server: Callable[..., Any],
             c.stop_nemesis.set()
             nemesis.join(30)
             problems.append("the nemesis did not finish its last action in time")
+        c.ticks_to_ms = _server_ms(admin)
         c.stop_producing.set()
         producer.join(90)
         if producer.is_alive():
             problems.append("producer stuck after the campaign")
-        c.note(f"faults over; producer stopped after {len(c.good)} good, {len(c.poison)} "
-               f"poison, {len(c.uncertain)} uncertain sends")
-        _retrying(lambda: admin.config_set("maxmemory", 0))
+        c.note(f"faults over; producer stopped after {len(c.good)} good ({c.bursts} bursts), "
+               f"{len(c.poison)} poison, {len(c.uncertain)} uncertain sends")
+        retrying(lambda: admin.config_set("maxmemory", 0))
         settle_start = time.monotonic()
         try:
-            wait_for(lambda: _safe(lambda: _settled(admin, c), False), SETTLE_TIMEOUT,
+            wait_for(lambda: safe(lambda: _settled(admin, c), False), SETTLE_TIMEOUT,
                      interval=0.25, message="everything handled after the faults")
             c.settled_in = time.monotonic() - settle_start
             c.note(f"settled in {c.settled_in:.1f}s")
@@ -570,12 +661,15 @@ def _campaign(make_server: Callable[..., Any],
             problems.append(f"not settled {SETTLE_TIMEOUT:g}s after the faults stopped")
         problems += c.errors[:10] + ([f"... and {len(c.errors) - 10} more"]
                                      if len(c.errors) > 10 else [])
-        problems += _verdict(admin, _retrying(lambda: _state(admin)), c)
+        state = retrying(lambda: _state(admin))
         problems += _liveness(admin, server.url, sup)
         problems += [f"worker pid {e.pid} exited ON ITS OWN with code {e.code} at {e.at:.1f}s "
                      f"(log {e.log})" for e in sup.unexpected_exits()]
         if sup.error is not None:
             problems.append(f"supervisor died: {sup.error!r}")
+        evidence = Evidence(admin, c, state, sup, read_calls(sup.events))
+        for check in CHECKS:
+            problems += check(evidence)
     finally:
         c.stop_nemesis.set()
         c.stop_producing.set()
@@ -583,17 +677,20 @@ def _campaign(make_server: Callable[..., Any],
         admin.close()
 
     by_why = Counter(e.why for e in sup.exits)
-    settled = "never" if c.settled_in is None else f"{c.settled_in:.1f}s"
-    figures = (f"seed={seed} faults={seconds:g}s actions={len(c.actions)} good={len(c.good)} "
-               f"poison={len(c.poison)} uncertain={len(c.uncertain)} "
-               f"oom_rejected_sends={c.oom_rejected} worker_exits={dict(by_why)} "
-               f"processes_started={sup.spawned} settled_in={settled}")
-    print(f"nemesis: {figures}")
+    c.figures.update(
+        seed=seed, faults_seconds=seconds, good=len(c.good), bursts=c.bursts,
+        poison=len(c.poison), uncertain=len(c.uncertain), oom_rejected_sends=c.oom_rejected,
+        handler_calls=len(evidence.calls), faults=dict(c.faults.done),
+        faults_skipped=dict(c.faults.skipped), worker_exits=dict(by_why),
+        processes_started=sup.spawned,
+        settled_in=None if c.settled_in is None else round(c.settled_in, 1),
+        problems=len(problems))
+    publish("single", seed, c.figures)
     if problems:
         report = "\n".join(
-            [f"nemesis campaign failed ({figures})",
+            [f"nemesis campaign failed ({c.figures})",
              f"re-run: STREAMWORK_NEMESIS_SEED={seed}", "", "PROBLEMS:",
-             *(f"  - {p}" for p in problems), "", "ACTION LOG:", *c.actions, "",
+             *(f"  - {p}" for p in problems), "", "ACTION LOG:", *c.faults.log, "",
              "WORKER EXITS:", *(f"  {e.at:7.2f}s pid {e.pid} code {e.code} {e.why}"
                                 for e in sup.exits), "",
              "WORKER LOG ERRORS (distinct lines, most frequent first):",
@@ -601,23 +698,23 @@ def _campaign(make_server: Callable[..., Any],
         pytest.fail(report, pytrace=False)
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(max(480, SECONDS + 420))
 def test_nemesis_campaign(make_server: Callable[..., Any],
                           spawn_worker: Callable[..., subprocess.Popen[bytes]],
                           tmp_path: Path) -> None:
     """~35 s of random faults under load: exactly-once effects, poison dead-lettered,
-    nothing stranded, and every worker either whole (still serving) or killed by us.
-    ``STREAMWORK_NEMESIS_SECONDS`` sets the length (make test's second pass, on Valkey, runs
-    15 s; the soak variant below runs long). 35 s keeps the CI run in its 10 minutes."""
-    seconds = float(os.environ.get("STREAMWORK_NEMESIS_SECONDS", "35"))
-    _campaign(make_server, spawn_worker, tmp_path, seconds=seconds, seed=SEED)
+    nothing stranded, the rate limit, the key cap and the schedule kept, and every worker
+    either whole (still serving) or killed by us. ``STREAMWORK_NEMESIS_SECONDS`` sets the
+    length (make test's second pass, on Valkey, runs 15 s; the soak variant below runs
+    long). 35 s keeps the CI run in its 10 minutes."""
+    _campaign(make_server, spawn_worker, tmp_path, seconds=SECONDS, seed=SEED)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("STREAMWORK_SOAK"), reason="set STREAMWORK_SOAK=1")
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(SOAK_SECONDS + 900)
 def test_nemesis_campaign_soak(make_server: Callable[..., Any],
                                spawn_worker: Callable[..., subprocess.Popen[bytes]],
                                tmp_path: Path) -> None:
-    """The same for 10 minutes of faults."""
-    _campaign(make_server, spawn_worker, tmp_path, seconds=600.0, seed=SEED)
+    """The same for ``STREAMWORK_SOAK_SECONDS`` (default 1800) of faults."""
+    _campaign(make_server, spawn_worker, tmp_path, seconds=SOAK_SECONDS, seed=SEED)

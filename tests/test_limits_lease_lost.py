@@ -1,0 +1,71 @@
+"""A job waiting over a limit whose lease is lost meanwhile is let go.
+
+A job over its concurrency key's cap goes back to the run queue after a short pause, held.
+If its lease is lost in that pause (another worker took it: this worker stalled, or Redis
+was out of reach for longer than the visibility timeout), the worker must forget it: it
+counted among the jobs held, so a worker that kept such jobs stopped reading once they
+filled its capacity, alive but idle. Found by the nemesis campaign
+(tests/faults/test_nemesis.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import redis
+
+import streamwork as sw
+from streamwork._keys import StreamKeys
+from streamwork.testing import await_for
+
+STREAM = GROUP = "capped"
+
+
+class Capped(sw.StreamWorker):
+    """One job per key at a time; capacity 3 (concurrency 2 + batch 1)."""
+
+    stream, group = STREAM, GROUP
+    concurrency = 2
+    batch_size = 1
+    concurrency_per_key = 1
+    visibility_timeout = 1.0
+    read_block = 0.05
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.ran: list[str] = []
+
+    def concurrency_key(self, msg: sw.Message) -> str:
+        return str(msg.payload["k"])
+
+    async def handle(self, msg: sw.Message) -> None:
+        self.ran.append(msg.key)
+
+
+async def test_waiting_jobs_whose_lease_is_lost_are_let_go(redis_url: str,
+                                                           r: redis.Redis) -> None:
+    """Three jobs of key "x" wait over its cap (a holder outside the worker has it) and fill
+    the worker's capacity; another consumer takes them over, so their leases are lost; the
+    worker must let them go and go on reading: a job of key "y" sent then runs."""
+    semaphore = StreamKeys.for_stream(STREAM).group(GROUP).semaphore("x")
+    r.zadd(semaphore, {"someone-else": int(time.time() * 1000) + 3_600_000})
+    with sw.Producer.from_url(redis_url) as p:
+        r.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+        for i in range(3):
+            p.send(STREAM, {"k": "x"}, key=f"x{i}")
+        w = Capped.from_url(redis_url)
+        task = asyncio.create_task(w.serve())
+        try:
+            await await_for(lambda: int(r.xpending(STREAM, GROUP)["pending"]) == 3, timeout=10)
+            ids = [e["message_id"] for e in r.xpending_range(STREAM, GROUP, "-", "+", 10)]
+            r.xclaim(STREAM, GROUP, "thief", 0, ids, justid=True)
+            await await_for(lambda: w.counts["lock_lost"] == 3, timeout=10)
+            p.send(STREAM, {"k": "y"}, key="y0")
+            await await_for(lambda: "y0" in w.ran, timeout=10,
+                            message="the job of key y to run (the lost jobs filled the worker)")
+            assert not any(k.startswith("x") for k in w.ran)
+        finally:
+            w.stop()
+            await asyncio.wait_for(task, 30)
