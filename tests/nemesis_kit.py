@@ -261,6 +261,7 @@ class Call:
     concurrency_key: str
     start: float
     end: float | None  # None: its process died in it
+    token: int = 0  # the fencing token of the lease it ran under (0: not logged)
 
 
 def read_calls(directory: Path) -> list[Call]:
@@ -268,16 +269,18 @@ def read_calls(directory: Path) -> list[Call]:
     calls = []
     for path in sorted(directory.glob("events-*.log")):
         pid = int(path.stem.split("-")[1])
-        starts: dict[str, tuple[str, str, float]] = {}
+        starts: dict[str, tuple[str, str, float, int]] = {}
         ends: dict[str, float] = {}
         for line in path.read_text().splitlines():
             parts = line.split(" ")
-            if parts[0] == "S" and len(parts) == 5:
-                starts[parts[1]] = (parts[2], parts[3], int(parts[4]) / 1e9)
+            if parts[0] == "S" and len(parts) == 5:  # S <n> <key> <ck> <ns>
+                starts[parts[1]] = (parts[2], parts[3], int(parts[4]) / 1e9, 0)
+            elif parts[0] == "S" and len(parts) == 6:  # S <n> <key> <ck> <token> <ns>
+                starts[parts[1]] = (parts[2], parts[3], int(parts[5]) / 1e9, int(parts[4]))
             elif parts[0] == "E" and len(parts) == 3:
                 ends[parts[1]] = int(parts[2]) / 1e9
-        calls += [Call(pid, key, ck, start, ends.get(n)) for n, (key, ck, start) in
-                  starts.items()]
+        calls += [Call(pid, key, ck, start, ends.get(n), token)
+                  for n, (key, ck, start, token) in starts.items()]
     return calls
 
 

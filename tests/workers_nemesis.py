@@ -63,8 +63,9 @@ signal.signal(signal.SIGUSR2, _dump_tasks)
 
 
 class _Events:
-    """This process's event file: ``S <n> <key> <concurrency key> <ns>`` when handler call
-    ``n`` starts, ``E <n> <ns>`` when it ends (nothing when the process dies in it)."""
+    """This process's event file: ``S <n> <key> <concurrency key> <fencing token> <ns>``
+    when handler call ``n`` starts, ``E <n> <ns>`` when it ends (nothing when the process
+    dies in it)."""
 
     def __init__(self) -> None:
         where = os.environ.get(EVENTS_ENV)
@@ -73,10 +74,11 @@ class _Events:
                            os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
         self.calls = itertools.count()
 
-    def start(self, key: str, concurrency_key: str) -> int:
+    def start(self, key: str, concurrency_key: str, token: int | None = None) -> int:
         n = next(self.calls)
         if self.fd is not None:
-            os.write(self.fd, f"S {n} {key} {concurrency_key} {time.monotonic_ns()}\n".encode())
+            os.write(self.fd, f"S {n} {key} {concurrency_key} {token or 0} "
+                              f"{time.monotonic_ns()}\n".encode())
         return n
 
     def end(self, n: int) -> None:
@@ -123,7 +125,7 @@ class NemesisWorker(sw.StreamWorker):
 
     async def handle(self, msg: sw.Message) -> None:
         p = _payload(msg)
-        call = self.events.start(msg.key, self.concurrency_key(msg))
+        call = self.events.start(msg.key, self.concurrency_key(msg), msg.fencing_token)
         try:
             poison = p.get("poison")
             if poison == "raise":

@@ -20,6 +20,10 @@ Then faults stop, the system settles, and the checkers (CHECKS) give the verdict
   for the bound and why it holds);
 * key cap: never more than PER_KEY handler calls of one concurrency key in flight at once
   (see `_check_key_cap` for what counts as in flight around a SIGKILL or SIGSTOP);
+* cancels: the nemesis also cancels random recent jobs (still in the stream, read ahead,
+  running, or done); a job cancelled before its handler started never starts, one
+  cancelled while it ran never runs again, neither takes effect, and each ends
+  "cancelled" (see `_check_cancels` for how a start after the cancel is told);
 * ticks: every tick of the schedule due between the start of the campaign and the end of
   the faults is applied exactly once (``catch_up = "all"`` enqueues even the ticks missed
   while no worker could, so none may be missing); no tick is applied twice;
@@ -57,6 +61,7 @@ import pytest
 import redis
 
 import streamwork as sw
+from streamwork import _scripts as scripts
 from streamwork._codec import decode_body
 from streamwork._keys import StreamKeys
 from streamwork._limits import BURST_SECONDS
@@ -113,15 +118,30 @@ TICK_MS = TICK.interval_ms
 
 #: nemesis actions and their weights; STREAMWORK_NEMESIS_ACTIONS="kill,stop" narrows them
 WEIGHTS = {"kill": 3, "stop": 2, "restart_redis": 1, "client_pause": 1, "oom": 2,
-           "debug_sleep": 1}
+           "debug_sleep": 1, "cancel": 4}
+CANCEL_FROM = 40  #: a cancel picks one of the last this many good jobs sent: some still in
+#: the stream, some read ahead by a worker, some running, waiting for a retry or done
 if os.environ.get("STREAMWORK_NEMESIS_ACTIONS"):
     WEIGHTS = {a: WEIGHTS[a] for a in os.environ["STREAMWORK_NEMESIS_ACTIONS"].split(",")}
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """One cancel the nemesis made, with what Redis held in the same MULTI/EXEC: the job
+    record before it (its held lease's fencing token, if any) and the stream's fencing
+    counter after it (every lease taken later has a greater token)."""
+
+    key: str
+    answer: str
+    held_token: int | None
+    fence: int
 
 
 @dataclass
 class Campaign:
     seed: int
     seconds: float
+    url: str = ""
     faults: Faults = field(default_factory=Faults)
     good: list[str] = field(default_factory=list)  # acknowledged by Redis
     poison: dict[str, str] = field(default_factory=dict)  # acknowledged poison key -> kind
@@ -130,6 +150,9 @@ class Campaign:
     oom_rejected: int = 0
     ticks_from_ms: int = 0  # the Redis server's clock when the faults began ...
     ticks_to_ms: int = 0  # ... and when they ended: every tick between must be applied
+    cancels: list[Cancel] = field(default_factory=list)
+    cancelled: set[str] = field(default_factory=set)  # keys whose cancel changed something
+    cancel_uncertain: set[str] = field(default_factory=set)  # the cancel call raised
     settled_in: float | None = None
     errors: list[str] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
@@ -218,9 +241,8 @@ def _produce(c: Campaign, url: str) -> None:
 def _actions(c: Campaign, sup: Supervisor, server: Any,
              admin: redis.Redis) -> dict[str, tuple[int, Action]]:
     """The nemesis's faults (those in WEIGHTS), each drawing what it needs from the
-    generator it is given. A new kind of fault goes here and into WEIGHTS; e.g. a "cancel"
-    would cancel a random recent job with the producer, note its key in the campaign, and
-    a checker in CHECKS would then judge that key by the state its cancel returned."""
+    generator it is given. A new kind of fault goes here and into WEIGHTS ("cancel" cancels
+    a random recent job; `_check_cancels` judges it by the answer its cancel returned)."""
     raw: Any = admin
 
     def kill(rnd: random.Random) -> str | None:
@@ -260,9 +282,37 @@ def _actions(c: Campaign, sup: Supervisor, server: Any,
         retrying(lambda: raw.execute_command("DEBUG", "SLEEP", 1))
         return "DEBUG SLEEP 1"
 
+    gkeys = KEYS.group(GROUP)
+    cancel_script = scripts.SyncScripts(admin)
+
+    def cancel(rnd: random.Random) -> str | None:
+        recent = [k for k in c.good[-CANCEL_FROM:]
+                  if k not in c.cancelled and k not in c.cancel_uncertain]
+        if not recent:
+            return None
+        key = rnd.choice(recent)
+        pipe = admin.pipeline(transaction=True)
+        pipe.get(gkeys.job(key))
+        cancel_script.run(scripts.cancel(gkeys.job(key), gkeys.settings, "nemesis",
+                                         3_600_000), client=pipe)
+        pipe.get(KEYS.fence)
+        try:
+            record, answer, fence = pipe.execute()
+        except Exception as exc:  # it may or may not have happened: judged by neither
+            c.cancel_uncertain.add(key)
+            return f"cancel {key}: failed ({exc!r})"
+        answer = answer.decode() if isinstance(answer, bytes) else str(answer)
+        held = None
+        if record and record[:1] == b"H":
+            held = int(record[1:].split(b"|", 1)[0].rsplit(b":", 1)[1])
+        if answer != "done":
+            c.cancelled.add(key)
+        c.cancels.append(Cancel(key, answer, held, int(fence or 0)))
+        return f"cancel {key}: {answer}"
+
     every: dict[str, Action] = {"kill": kill, "stop": stop, "restart_redis": restart_redis,
                                 "client_pause": client_pause, "oom": oom,
-                                "debug_sleep": debug_sleep}
+                                "debug_sleep": debug_sleep, "cancel": cancel}
     return {name: (weight, every[name]) for name, weight in WEIGHTS.items()}
 
 
@@ -320,7 +370,8 @@ def _state(admin: redis.Redis) -> State:
 
 def _settled(admin: redis.Redis, c: Campaign) -> bool:
     s = _state(admin)
-    return (s.stuck == 0 and all(k in s.counts for k in c.good)
+    return (s.stuck == 0 and all(k in s.counts for k in c.good if k not in c.cancelled
+                                 and k not in c.cancel_uncertain)
             and all(k in s.dead for k in c.poison)
             and all(k in s.counts for k in c.expected_ticks()))
 
@@ -382,7 +433,8 @@ def _check_jobs(ev: Evidence) -> list[str]:
     stranded."""
     admin, s, c = ev.admin, ev.s, ev.c
     problems = []
-    lost = [k for k in c.good if k not in s.counts]
+    lost = [k for k in c.good if k not in s.counts and k not in c.cancelled
+            and k not in c.cancel_uncertain]
     if lost:
         where: dict[str, int] = safe(lambda: dict(_where(admin, lost, s.dead)), {})
         problems.append(f"{len(lost)} acknowledged good jobs never applied {where}, "
@@ -492,8 +544,42 @@ def _check_ticks(ev: Evidence) -> list[str]:
 
 
 #: the checkers, each a function of the evidence returning problems (and adding figures)
+def _check_cancels(ev: Evidence) -> list[str]:
+    """A job cancelled before its handler started never starts; one cancelled while it ran
+    never runs again; neither takes effect; each ends cancelled. A handler call counts as a
+    start after the cancel when its lease was taken after it (a fencing token above the
+    counter the cancel's MULTI read) or is the held lease the cancel found."""
+    problems = []
+    starts: dict[str, list[int]] = {}
+    for call in ev.calls:
+        starts.setdefault(call.key, []).append(call.token)
+    answers: Counter[str] = Counter()
+    with sw.Producer.from_url(ev.c.url) as p:
+        for cx in ev.c.cancels:
+            answers[cx.answer] += 1
+            if cx.answer == "done":
+                continue
+            if cx.answer == "ignored":
+                problems.append(f"cancel of {cx.key} answered 'ignored' with dedup on")
+                continue
+            late = [t for t in starts.get(cx.key, ())
+                    if t > cx.fence or (cx.held_token is not None and t == cx.held_token)]
+            if late:
+                problems.append(f"{cx.key} (cancel answered {cx.answer!r}, fence {cx.fence}, "
+                                f"held {cx.held_token}) started after its cancel with "
+                                f"tokens {late}")
+            if ev.s.counts.get(cx.key):
+                problems.append(f"{cx.key} (cancel answered {cx.answer!r}) took effect "
+                                f"{ev.s.counts[cx.key]}x")
+            state = retrying(lambda key=cx.key: p.status(STREAM, key, group=GROUP).state)
+            if state != "cancelled":
+                problems.append(f"{cx.key} (cancel answered {cx.answer!r}) ends {state!r}")
+    ev.c.figures.update(cancels=dict(answers), cancels_uncertain=len(ev.c.cancel_uncertain))
+    return problems
+
+
 CHECKS: list[Callable[[Evidence], list[str]]] = [_check_jobs, _check_rate, _check_key_cap,
-                                                  _check_ticks]
+                                                  _check_ticks, _check_cancels]
 
 
 def _pid_of(consumer: bytes | str) -> int | None:
@@ -621,7 +707,7 @@ def _campaign(make_server: Callable[..., Any],
     print(f"\nnemesis: seed={seed} (STREAMWORK_NEMESIS_SEED), {seconds:g}s of faults")
     server = make_server(appendfsync="always", extra_args=["--enable-debug-command", "yes"])
     admin = redis.Redis.from_url(server.url, socket_timeout=10)
-    c = Campaign(seed, seconds)
+    c = Campaign(seed, seconds, server.url)
     sup = Supervisor(spawn_worker, TARGET, server.url, tmp_path, c.t0,
                      restart_delay=RESTART_DELAY)
     sup.start(WORKERS)
