@@ -92,34 +92,46 @@ class Ledger:
         )
 
 
-def _group_idle(client: Any, stream: str, group: str) -> bool:
-    """``group`` has read every entry of ``stream`` and acknowledged all (False if the
-    stream or the group does not exist)."""
-    if not client.exists(stream):
-        return False
-    groups = {g["name"].decode() if isinstance(g["name"], bytes) else g["name"]: g
-              for g in client.xinfo_groups(stream)}
-    g = groups.get(group)
+def _idle_in(groups: Any, last: Any, group: str) -> bool:
+    """``group`` (among ``groups``, an XINFO GROUPS reply) has read every entry of a stream
+    whose newest entry is ``last`` (an XREVRANGE COUNT 1 reply) and acknowledged all."""
+    named: dict[str, dict[str, Any]] = {}
+    for raw in groups:  # field names come as bytes from a cluster's transaction
+        fields = {k.decode() if isinstance(k, bytes) else k: v for k, v in raw.items()}
+        name = fields["name"]
+        named[name.decode() if isinstance(name, bytes) else name] = fields
+    g = named.get(group)
     if g is None:
         return False
     lag = g.get("lag")
+    last_id = last[0][0] if last else b"0-0"
     return bool(g["pending"] == 0 and (lag == 0 or (lag is None and
-                                        g["last-delivered-id"] == _last_id(client, stream))))
+                                        g["last-delivered-id"] == last_id)))
 
 
 def stream_idle(client: Any, stream: str, group: str) -> bool:
     """True when ``group`` has read every entry of the stream and of its retry stream,
-    acknowledged all, and nothing is delayed or waiting for a retry."""
+    acknowledged all, and nothing is delayed or waiting for a retry. It looks in one
+    MULTI/EXEC: a job moving meanwhile (a retry promoted onto the retry stream, a failure
+    parked in the retry set) would otherwise be missed in both places."""
     keys = StreamKeys.for_stream(stream)
     gkeys = keys.group(group)
-    retry_idle = (not client.exists(gkeys.retry)) or _group_idle(client, gkeys.retry, group)
-    return (_group_idle(client, stream, group) and retry_idle
-            and client.zcard(keys.delayed) == 0 and client.zcard(gkeys.retries) == 0)
-
-
-def _last_id(client: Any, stream: str) -> Any:
-    last = client.xrevrange(stream, count=1)
-    return last[0][0] if last else b"0-0"
+    pipe = client.pipeline(transaction=True)
+    for name in (stream, gkeys.retry):
+        pipe.exists(name)
+        pipe.xinfo_groups(name)
+        pipe.xrevrange(name, count=1)
+    pipe.zcard(keys.delayed)
+    pipe.zcard(gkeys.retries)
+    s_there, s_groups, s_last, r_there, r_groups, r_last, delayed, retries = pipe.execute(
+        raise_on_error=False)
+    for there, reply in ((s_there, s_groups), (r_there, r_groups), (1, s_last), (1, r_last),
+                         (1, delayed), (1, retries)):
+        if there and isinstance(reply, Exception):  # a missing stream has no groups
+            raise reply
+    retry_idle = not r_there or _idle_in(r_groups, r_last, group)
+    return bool(s_there and _idle_in(s_groups, s_last, group) and retry_idle
+                and delayed == 0 and retries == 0)
 
 
 async def run_until_idle(worker: StreamWorker, client: Any, timeout: float = 30.0) -> None:
