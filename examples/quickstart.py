@@ -1,4 +1,4 @@
-"""The README quickstart, runnable as is: python examples/quickstart.py [REDIS_URL]."""
+"""Producer and worker in one script: python examples/quickstart.py [REDIS_URL]."""
 
 import sys
 

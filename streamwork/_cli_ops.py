@@ -2,7 +2,7 @@
 (read-only).
 
 ``register(main)`` adds the commands to the ``streamwork`` click group. The figures come
-from :mod:`streamwork._stats`; see the README's "Operating streamwork" for what they mean.
+from :mod:`streamwork._stats`; docs/guides/operations.md says what they mean.
 
 ``--partitions P`` reads a partitioned stream's P partitions and shows their sums, plus a
 table per partition (with the worker owning it in ordered mode and, on a Cluster, the node

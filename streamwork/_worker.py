@@ -59,8 +59,8 @@ class StreamWorker(WorkerOptions, Generic[P]):
     Delivery is at-least-once: a job is acknowledged only after ``handle`` returned. With
     ``dedup`` on, a job key's effect is taken once per group: a job record (the lease,
     then the done record) and a fencing token stop a duplicate or redelivered job from
-    running again after success (see the README's "Guarantees" for what that covers and
-    what it does not).
+    running again after success (docs/explanations/guarantees.md says what that covers
+    and what it does not).
     """
 
     # the options (stream, group, concurrency, visibility_timeout, ...) and their defaults

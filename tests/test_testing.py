@@ -129,3 +129,45 @@ async def test_await_for_lets_the_loop_run_while_it_waits() -> None:
         setter.cancel()
     with pytest.raises(AssertionError, match="never"):
         await await_for(lambda: False, timeout=0.05, message="never")
+
+
+class MovesBeforeCall:
+    """A sync client that, right before its first ``trigger`` call, runs ``move`` (real
+    Redis writes, as another client would make them between two of the caller's calls)."""
+
+    def __init__(self, client: redis.Redis, trigger: str, move: Any) -> None:
+        self._client = client
+        self._trigger = trigger
+        self._move = move
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._client, name)
+        if name != self._trigger or self._move is None:
+            return method
+        move, self._move = self._move, None
+        move()
+        return method
+
+
+def test_stream_idle_sees_a_job_moving_while_it_looks(r: redis.Redis) -> None:
+    """A job moving from the group's retry set onto its retry stream (a promotion) while
+    stream_idle looks is seen in one place or the other: the look is one snapshot, so the
+    group is never reported idle with a retry still to run."""
+    stream, group = "moving", "g"
+    keys = StreamKeys.for_stream(stream)
+    gkeys = keys.group(group)
+    r.xgroup_create(stream, group, id="0", mkstream=True)
+    r.xadd(stream, {"d": b"x"})
+    [[_, [(entry_id, _)]]] = r.xreadgroup(group, "c", {stream: ">"})
+    r.xack(stream, group, entry_id)
+    r.zadd(gkeys.retries, {b"a retry waiting for its backoff": 1})
+
+    def promote() -> None:  # what the promoter does, at the worst moment for the look
+        r.zrem(gkeys.retries, b"a retry waiting for its backoff")
+        r.xgroup_create(gkeys.retry, group, id="0", mkstream=True)
+        r.xadd(gkeys.retry, {"d": b"x"})
+
+    assert stream_idle(MovesBeforeCall(r, "zcard", promote), stream, group) is False
+    if r.zcard(gkeys.retries):  # the look made no zcard call of its own: promote now
+        promote()
+    assert stream_idle(r, stream, group) is False  # the retry is unread on the retry stream
