@@ -119,8 +119,6 @@ TICK_MS = TICK.interval_ms
 #: nemesis actions and their weights; STREAMWORK_NEMESIS_ACTIONS="kill,stop" narrows them
 WEIGHTS = {"kill": 3, "stop": 2, "restart_redis": 1, "client_pause": 1, "oom": 2,
            "debug_sleep": 1, "cancel": 4}
-CANCEL_FROM = 40  #: a cancel picks one of the last this many good jobs sent: some still in
-#: the stream, some read ahead by a worker, some running, waiting for a retry or done
 if os.environ.get("STREAMWORK_NEMESIS_ACTIONS"):
     WEIGHTS = {a: WEIGHTS[a] for a in os.environ["STREAMWORK_NEMESIS_ACTIONS"].split(",")}
 
@@ -286,11 +284,20 @@ def _actions(c: Campaign, sup: Supervisor, server: Any,
     cancel_script = scripts.SyncScripts(admin)
 
     def cancel(rnd: random.Random) -> str | None:
-        recent = [k for k in c.good[-CANCEL_FROM:]
-                  if k not in c.cancelled and k not in c.cancel_uncertain]
-        if not recent:
-            return None
-        key = rnd.choice(recent)
+        # a few jobs of one concurrency key (capped at PER_KEY in flight): a moment later
+        # some run, some are read ahead and some still wait in the stream; one is cancelled
+        n = rnd.randint(4, 10)
+        keys = [f"cx-{len(c.cancels) + len(c.cancel_uncertain)}-{j}" for j in range(n)]
+        try:
+            with sw.Producer.from_url(c.url, retry_timeout=10) as p:
+                p.send_many(STREAM, [{"ck": "cx", "sleep": round(rnd.uniform(0.05, 0.4), 3)}
+                                     for _ in keys], keys)
+        except Exception as exc:  # maybe enqueued, maybe not
+            c.uncertain.update(dict.fromkeys(keys, ""))
+            return f"cancel: send_many failed ({exc!r})"
+        c.good += keys
+        time.sleep(rnd.uniform(0.0, 0.6))
+        key = rnd.choice(keys)
         pipe = admin.pipeline(transaction=True)
         pipe.get(gkeys.job(key))
         cancel_script.run(scripts.cancel(gkeys.job(key), gkeys.settings, "nemesis",
