@@ -45,9 +45,9 @@ def tiny_run() -> dict[str, Any]:
     if shutil.which("redis-cli") is None and not Path(
             find_server_binary()).with_name("valkey-cli").exists():
         no_server("no redis-cli (or valkey-cli) to create a cluster with")
-    # 8 phases, each starting worker processes: 40-60 s on a busy 2-core machine. The bench
-    # runs in a process group of its own, so a time-out ends it with its redis-servers and
-    # workers (killing the bench alone would leave them running).
+    # 8 phases, each starting worker processes: 40-60 s on a busy 2-core machine. The
+    # bench runs in a process group of its own, so a time-out ends it with its
+    # redis-servers and workers (killing the bench alone would leave them running).
     proc = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.cluster", "--jobs", str(JOBS), "--repeats", "1",
          "--masters", "1,2", "--no-warm-up", "--retries", "0", "--json"],
