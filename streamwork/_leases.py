@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from . import _scripts as scripts
@@ -162,16 +163,19 @@ class RedlockLease(Lease):
         self._slots = asyncio.Semaphore(REDLOCK_PARALLEL)
         self._releasing: set[asyncio.Future[list[Any]]] = set()  # see release and close
 
-    async def _bounded(self, op: Awaitable[T]) -> T:
+    async def _bounded(self, op: Callable[[], Awaitable[T]]) -> T:
+        """Run ``op()`` once a slot is free: the coroutine is made only then, so one whose
+        wait is cancelled (a stopping worker) is never left un-awaited."""
         async with self._slots:
-            return await op
+            return await op()
 
     async def take(self, batch: Sequence[Delivery]) -> list[int]:
         out = await self._claim(batch, "check")  # only look: done records and ownership
         go = [i for i, code in enumerate(out) if code == Claim.GO]
         results = await asyncio.gather(
-            *(self._bounded(self.redlock.acquire(
-                redlock_resource(self.cfg.stream, batch[i].msg.key))) for i in go),
+            *(self._bounded(functools.partial(
+                self.redlock.acquire, redlock_resource(self.cfg.stream, batch[i].msg.key)))
+              for i in go),
             return_exceptions=True)
         # valid_for already counts from each lease's own request: add it to now, not to a
         # time before the whole batch was taken (that would count the wait twice)
@@ -212,7 +216,7 @@ class RedlockLease(Lease):
     async def extended(self, kept: Sequence[Delivery], sent: float) -> None:
         ds = [d for d in kept if d.held is not None]
         results = await asyncio.gather(
-            *(self._bounded(d.held.extend()) for d in ds if d.held is not None),
+            *(self._bounded(d.held.extend) for d in ds if d.held is not None),
             return_exceptions=True)
         now = time.monotonic()  # as in take: the validity returned counts from now
         for d, validity in zip(ds, results, strict=True):
@@ -225,7 +229,7 @@ class RedlockLease(Lease):
             d.held = None
         if held:  # shielded: a stopping worker must not leave leases behind half-released
             releasing = asyncio.gather(
-                *(self._bounded(h.release()) for h in held), return_exceptions=True)
+                *(self._bounded(h.release) for h in held), return_exceptions=True)
             self._releasing.add(releasing)
             releasing.add_done_callback(self._releasing.discard)
             await asyncio.shield(releasing)
