@@ -8,6 +8,7 @@ is ended by its pid.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -53,8 +54,31 @@ def embedded_binary() -> str | None:
     return path if path and os.path.exists(path) else None
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the OS hands out on its own (to bind(0), and to every outgoing
+    connection's local end): Linux's ip_local_port_range, else the IANA range's start."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now, chosen below the range
+    the OS hands out on its own: a server stopped and started again on it (a restart
+    test) cannot find it taken meanwhile by another process's bind(0) or by the local end
+    of some outgoing connection, as a port from that range can be on a busy machine."""
+    low = min(_ephemeral_low(), 65536)
+    rnd = random.SystemRandom()
+    for _ in range(200 if low > 11000 else 0):
+        port = rnd.randrange(10000, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
