@@ -30,7 +30,7 @@ SIGKILLs it; so the expected loss is 0, and the test asserts it. The verdict (CH
 The figures (jobs, faults by kind, failover times, lost, twice, out of order, the failover
 loss) are printed (``pytest -s``) and written to ``$STREAMWORK_NEMESIS_REPORT_DIR`` (default
 the temp dir) as ``streamwork-nemesis-cluster-<seed>.json``. Seed:
-``STREAMWORK_NEMESIS_SEED``; length: ``STREAMWORK_NEMESIS_CLUSTER_SECONDS`` (default 20);
+``STREAMWORK_NEMESIS_SEED``; length: ``STREAMWORK_NEMESIS_CLUSTER_SECONDS`` (default 15);
 ``STREAMWORK_SOAK=1`` runs the long variant (``STREAMWORK_SOAK_SECONDS``, default 1800).
 Another kind of fault (e.g. cancels) is a function in `_actions` with a weight in WEIGHTS;
 another checker a function of the `Evidence` in CHECKS.
@@ -72,7 +72,7 @@ TARGET = "tests.workers_nemesis:NemesisOrdered"
 PARTITIONS = NemesisOrdered.partitions
 NAMES = partition_names(ORDERED_STREAM, PARTITIONS)
 SEED = int(os.environ.get("STREAMWORK_NEMESIS_SEED", "20250611"))
-SECONDS = float(os.environ.get("STREAMWORK_NEMESIS_CLUSTER_SECONDS", "20"))
+SECONDS = float(os.environ.get("STREAMWORK_NEMESIS_CLUSTER_SECONDS", "15"))
 SOAK_SECONDS = float(os.environ.get("STREAMWORK_SOAK_SECONDS", "1800"))
 WORKERS = 3
 ORDER_KEYS = [f"o{k}" for k in range(12)]
@@ -243,6 +243,7 @@ class Evidence:
     survived: set[str]  # job keys whose entry (or done record) is still in their partition
     drained: bool
     sup: Supervisor
+    left: list[str]  # what each partition has left (when not drained)
 
 
 def _survivors(client: Any, c: Campaign) -> set[str]:
@@ -289,8 +290,35 @@ def _check_failover_loss(ev: Evidence) -> list[str]:
 
 
 def _check_drained(ev: Evidence) -> list[str]:
+    """Every partition read and acknowledged, nothing waiting for a retry."""
     ev.c.figures.update(drained=ev.drained)
-    return [] if ev.drained else ["the partitions did not drain (pending, unread or waiting)"]
+    return [] if ev.drained else [
+        "the partitions did not drain (pending, unread or waiting): " + "; ".join(ev.left)]
+
+
+def _left(client: Any) -> list[str]:
+    """What each partition that is not idle has left: the group's pending entries (by
+    consumer, the oldest's job key and idle time), unread entries, retries waiting."""
+    out = []
+    for name in NAMES:
+        if _look(lambda n=name: stream_idle(client, n, ORDERED_GROUP), True):
+            continue
+        keys = StreamKeys.for_stream(name)
+        try:
+            group = {g["name"].decode(): g for g in client.xinfo_groups(name)}[ORDERED_GROUP]
+            pending = client.xpending_range(name, ORDERED_GROUP, "-", "+", 5)
+            jobs = []
+            for p in pending:
+                entry = client.xrange(name, p["message_id"], p["message_id"])
+                key = decode_body(entry[0][1][BODY_FIELD]).key if entry else "<gone>"
+                jobs.append(f"{key} ({p['consumer'].decode()}, idle {p['time_since_delivered']}"
+                            f" ms, delivered {p['times_delivered']}x)")
+            out.append(f"{name}: pending {group['pending']}, lag {group.get('lag')}, "
+                       f"retries waiting {client.zcard(keys.group(ORDERED_GROUP).retries)}, "
+                       f"first pending: {jobs}")
+        except (*LOOK_ERRORS, KeyError, DecodeError) as exc:
+            out.append(f"{name}: could not look ({exc!r})")
+    return out
 
 
 #: the checkers, each a function of the evidence returning problems (and adding figures)
@@ -351,10 +379,11 @@ def _campaign(make_server: Callable[..., Any],
                 except AssertionError:
                     problems.append(f"not settled {SETTLE_TIMEOUT:g}s after the faults")
                 logs = _logs(client)
+                drained = _look(lambda: all(stream_idle(client, n, ORDERED_GROUP)
+                                            for n in NAMES), False)
                 evidence = Evidence(
                     c, logs, check_order(c.told, c.uncertain, logs), _survivors(client, c),
-                    _look(lambda: all(stream_idle(client, n, ORDERED_GROUP) for n in NAMES),
-                          False), sup)
+                    drained, sup, [] if drained else _left(client))
             finally:
                 client.close()
             problems += c.errors[:10] + ([f"... and {len(c.errors) - 10} more"]
@@ -398,7 +427,7 @@ def _campaign(make_server: Callable[..., Any],
 def test_nemesis_ordered_on_a_cluster(make_server: Callable[..., Any],
                                       spawn_worker: Callable[..., subprocess.Popen[bytes]],
                                       tmp_path: Path) -> None:
-    """~20 s of faults, a master killed among them: every order key's jobs applied once
+    """~15 s of faults, a master killed among them: every order key's jobs applied once
     each, in order, nothing lost to the failover (its replica was in sync)."""
     _campaign(make_server, spawn_worker, tmp_path, seconds=SECONDS, seed=SEED)
 
