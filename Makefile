@@ -33,12 +33,15 @@ lint: $(STAMP)
 
 # The suite runs twice: on redis-server (PATH) and on the embedded extra's Valkey 8 (there
 # with a shorter randomized fault campaign and another seed, and without the tests that
-# start a local Redis Cluster or that test streamwork's own processes, web page, CLI and
-# examples rather than what the server does, to stay in the CI budget).
+# start a local Redis Cluster or that test streamwork's own processes, web page, CLI, docs,
+# start-up checks, user-code containment, outage reporting, log lines, codec and examples
+# rather than what the server does, to stay in the CI budget).
 SERVER_AGNOSTIC := tests/test_dashboard.py tests/test_processes.py tests/test_health.py \
 	tests/test_alerts.py tests/test_bench.py tests/test_examples.py \
 	tests/test_typed_payloads.py tests/test_cli.py tests/test_function_worker.py \
-	tests/test_docs.py
+	tests/test_docs.py tests/test_cli_polish.py tests/test_startup_checks.py \
+	tests/test_user_code.py tests/test_outage.py tests/test_failure_logs.py \
+	tests/test_payload_types.py
 test: lint
 	$(BIN)/pytest -q
 	VK="$$($(BIN)/python -c 'from streamwork._server import embedded_binary as e; print(e() or "")')"; \
