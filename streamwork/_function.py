@@ -18,6 +18,7 @@ from typing import Any, Generic, TypedDict, cast, overload
 from typing_extensions import TypeVar, Unpack
 
 from ._config import WorkerConfig, did_you_mean
+from ._extensions import Codec
 from ._message import Message, P
 from ._payloads import kind_of
 from ._schedules import Cron, Every
@@ -84,6 +85,7 @@ class WorkerKeywords(TypedDict, total=False):
     local_cache: Any
     concurrency_key: Callable[[Message[Any]], str] | None
     schedules: Sequence[Every | Cron]
+    codec: Codec | None
     on_start: Callable[[], Any] | None
     on_stop: Callable[[], Any] | None
 
