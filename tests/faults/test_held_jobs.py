@@ -81,7 +81,9 @@ async def test_entry_deleted_while_its_handler_runs_still_gets_its_outcome(
     ok_id = p.send(STREAM, {"sleep": 1.6}, key="ok")
     bad_id = p.send(STREAM, {"sleep": 1.6, "fail": True}, key="bad")
     bad_body = r.xrange(STREAM, bad_id, bad_id)[0][1][b"d"]
-    worker = SlowStaged.from_url(redis_url, max_deliveries=3)
+    # a 3 s lease (heartbeat every 1 s, still inside the handlers' 1.6 s): with the class's
+    # 1 s, a loaded machine could miss a heartbeat and the entries were reclaimed meanwhile
+    worker = SlowStaged.from_url(redis_url, max_deliveries=3, visibility_timeout=3.0)
     task = await _serve(worker)
     try:
         await await_for(lambda: r.hlen("runs") == 2, message="both handlers running")
