@@ -59,7 +59,7 @@ from streamwork._codec import BODY_FIELD, decode_body
 from streamwork._keys import StreamKeys
 from streamwork._partitions import partition_names, partition_of
 from streamwork.errors import DecodeError
-from streamwork.testing import stream_idle, wait_for
+from streamwork.testing import wait_for
 from tests.cluster_util import LocalCluster, kill_master_in_sync, local_cluster, rejoin
 from tests.nemesis_kit import Action, Faults, Supervisor, publish, run_nemesis
 from tests.ordered_campaign import OrderVerdict, check_order
@@ -296,26 +296,67 @@ def _check_drained(ev: Evidence) -> list[str]:
         "the partitions did not drain (pending, unread or waiting): " + "; ".join(ev.left)]
 
 
+def _fields(info: Any) -> dict[str, Any]:
+    """One group of an XINFO GROUPS reply with str field names (a cluster pipeline leaves
+    them bytes, in a flat list)."""
+    pairs = info.items() if isinstance(info, dict) else zip(info[::2], info[1::2], strict=True)
+    return {(k.decode() if isinstance(k, bytes) else k): v for k, v in pairs}
+
+
+def _partition_left(client: Any, name: str) -> str | None:
+    """What partition ``name`` has left to do, or None when it is idle: entries pending or
+    after the group's last-delivered id, in the stream and in the group's retry stream, and
+    jobs delayed or waiting for a retry. Looked at in one MULTI (one hash slot), and not by
+    XINFO's ``lag``, which is a counter Redis keeps, not a look at the entries."""
+    keys = StreamKeys.for_stream(name)
+    gkeys = keys.group(ORDERED_GROUP)
+    pipe = client.pipeline(transaction=True)
+    for stream in (name, gkeys.retry):
+        pipe.exists(stream)
+        pipe.xinfo_groups(stream)
+        pipe.xrevrange(stream, count=1)
+    pipe.zcard(keys.delayed)
+    pipe.zcard(gkeys.retries)
+    got = pipe.execute(raise_on_error=False)
+    left = []
+    for stream, (exists, groups, last) in zip((name, gkeys.retry), (got[0:3], got[3:6]),
+                                              strict=True):
+        if not exists:
+            continue
+        if isinstance(groups, Exception):
+            left.append(f"{stream}: {groups!r}")
+            continue
+        group = next((g for g in map(_fields, groups) if g["name"] in (
+            ORDERED_GROUP, ORDERED_GROUP.encode())), None)
+        if group is None:
+            left.append(f"{stream}: no group")
+            continue
+        last_id = last[0][0] if last else b"0-0"
+        if group["pending"] or group["last-delivered-id"] != last_id:
+            left.append(f"{stream}: pending {group['pending']}, last delivered "
+                        f"{group['last-delivered-id']!r}, last entry {last_id!r} (entries-read "
+                        f"{group.get('entries-read')}, lag {group.get('lag')})")
+    if got[6] or got[7]:
+        left.append(f"{name}: delayed {got[6]}, waiting for a retry {got[7]}")
+    return "; ".join(left) or None
+
+
 def _left(client: Any) -> list[str]:
-    """What each partition that is not idle has left: the group's pending entries (by
-    consumer, the oldest's job key and idle time), unread entries, retries waiting."""
+    """What each partition that is not idle has left (see `_partition_left`), with its
+    first pending entries: their job key, consumer, idle time and delivery count."""
     out = []
     for name in NAMES:
-        if _look(lambda n=name: stream_idle(client, n, ORDERED_GROUP), True):
-            continue
-        keys = StreamKeys.for_stream(name)
         try:
-            group = {g["name"].decode(): g for g in client.xinfo_groups(name)}[ORDERED_GROUP]
-            pending = client.xpending_range(name, ORDERED_GROUP, "-", "+", 5)
+            what = _partition_left(client, name)
+            if what is None:
+                continue
             jobs = []
-            for p in pending:
+            for p in client.xpending_range(name, ORDERED_GROUP, "-", "+", 5):
                 entry = client.xrange(name, p["message_id"], p["message_id"])
                 key = decode_body(entry[0][1][BODY_FIELD]).key if entry else "<gone>"
                 jobs.append(f"{key} ({p['consumer'].decode()}, idle {p['time_since_delivered']}"
                             f" ms, delivered {p['times_delivered']}x)")
-            out.append(f"{name}: pending {group['pending']}, lag {group.get('lag')}, "
-                       f"retries waiting {client.zcard(keys.group(ORDERED_GROUP).retries)}, "
-                       f"first pending: {jobs}")
+            out.append(f"{what}; first pending: {jobs}")
         except (*LOOK_ERRORS, KeyError, DecodeError) as exc:
             out.append(f"{name}: could not look ({exc!r})")
     return out
@@ -368,7 +409,7 @@ def _campaign(make_server: Callable[..., Any],
                 def settled() -> bool:
                     logs = _logs(client)
                     return (all(told[k] <= set(logs[k]) for k in ORDER_KEYS)
-                            and all(stream_idle(client, n, ORDERED_GROUP) for n in NAMES))
+                            and all(_partition_left(client, n) is None for n in NAMES))
 
                 began = time.monotonic()
                 try:
@@ -379,7 +420,7 @@ def _campaign(make_server: Callable[..., Any],
                 except AssertionError:
                     problems.append(f"not settled {SETTLE_TIMEOUT:g}s after the faults")
                 logs = _logs(client)
-                drained = _look(lambda: all(stream_idle(client, n, ORDERED_GROUP)
+                drained = _look(lambda: all(_partition_left(client, n) is None
                                             for n in NAMES), False)
                 evidence = Evidence(
                     c, logs, check_order(c.told, c.uncertain, logs), _survivors(client, c),
