@@ -1,7 +1,7 @@
 """What an error from Redis means for a worker's loops: ride it out, rebuild, or stop.
 
 Every internal loop of a worker hands the errors it meets to `classify` (one place, one
-rule, DESIGN.md "A worker is whole, or it exits"):
+rule: a worker is whole, or it exits):
 
 * `Fault.TRANSIENT` - the server is busy, full, restarting, read-only, failing over or out
   of reach: back off and retry, keeping every finished outcome in memory until it is

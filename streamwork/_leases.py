@@ -52,8 +52,9 @@ class LeaseMode(enum.IntEnum):
 
 def lease_deadline(sent: float, ttl: float) -> float:
     """Monotonic time until which a lease of ``ttl`` s requested at ``sent`` is safe to rely
-    on: the TTL minus the clock-drift allowance, counted from the request (RELIABILITY L5).
-    The one place the margin is computed, for Redis leases and Redlock alike."""
+    on: the TTL minus the clock-drift allowance, counted from the request (the Redlock
+    algorithm's validity time). The one place the margin is computed, for Redis leases and
+    Redlock alike."""
     return sent + ttl - float(drift_allowance(ttl))
 
 

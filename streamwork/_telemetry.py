@@ -1,7 +1,7 @@
 """OpenTelemetry for streamwork: spans, metrics, context propagation (API only).
 
 Everything here is a no-op until the application (or ``streamwork run --otlp`` /
-``--metrics-port``) installs an SDK. Names follow DESIGN.md: counters
+``--metrics-port``) installs an SDK. Names (see docs/guides/observability.md): counters
 ``streamwork.messages.<what>`` and ``streamwork.lock.<what>``, the histogram
 ``streamwork.handler.duration`` and the gauges ``streamwork.stream.<what>``, with the
 attributes ``stream``, ``group`` and ``outcome``. Spans use the messaging semantic
