@@ -237,9 +237,12 @@ async def test_dlq_list_json_keeps_the_original_bytes(redis_url: str,
 # ---- 4. top into a pipe ---------------------------------------------------------------
 
 
-def test_top_prints_plain_frames_into_a_pipe(redis_url: str, r: redis.Redis) -> None:
+def test_top_prints_plain_frames_into_a_pipe(make_server: Any) -> None:
     """`streamwork top` whose stdout is a pipe prints a plain frame every --interval (so
-    `top | tee` and logging work) until SIGINT, then exits 0; `--once` prints one."""
+    `top | tee` and logging work) until SIGINT, then exits 0; `--once` prints one. On a
+    server of its own (the session's shared one carries what earlier tests left running)."""
+    redis_url = make_server().url
+    r = redis.Redis.from_url(redis_url)
     r.xadd(STREAM, {"d": b"x"})
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     lines: list[str] = []
@@ -267,6 +270,7 @@ def test_top_prints_plain_frames_into_a_pipe(redis_url: str, r: redis.Redis) -> 
     assert code == 0, lines
 
     once = cli("top", STREAM, "--once", "--interval", "0.1", "--url", redis_url)
+    r.close()
     assert once.exit_code == 0, once.output
     assert once.output.count("streamwork top") == 1
 
