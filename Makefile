@@ -44,7 +44,7 @@ SERVER_AGNOSTIC := tests/test_dashboard.py tests/test_processes.py tests/test_he
 	tests/test_payload_types.py
 test: lint
 	$(BIN)/pytest -q
-	VK="$$($(BIN)/python -c 'from streamwork._server import embedded_binary as e; print(e() or "")')"; \
+	VK="$$($(BIN)/python -c 'from streamwork._redis.server import embedded_binary as e; print(e() or "")')"; \
 	if [ -n "$$VK" ]; then STREAMWORK_REDIS_SERVER="$$VK" STREAMWORK_NEMESIS_SECONDS=15 \
 	  STREAMWORK_NEMESIS_SEED=$${STREAMWORK_NEMESIS_SEED:-7} $(BIN)/pytest -q -p no:cacheprovider \
 	  -m "not cluster" $(SERVER_AGNOSTIC:%=--ignore=%); \

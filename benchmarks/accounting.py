@@ -10,7 +10,7 @@ from typing import Any, Final
 
 import redis
 
-from streamwork._keys import StreamKeys
+from streamwork._wire.keys import StreamKeys
 from streamwork.errors import BenchError
 
 #: commands the harness itself sends while it watches a worker (not counted)

@@ -1,5 +1,5 @@
 """The ``bench`` click command: ``python -m benchmarks`` runs it, and so does
-``streamwork bench`` from a source checkout (``streamwork/_bench_cli.py`` loads it)."""
+``streamwork bench`` from a source checkout (``streamwork/_cli/bench.py`` loads it)."""
 
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ from rich.table import Table
 from benchmarks.cluster_nodes import BenchCluster, local_cluster
 from benchmarks.measure import GROUP, Run, end_process, summary
 from streamwork import StreamworkError
-from streamwork._partitions import partition_names
+from streamwork._wire.partitions import partition_names
 from streamwork.errors import BenchError
 
 __all__ = ["SCENARIOS", "ClusterParams", "main", "markdown", "run_cluster"]

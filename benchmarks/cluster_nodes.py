@@ -29,7 +29,7 @@ from typing import Any, Final
 import redis
 from redis.crc import key_slot
 
-from streamwork._server import RedisServer, find_server_binary, free_port
+from streamwork._redis.server import RedisServer, find_server_binary, free_port
 from streamwork.errors import BenchError
 
 __all__ = ["SLOTS", "BenchCluster", "cluster_cli", "local_cluster", "slot_ranges"]

@@ -34,8 +34,8 @@ from benchmarks.measure import (
 from benchmarks.pacing import paced
 from benchmarks.workers import LatencyWorker, NoopWorker
 from streamwork import Producer, StreamWorker
-from streamwork._codec import BODY_FIELD, encode_body
-from streamwork._keys import StreamKeys
+from streamwork._wire.codec import BODY_FIELD, encode_body
+from streamwork._wire.keys import StreamKeys
 from streamwork.errors import BenchError
 
 

@@ -15,7 +15,7 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from .errors import (
+from streamwork.errors import (
     ConfigError,
     DeadLetter,
     DecodeError,
@@ -31,9 +31,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from ._extensions import Codec
-    from ._function import worker
-    from ._lock import (
+    from streamwork._lock.redlock import (
         AsyncHeldLock,
         AsyncRedlock,
         HeldLock,
@@ -41,22 +39,26 @@ if TYPE_CHECKING:
         async_fenced_set,
         fenced_set,
     )
-    from ._message import Message
-    from ._producer import AsyncProducer, Producer
-    from ._records import JobStatus
-    from ._schedules import Cron, Every
-    from ._worker import Health, StreamWorker
+    from streamwork._producer.producer import AsyncProducer, Producer
+    from streamwork._schedules.spec import Cron, Every
+    from streamwork._wire.extensions import Codec
+    from streamwork._wire.message import Message
+    from streamwork._wire.records import JobStatus
+    from streamwork._worker.function import worker
+    from streamwork._worker.worker import Health, StreamWorker
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 #: public names defined in private modules, imported when first used
 _LAZY = {
-    "AsyncHeldLock": "_lock", "AsyncRedlock": "_lock", "HeldLock": "_lock", "Redlock": "_lock",
-    "async_fenced_set": "_lock", "fenced_set": "_lock", "Message": "_message",
-    "AsyncProducer": "_producer", "Producer": "_producer", "Health": "_worker",
-    "StreamWorker": "_worker", "JobStatus": "_records",
-    "Cron": "_schedules", "Every": "_schedules", "worker": "_function",
-    "Codec": "_extensions",
+    "AsyncHeldLock": "_lock.redlock", "AsyncRedlock": "_lock.redlock",
+    "HeldLock": "_lock.redlock", "Redlock": "_lock.redlock",
+    "async_fenced_set": "_lock.redlock", "fenced_set": "_lock.redlock",
+    "Message": "_wire.message", "AsyncProducer": "_producer.producer",
+    "Producer": "_producer.producer", "Health": "_worker.worker",
+    "StreamWorker": "_worker.worker", "JobStatus": "_wire.records",
+    "Cron": "_schedules.spec", "Every": "_schedules.spec", "worker": "_worker.function",
+    "Codec": "_wire.extensions",
 }
 
 

@@ -1,5 +1,5 @@
 """``python -m streamwork`` runs the CLI."""
 
-from ._cli import main
+from streamwork._cli.main import main
 
 main()

@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ._keys import StreamKeys
-from ._server import RedisServer, free_port
-from ._worker import StreamWorker
+from streamwork._redis.server import RedisServer, free_port
+from streamwork._wire.keys import StreamKeys
+from streamwork._worker.worker import StreamWorker
 
 __all__ = [
     "Ledger", "LedgerReport", "RedisServer", "await_for", "free_port", "run_until_idle",

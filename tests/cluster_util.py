@@ -33,7 +33,7 @@ import redis
 import redis.cluster
 import redis.exceptions
 
-from streamwork._server import RedisServer, find_server_binary, free_port
+from streamwork._redis.server import RedisServer, find_server_binary, free_port
 from streamwork.testing import wait_for
 from tests.conftest import no_server
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import redis
 
-from streamwork._server import RedisServer, find_server_binary
+from streamwork._redis.server import RedisServer, find_server_binary
 from streamwork.errors import StreamworkError
 
 ROOT = Path(__file__).resolve().parent.parent

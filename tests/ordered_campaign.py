@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import streamwork as sw
-from streamwork._keys import StreamKeys
-from streamwork._partitions import partition_names, partition_of
+from streamwork._wire.keys import StreamKeys
+from streamwork._wire.partitions import partition_names, partition_of
 from streamwork.testing import wait_for
 from tests.workers_ordered import OrderLog, log_key
 

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 import streamwork as sw
-from streamwork._server import free_port
+from streamwork._redis.server import free_port
 from streamwork.testing import wait_for
 from tests.workers_alerts import GROUP, STREAM
 

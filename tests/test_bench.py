@@ -22,8 +22,8 @@ from benchmarks.measure import Params
 from benchmarks.peers import PEERS, peers_plot_path, run_peers
 from benchmarks.report import plot_peers, render, render_peers
 from benchmarks.run import GOALS, PEER_GOALS, _goals
-from streamwork import _bench_cli
-from streamwork._server import find_server_binary
+from streamwork._cli import bench as _bench_cli
+from streamwork._redis.server import find_server_binary
 from streamwork.errors import StreamworkError
 from tests.conftest import no_server
 
@@ -213,8 +213,8 @@ def test_importing_streamwork_and_its_cli_help_leave_the_harness_unloaded() -> N
     code = (
         "import sys\n"
         "from click.testing import CliRunner\n"
-        "import streamwork, streamwork._cli\n"
-        "result = CliRunner().invoke(streamwork._cli.main, ['--help'])\n"
+        "import streamwork, streamwork._cli.main\n"
+        "result = CliRunner().invoke(streamwork._cli.main.main, ['--help'])\n"
         "assert result.exit_code == 0 and 'bench' in result.output, result.output\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'benchmarks')\n"
         "assert not loaded, loaded\n"

@@ -17,7 +17,7 @@ import pytest
 
 from benchmarks.cluster import SCENARIOS, markdown
 from benchmarks.cluster_nodes import slot_ranges
-from streamwork._server import find_server_binary
+from streamwork._redis.server import find_server_binary
 from streamwork.errors import StreamworkError
 from tests.conftest import no_server
 

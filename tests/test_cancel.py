@@ -12,7 +12,7 @@ import pytest
 import redis
 
 import streamwork as sw
-from streamwork import _heartbeat as heartbeat
+from streamwork._worker.loops import heartbeat
 from streamwork.testing import await_for, run_until_idle
 
 STREAM, GROUP = "mail", "senders"
@@ -167,7 +167,7 @@ def test_bad_cancel_input(redis_url: str) -> None:
 def test_cli_cancel(redis_url: str, r: redis.Redis) -> None:
     from click.testing import CliRunner
 
-    from streamwork._cli import main
+    from streamwork._cli.main import main
     r.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
     with sw.Producer.from_url(redis_url) as p:
         p.send(STREAM, {}, key="k1")

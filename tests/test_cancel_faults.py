@@ -16,8 +16,8 @@ import pytest
 import redis
 
 import streamwork as sw
-from streamwork._keys import StreamKeys
-from streamwork._server import RedisServer
+from streamwork._redis.server import RedisServer
+from streamwork._wire.keys import StreamKeys
 from streamwork.testing import await_for, wait_for
 from tests.workers_cancel import EFFECTS, GROUP, RUNS, STREAM, Slow, fail_key, release_key
 

@@ -20,10 +20,10 @@ import redis
 from click.testing import CliRunner, Result
 
 import streamwork as sw
-from streamwork._cli import main
-from streamwork._codec import BODY_FIELD, decode_body
-from streamwork._config import HELP, WorkerConfig
-from streamwork._server import free_port
+from streamwork._cli.main import main
+from streamwork._redis.server import free_port
+from streamwork._wire.codec import BODY_FIELD, decode_body
+from streamwork._worker.config import HELP, WorkerConfig
 from streamwork.testing import Ledger, wait_for
 from tests.workers import STREAM, LedgerWorker
 

@@ -10,8 +10,8 @@ import pytest
 import redis
 from click.testing import CliRunner, Result
 
-from streamwork._cli import main
-from streamwork._cli_ops import (
+from streamwork._cli.main import main
+from streamwork._cli.ops import (
     FAIL_EXIT_CODE,
     Threshold,
     check_thresholds,
@@ -19,7 +19,7 @@ from streamwork._cli_ops import (
     parse_threshold,
     register,
 )
-from streamwork._stats import StreamStats
+from streamwork._ops.stats import StreamStats
 from tests.test_stats import STREAM, prepare, wait_idle
 
 if not {"inspect", "top", "job"} <= set(main.commands):

@@ -14,9 +14,9 @@ import redis
 from click.testing import CliRunner, Result
 
 import streamwork as sw
-from streamwork._cli import main
-from streamwork._keys import StreamKeys
-from streamwork._partitions import partition_names, partition_of
+from streamwork._cli.main import main
+from streamwork._wire.keys import StreamKeys
+from streamwork._wire.partitions import partition_names, partition_of
 from streamwork.testing import await_for, run_until_idle
 from tests.cluster_util import local_cluster
 from tests.test_cli_ops import row, rows

@@ -22,13 +22,13 @@ import redis
 from click.testing import CliRunner, Result
 
 import streamwork as sw
-from streamwork._cli import main
-from streamwork._codec import BODY_FIELD, decode_body
-from streamwork._config import WorkerConfig
-from streamwork._keys import StreamKeys
-from streamwork._logs import WORKER_LOGGER, TextFormatter
-from streamwork._message import ORDER_KEY_HEADER
-from streamwork._partitions import partition_names, partition_of
+from streamwork._cli.main import main
+from streamwork._telemetry.logs import WORKER_LOGGER, TextFormatter
+from streamwork._wire.codec import BODY_FIELD, decode_body
+from streamwork._wire.keys import StreamKeys
+from streamwork._wire.message import ORDER_KEY_HEADER
+from streamwork._wire.partitions import partition_names, partition_of
+from streamwork._worker.config import WorkerConfig
 from streamwork.testing import run_until_idle, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent

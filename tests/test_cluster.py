@@ -11,8 +11,8 @@ import redis
 import redis.cluster
 
 import streamwork as sw
-from streamwork._keys import StreamKeys
-from streamwork._partitions import partition_names, partition_of
+from streamwork._wire.keys import StreamKeys
+from streamwork._wire.partitions import partition_names, partition_of
 from streamwork.testing import run_until_idle
 from tests.cluster_util import local_cluster
 from tests.ordered_campaign import expected_logs, run_campaign

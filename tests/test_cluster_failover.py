@@ -50,10 +50,10 @@ import redis.asyncio
 import redis.cluster
 
 import streamwork as sw
-from streamwork._codec import BODY_FIELD, decode_body
-from streamwork._faults import Fault, classify
-from streamwork._keys import StreamKeys
-from streamwork._partitions import partition_names, partition_of
+from streamwork._redis.faults import Fault, classify
+from streamwork._wire.codec import BODY_FIELD, decode_body
+from streamwork._wire.keys import StreamKeys
+from streamwork._wire.partitions import partition_names, partition_of
 from streamwork.testing import stream_idle, wait_for
 from tests.cluster_util import LocalCluster, kill_master, local_cluster, pause, resume
 from tests.workers_cluster import GROUP, PARTITIONS, STREAM, ledger_key

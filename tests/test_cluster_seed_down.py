@@ -13,8 +13,8 @@ import asyncio
 
 import pytest
 
-from streamwork._faults import Fault, classify
-from streamwork._server import free_port
+from streamwork._redis.faults import Fault, classify
+from streamwork._redis.server import free_port
 from streamwork.testing import await_for
 from tests.workers import LedgerWorker
 

@@ -11,7 +11,7 @@ import random
 import msgpack
 import pytest
 
-from streamwork._codec import (
+from streamwork._wire.codec import (
     BODY_FIELD,
     DEFAULT_MAX_PAYLOAD_BYTES,
     FORMAT_VERSION,

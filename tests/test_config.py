@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import streamwork as sw
-from streamwork._config import HELP, WorkerConfig, WorkerOptions, option_types
+from streamwork._worker.config import HELP, WorkerConfig, WorkerOptions, option_types
 from streamwork.errors import ConfigError
 
 DEAD_URL = "redis://127.0.0.1:1/0"  # never contacted: building a worker must not connect

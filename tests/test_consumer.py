@@ -20,8 +20,8 @@ import pytest
 import redis
 
 import streamwork as sw
-from streamwork._deadletter import list_dead
-from streamwork._keys import StreamKeys
+from streamwork._ops.deadletter import list_dead
+from streamwork._wire.keys import StreamKeys
 from streamwork.errors import WorkerFailed
 from streamwork.testing import await_for, run_until_idle, stream_idle
 

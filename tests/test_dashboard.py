@@ -33,9 +33,9 @@ import uvicorn
 from click.testing import CliRunner
 
 import streamwork as sw
-from streamwork._cli import main
-from streamwork._dashboard import DashboardSettings, create_app
-from streamwork._keys import StreamKeys
+from streamwork._cli.main import main
+from streamwork._dashboard.app import DashboardSettings, create_app
+from streamwork._wire.keys import StreamKeys
 from streamwork.testing import free_port, run_until_idle, wait_for
 from tests.conftest import ROOT
 from tests.workers import ClientWorker

@@ -13,9 +13,9 @@ import redis
 from click.testing import CliRunner, Result
 
 from streamwork import Producer
-from streamwork._cli import main
-from streamwork._deadletter import list_dead, replay_dead
-from streamwork._keys import StreamKeys
+from streamwork._cli.main import main
+from streamwork._ops.deadletter import list_dead, replay_dead
+from streamwork._wire.keys import StreamKeys
 from streamwork.testing import Ledger, await_for, run_until_idle, wait_for
 from tests.workers_recovery import RecordingWorker, calls
 

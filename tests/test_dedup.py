@@ -11,7 +11,7 @@ from typing import Any
 import redis
 
 import streamwork as sw
-from streamwork._keys import StreamKeys
+from streamwork._wire.keys import StreamKeys
 from streamwork.testing import Ledger, run_until_idle, stream_idle, wait_for
 from tests.workers_dedup import StagedLedgerWorker
 

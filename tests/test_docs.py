@@ -35,7 +35,7 @@ import pytest
 
 import streamwork
 import streamwork.testing
-from streamwork._server import RedisServer
+from streamwork._redis.server import RedisServer
 from tests.conftest import ROOT
 from tests.docs_runner import load_mdblocks
 
@@ -387,7 +387,7 @@ def _commands(group: click.Command, prefix: str) -> Iterator[str]:
 @pytest.mark.timeout(660)
 def test_cli_page_documents_every_command(site: Site) -> None:
     """The CLI reference has every command and subcommand, with every option of each."""
-    from streamwork._cli import main
+    from streamwork._cli.main import main
 
     text = unescape(re.sub(r"<[^>]+>", "", site.page("reference/cli.md")))
     missing = [c for c in _commands(main, "streamwork")
@@ -405,8 +405,8 @@ def test_cli_page_documents_every_command(site: Site) -> None:
 @pytest.mark.timeout(660)
 def test_options_page_lists_every_option(site: Site) -> None:
     """The worker options page has a row for every option, with its default and its help."""
-    from streamwork import _config as config
-    from streamwork import _worker
+    from streamwork._worker import config
+    from streamwork._worker import worker as _worker
 
     html = site.page("reference/options.md")
     text = unescape(re.sub(r"<[^>]+>", "", html))
@@ -433,7 +433,7 @@ def test_links_to_repository_files_are_served(site: Site) -> None:
     """A page's relative link to a file of the repository outside docs/ works on the site:
     the file is copied under _repo/ and the link points at the copy."""
     html = site.page("reference/keys.md")
-    assert 'href="../../_repo/streamwork/_keys.py"' in html
+    assert 'href="../../_repo/streamwork/_wire/keys.py"' in html
     assert (site.root / "_repo" / "streamwork" / "_keys.py").read_bytes() == \
         (ROOT / "streamwork" / "_keys.py").read_bytes()
 

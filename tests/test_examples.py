@@ -87,8 +87,9 @@ def test_example_uses_only_the_public_api(name: str) -> None:
 def test_private_use_check_catches_each_form(tmp_path: Path) -> None:
     """The check above sees the forms a private use takes, and passes public ones."""
     bad = tmp_path / "bad.py"
-    bad.write_text("import streamwork as sw\nimport streamwork._keys\n"
-                   "from streamwork._server import RedisServer\nfrom streamwork import _codec\n"
+    bad.write_text("import streamwork as sw\nimport streamwork._wire.keys\n"
+                   "from streamwork._redis.server import RedisServer\n"
+                   "from streamwork import _wire\n"
                    "x = sw._producer\n")
     assert len(_private_uses(bad)) == 4, _private_uses(bad)
     good = tmp_path / "good.py"
@@ -241,8 +242,8 @@ def test_streamwork_demo_without_the_examples_says_what_to_do(
     with a message naming the file and `make demo`, not a traceback."""
     from click.testing import CliRunner
 
-    from streamwork import _demo
-    from streamwork._cli import main
+    from streamwork._cli import demo as _demo
+    from streamwork._cli.main import main
 
     monkeypatch.setattr(_demo, "EXAMPLE", tmp_path / "demo.py")
     monkeypatch.delitem(sys.modules, _demo._MODULE, raising=False)

@@ -17,9 +17,9 @@ import pytest
 import redis
 
 import streamwork as sw
-from streamwork._deadletter import list_dead
-from streamwork._keys import StreamKeys
-from streamwork._logs import JsonFormatter, TextFormatter
+from streamwork._ops.deadletter import list_dead
+from streamwork._telemetry.logs import JsonFormatter, TextFormatter
+from streamwork._wire.keys import StreamKeys
 from streamwork.testing import run_until_idle, wait_for
 from tests.workers_logs import STREAM, Failing, SyncFailing
 

@@ -12,7 +12,7 @@ import pytest
 import redis
 import redis.exceptions
 
-from streamwork._faults import Fault, classify
+from streamwork._redis.faults import Fault, classify
 
 SCRIPT_WRITES = "return redis.call('SET', KEYS[1], 'x')"
 

@@ -23,10 +23,10 @@ import redis
 from click.testing import CliRunner
 
 import streamwork as sw
-from streamwork._cli import main
-from streamwork._config import WorkerConfig, option_types
-from streamwork._deadletter import list_dead
-from streamwork._function import KEYWORDS, FunctionWorker, WorkerKeywords
+from streamwork._cli.main import main
+from streamwork._ops.deadletter import list_dead
+from streamwork._worker.config import WorkerConfig, option_types
+from streamwork._worker.function import KEYWORDS, FunctionWorker, WorkerKeywords
 from streamwork.testing import await_for, run_until_idle, wait_for
 from tests import workers_function
 

@@ -19,7 +19,7 @@ from typing import Any
 import redis
 
 import streamwork as sw
-from streamwork._server import RedisServer, free_port
+from streamwork._redis.server import RedisServer, free_port
 from streamwork.testing import stream_idle, wait_for
 from tests.workers_ops import OTHER_STREAM, STREAM, OpsWorker, ledger_key
 

@@ -19,9 +19,9 @@ import redis
 from click.testing import CliRunner
 
 import streamwork as sw
-from streamwork._cli import main
-from streamwork._deadletter import replay_dead
-from streamwork._keys import StreamKeys
+from streamwork._cli.main import main
+from streamwork._ops.deadletter import replay_dead
+from streamwork._wire.keys import StreamKeys
 from streamwork.testing import Ledger, await_for, run_until_idle, stream_idle
 from tests.workers_records import STREAM, RecordsWorker, ledger_name, runs_key
 

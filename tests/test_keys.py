@@ -16,8 +16,8 @@ import redis
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from streamwork._keys import MAX_NAME_BYTES, StreamKeys, check_name
-from streamwork._server import free_port
+from streamwork._redis.server import free_port
+from streamwork._wire.keys import MAX_NAME_BYTES, StreamKeys, check_name
 from streamwork.errors import ConfigError
 from tests.slots import key_slot
 

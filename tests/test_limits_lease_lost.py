@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 import streamwork as sw
-from streamwork._keys import StreamKeys
+from streamwork._wire.keys import StreamKeys
 from streamwork.testing import await_for
 
 STREAM = GROUP = "capped"

@@ -19,8 +19,8 @@ import pytest
 import redis
 
 import streamwork as sw
-from streamwork._partitions import partition_names
-from streamwork._server import RedisServer, free_port
+from streamwork._redis.server import RedisServer, free_port
+from streamwork._wire.partitions import partition_names
 from streamwork.testing import wait_for
 from tests.test_health import probe, wait_probe
 from tests.workers_ops import OTHER_STREAM, STREAM, ledger_key

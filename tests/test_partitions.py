@@ -18,8 +18,8 @@ import redis
 from redis.crc import key_slot
 
 import streamwork as sw
-from streamwork._keys import StreamKeys
-from streamwork._partitions import partition_names, partition_of
+from streamwork._wire.keys import StreamKeys
+from streamwork._wire.partitions import partition_names, partition_of
 from streamwork.testing import await_for, run_until_idle
 from tests.ordered_campaign import expected_logs, run_campaign
 

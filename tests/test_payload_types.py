@@ -23,11 +23,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import streamwork as sw
-from streamwork._cli import main
-from streamwork._codec import BODY_FIELD, FORMAT_VERSION, decode_body, encode_body
-from streamwork._deadletter import list_dead
-from streamwork._keys import StreamKeys
-from streamwork._schedules import check_schedules
+from streamwork._cli.main import main
+from streamwork._ops.deadletter import list_dead
+from streamwork._schedules.spec import check_schedules
+from streamwork._wire.codec import BODY_FIELD, FORMAT_VERSION, decode_body, encode_body
+from streamwork._wire.keys import StreamKeys
 from streamwork.testing import run_until_idle
 
 STREAM, GROUP = "payments", "ledger"

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 import streamwork as sw
-from streamwork._processes import BACKOFF_MAX, BACKOFF_RESET, restart_delay
+from streamwork._hosting.processes import BACKOFF_MAX, BACKOFF_RESET, restart_delay
 from streamwork.testing import stream_idle, wait_for
 from tests.workers_ops import OTHER_STREAM, STREAM, OpsWorker, OtherOpsWorker, ledger_key
 

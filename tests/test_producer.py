@@ -12,10 +12,10 @@ import pytest
 import redis
 
 import streamwork as sw
-from streamwork._codec import BODY_FIELD, decode_body
-from streamwork._keys import StreamKeys
-from streamwork._producer import SEND_CHUNK
-from streamwork._server import free_port
+from streamwork._producer.producer import SEND_CHUNK
+from streamwork._redis.server import free_port
+from streamwork._wire.codec import BODY_FIELD, decode_body
+from streamwork._wire.keys import StreamKeys
 from streamwork.errors import ConfigError, PayloadTooLarge, RedisUnavailable
 
 STREAM = "orders"

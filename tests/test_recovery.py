@@ -17,8 +17,8 @@ import redis
 
 import streamwork as sw
 from streamwork import AsyncProducer, Producer
-from streamwork._keys import StreamKeys
-from streamwork._records import parse
+from streamwork._wire.keys import StreamKeys
+from streamwork._wire.records import parse
 from streamwork.testing import Ledger, await_for, run_until_idle, wait_for
 from tests.workers import LedgerWorker
 from tests.workers_recovery import RecordingWorker, calls

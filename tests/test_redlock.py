@@ -15,11 +15,11 @@ import pytest
 import redis
 import redis.asyncio
 
-from streamwork._keys import redlock_fence_key as fence_key
-from streamwork._keys import redlock_key as lock_key
-from streamwork._lock import AsyncRedlock, Redlock, async_fenced_set, fenced_set
-from streamwork._redlock_core import DEFAULT_NODE_TIMEOUT, drift_allowance, quorum, validity
-from streamwork._server import RedisServer
+from streamwork._lock.core import DEFAULT_NODE_TIMEOUT, drift_allowance, quorum, validity
+from streamwork._lock.redlock import AsyncRedlock, Redlock, async_fenced_set, fenced_set
+from streamwork._redis.server import RedisServer
+from streamwork._wire.keys import redlock_fence_key as fence_key
+from streamwork._wire.keys import redlock_key as lock_key
 from streamwork.errors import ConfigError, LockLost, LockNotAcquired
 from streamwork.testing import await_for, wait_for
 

@@ -12,9 +12,9 @@ from typing import Any
 import redis
 
 from streamwork import Producer
-from streamwork._consumer import Consumer
-from streamwork._keys import StreamKeys
-from streamwork._upkeep import upkeep_once
+from streamwork._wire.keys import StreamKeys
+from streamwork._worker.consumer import Consumer
+from streamwork._worker.loops.upkeep import upkeep_once
 from streamwork.testing import Ledger, await_for
 from tests.workers import LedgerWorker
 

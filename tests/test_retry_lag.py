@@ -14,12 +14,12 @@ import redis
 
 import tests.test_cli_partitions as partitioned
 from streamwork import Producer
-from streamwork import _connection as connection
-from streamwork import _telemetry as telemetry
-from streamwork import _upkeep as upkeep
-from streamwork._consumer import Consumer
-from streamwork._dashboard_data import snapshot
-from streamwork._keys import StreamKeys
+from streamwork._dashboard.data import snapshot
+from streamwork._redis import connection
+from streamwork._telemetry import api as telemetry
+from streamwork._wire.keys import StreamKeys
+from streamwork._worker.consumer import Consumer
+from streamwork._worker.loops import upkeep
 from streamwork.testing import Ledger, await_for, run_until_idle
 from tests.cluster_util import local_cluster
 from tests.test_cli_ops import cli, row
@@ -237,7 +237,7 @@ def test_a_retry_stream_without_the_group_counts_whole(redis_url: str, r: redis.
 def test_retry_side_from_replies() -> None:
     """The figures of a group's side from raw replies: no retry stream, no group there,
     its reported lag, and a null lag (unknown unless the retry stream is empty)."""
-    from streamwork._stats import RetrySide, retry_side
+    from streamwork._ops.stats import RetrySide, retry_side
 
     missing = redis.ResponseError("no such key")
     assert retry_side("g", missing, 0, 2, 1) == RetrySide(lag=0, pending=0, waiting=2, due=1)
@@ -259,7 +259,7 @@ def test_dashboard_page_shows_the_retry_lag(redis_url: str, r: redis.Redis) -> N
     pytest.importorskip("jinja2", reason="the dashboard extra is not installed")
     from starlette.testclient import TestClient
 
-    from streamwork._dashboard import DashboardSettings, create_app
+    from streamwork._dashboard.app import DashboardSettings, create_app
 
     r.xgroup_create(STREAM, GROUP, "0", mkstream=True)
     r.xgroup_create(KEYS.group(GROUP).retry, GROUP, "0", mkstream=True)

@@ -20,14 +20,14 @@ from click.testing import CliRunner
 from cronsim import CronSim
 
 import streamwork as sw
-from streamwork import _scripts as scripts
-from streamwork._cli_schedules import schedules as schedules_command
-from streamwork._codec import decode_body
-from streamwork._config import WorkerConfig
-from streamwork._keys import StreamKeys
-from streamwork._partitions import partition_names, partition_of
-from streamwork._scheduler import SCHEDULE_HEADER, TICK_HEADER, Scheduler
-from streamwork._schedules import MAX_CATCH_UP, MISSED_AFTER_MS, plan, tick_key, tick_text
+from streamwork._cli.schedules import schedules as schedules_command
+from streamwork._redis import scripts
+from streamwork._schedules.loop import SCHEDULE_HEADER, TICK_HEADER, Scheduler
+from streamwork._schedules.spec import MAX_CATCH_UP, MISSED_AFTER_MS, plan, tick_key, tick_text
+from streamwork._wire.codec import decode_body
+from streamwork._wire.keys import StreamKeys
+from streamwork._wire.partitions import partition_names, partition_of
+from streamwork._worker.config import WorkerConfig
 from streamwork.testing import run_until_idle, wait_for
 from tests.slots import key_slot
 from tests.workers_schedules import LEDGER, STREAM, EverySecond, Ticker, Weekly

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import redis
 
-from streamwork import _scripts as scripts
-from streamwork._keys import StreamKeys
+from streamwork._redis import scripts
+from streamwork._wire.keys import StreamKeys
 from tests.slots import key_slot
 
 

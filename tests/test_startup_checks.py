@@ -18,9 +18,9 @@ import redis
 from click.testing import CliRunner
 
 import streamwork as sw
-from streamwork._cli import main
-from streamwork._keys import StreamKeys
-from streamwork._partitions import partition_names
+from streamwork._cli.main import main
+from streamwork._wire.keys import StreamKeys
+from streamwork._wire.partitions import partition_names
 from streamwork.errors import ConfigError, GroupNotFound
 
 DEAD_URL = "redis://127.0.0.1:1/0"  # never contacted: building a worker must not connect

@@ -1,4 +1,4 @@
-"""streamwork._stats on a real server: figures match XINFO/XPENDING, discovery, rates."""
+"""streamwork._ops.stats on a real server: figures match XINFO/XPENDING, discovery, rates."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 import redis
 
 import streamwork as sw
-from streamwork import _connection as connection
-from streamwork._keys import StreamKeys, is_dead_letter_stream
-from streamwork._producer import Producer
-from streamwork._stats import compute_rates, discover_streams, sample, stream_stats
+from streamwork._ops.stats import compute_rates, discover_streams, sample, stream_stats
+from streamwork._producer.producer import Producer
+from streamwork._redis import connection
+from streamwork._wire.keys import StreamKeys, is_dead_letter_stream
 from streamwork.errors import StreamNotFound
 from streamwork.testing import await_for, wait_for
 

@@ -26,10 +26,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import streamwork as sw
-from streamwork import _upkeep as upkeep
-from streamwork._keys import StreamKeys
-from streamwork._server import free_port
-from streamwork._telemetry import DURATION_BUCKETS
+from streamwork._redis.server import free_port
+from streamwork._telemetry.api import DURATION_BUCKETS
+from streamwork._wire.keys import StreamKeys
+from streamwork._worker.loops import upkeep
 from streamwork.testing import await_for, run_until_idle, wait_for
 from tests.workers import LedgerWorker
 
@@ -133,7 +133,7 @@ async def test_gauges_read_real_lag_pending_delayed_dead(redis_url: str, r: redi
     r.xclaim(stream, "testers", "someone", 0, [first_id], idle=5000, justid=True)
     r.xadd(keys.dead, {"reason": "x"})
     worker = LedgerWorker.from_url(redis_url, stream=stream)
-    from streamwork._consumer import Consumer
+    from streamwork._worker.consumer import Consumer
 
     consumer = Consumer(worker.handle, worker.config, worker.url, "probe")
     await upkeep.read_gauges(consumer)

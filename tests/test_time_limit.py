@@ -17,7 +17,7 @@ import pytest
 import redis
 
 import streamwork as sw
-from streamwork._keys import StreamKeys
+from streamwork._wire.keys import StreamKeys
 from streamwork.testing import Ledger, run_until_idle, wait_for
 from tests.workers import ClientWorker
 

@@ -17,8 +17,8 @@ import pytest
 import redis
 
 import streamwork as sw
-from streamwork._codec import BODY_FIELD
-from streamwork._deadletter import list_dead
+from streamwork._ops.deadletter import list_dead
+from streamwork._wire.codec import BODY_FIELD
 from streamwork.testing import run_until_idle
 
 ROOT = Path(__file__).resolve().parent.parent

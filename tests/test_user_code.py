@@ -26,10 +26,10 @@ import redis
 from opentelemetry.sdk.trace import TracerProvider
 
 import streamwork as sw
-from streamwork._codec import BODY_FIELD, decode_fields
-from streamwork._deadletter import list_dead
-from streamwork._records import done_record, parse
-from streamwork._telemetry import end_span
+from streamwork._ops.deadletter import list_dead
+from streamwork._telemetry.api import end_span
+from streamwork._wire.codec import BODY_FIELD, decode_fields
+from streamwork._wire.records import done_record, parse
 from streamwork.testing import await_for, run_until_idle, wait_for
 from tests.workers_usercode import STREAM as TYPED_STREAM
 from tests.workers_usercode import Line, Order, StartFails

@@ -18,8 +18,8 @@ import pytest
 import redis
 
 import streamwork as sw
-from streamwork._codec import encode_body
-from streamwork._keys import StreamKeys
+from streamwork._wire.codec import encode_body
+from streamwork._wire.keys import StreamKeys
 from streamwork.testing import Ledger, await_for, run_until_idle, stream_idle, wait_for
 from tests.workers import STREAM, LedgerWorker, SyncLedgerWorker
 from tests.workers_foundation import AsyncProbeWorker, FirstAttemptSlowWorker, SyncProbeWorker
@@ -341,7 +341,7 @@ async def test_lifecycle_hooks_run_once_around_serving(redis_url: str, r: Any) -
 async def test_stop_while_redis_never_answered_returns_at_once(partitions: int) -> None:
     """A worker still waiting for Redis at start (nothing listens on its port) stops as soon
     as it is asked, instead of retrying until Redis answers."""
-    from streamwork._server import free_port
+    from streamwork._redis.server import free_port
 
     w = LedgerWorker.from_url(f"redis://127.0.0.1:{free_port()}/0", partitions=partitions)
     task = asyncio.create_task(w.serve())
@@ -360,7 +360,7 @@ async def test_stop_while_redis_never_answered_returns_at_once(partitions: int) 
 
 def test_sigterm_while_redis_down_exits_promptly(spawn_worker: Any, tmp_path: Path) -> None:
     """`streamwork run` against a Redis that never answers: SIGTERM ends it (exit 0)."""
-    from streamwork._server import free_port
+    from streamwork._redis.server import free_port
 
     log = tmp_path / "worker.log"
     with log.open("wb") as out:

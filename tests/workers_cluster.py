@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 
 import streamwork as sw
-from streamwork._keys import StreamKeys
+from streamwork._wire.keys import StreamKeys
 
 STREAM = GROUP = "failover"
 PARTITIONS = 6

@@ -6,7 +6,7 @@ import asyncio
 import os
 
 import streamwork as sw
-from streamwork._lock import fenced_set
+from streamwork._lock.redlock import fenced_set
 from tests.workers import ClientWorker
 
 STREAM = os.environ.get("SW_TEST_STREAM", "jobs")
@@ -38,7 +38,7 @@ class StagedLedgerWorker(_Base):
 
 
 class FencedStoreWorker(_Base):
-    """Writes to a store that rejects stale fencing tokens (streamwork._lock.fenced_set)."""
+    """Writes to a store that rejects stale fencing tokens (streamwork._lock.redlock.fenced_set)."""
 
     async def handle(self, msg: sw.Message) -> None:
         r = self.client()

@@ -21,7 +21,7 @@ import redis
 import redis.asyncio
 
 import streamwork as sw
-from streamwork._keys import StreamKeys
+from streamwork._wire.keys import StreamKeys
 
 STREAM = "ops"
 OTHER_STREAM = "ops-other"

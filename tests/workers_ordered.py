@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 
 import streamwork as sw
-from streamwork._keys import StreamKeys
+from streamwork._wire.keys import StreamKeys
 
 
 def log_key(partition_stream: str, order_key: str) -> str:

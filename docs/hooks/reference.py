@@ -79,7 +79,7 @@ def _sentence(text: str) -> str:
 
 def _run_flags() -> dict[str, str]:
     """Each worker option's flag(s) on ``streamwork run``, as the command declares them."""
-    from streamwork._cli import run
+    from streamwork._cli.main import run
 
     flags: dict[str, str] = {}
     for param in run.params:
@@ -94,14 +94,14 @@ def _run_flags() -> dict[str, str]:
 
 def worker_options() -> str:
     """The table of every option ``WorkerOptions`` declares."""
-    from streamwork import _config as config
+    from streamwork._worker import config
 
     flags = _run_flags()
     rows = ["| option | type | default | what it does |", "|---|---|---|---|"]
     for name, hint in config.option_types().items():
         if name not in config.HELP:
-            raise PluginError(f"worker option {name!r} has no help text in streamwork/_config.py "
-                              "HELP: add one")
+            raise PluginError(f"worker option {name!r} has no help text in "
+                              "streamwork/_worker/config.py HELP: add one")
         if name not in flags:
             raise PluginError(f"worker option {name!r} has no `streamwork run` flag")
         default = getattr(config.WorkerOptions, name)
@@ -135,7 +135,7 @@ def _attribute_comments(cls: type) -> dict[str, str]:
 
 def python_options() -> str:
     """The table of the options only Python code can give (functions, types, caches)."""
-    from streamwork import _worker
+    from streamwork._worker import worker as _worker
 
     comments = _attribute_comments(_worker.StreamWorker)
     rows = ["| option | default | what it does |", "|---|---|---|"]
@@ -189,7 +189,7 @@ def _key_rows(owner: type, instance: Any) -> list[str]:
 
 def redis_keys() -> str:
     """The table of the keys of stream ``orders`` and its group ``billing``."""
-    from streamwork import _keys
+    from streamwork._wire import keys as _keys
 
     keys = _keys.StreamKeys.for_stream("orders")
     rows = ["| key (stream `orders`, group `billing`) | type | what |", "|---|---|---|"]
@@ -200,7 +200,7 @@ def redis_keys() -> str:
 
 def redlock_keys() -> str:
     """The table of the keys a Redlock keeps on each of its masters."""
-    from streamwork import _keys
+    from streamwork._wire import keys as _keys
 
     resource = "streamwork-<digest>"
     rows = ["| key | type | what |", "|---|---|---|",

@@ -33,8 +33,8 @@ import pytest
 import redis
 
 import streamwork as sw
-from streamwork._keys import StreamKeys
-from streamwork._server import RedisServer
+from streamwork._redis.server import RedisServer
+from streamwork._wire.keys import StreamKeys
 from streamwork.errors import WorkerFailed
 from streamwork.testing import Ledger, await_for, stream_idle, wait_for
 from tests.workers_faults import LEDGER, STREAM, FaultLedgerWorker

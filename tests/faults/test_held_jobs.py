@@ -10,7 +10,7 @@ import asyncio
 import redis
 
 import streamwork as sw
-from streamwork._keys import StreamKeys
+from streamwork._wire.keys import StreamKeys
 from streamwork.testing import Ledger, await_for, run_until_idle, stream_idle
 from tests.workers import ClientWorker
 

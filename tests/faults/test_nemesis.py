@@ -61,11 +61,11 @@ import pytest
 import redis
 
 import streamwork as sw
-from streamwork import _scripts as scripts
-from streamwork._codec import decode_body
-from streamwork._keys import StreamKeys
-from streamwork._limits import BURST_SECONDS
-from streamwork._schedules import tick_key
+from streamwork._redis import scripts
+from streamwork._schedules.spec import tick_key
+from streamwork._wire.codec import decode_body
+from streamwork._wire.keys import StreamKeys
+from streamwork._worker.limits import BURST_SECONDS
 from streamwork.errors import DecodeError
 from streamwork.testing import Ledger, wait_for
 from tests.nemesis_kit import (

@@ -55,9 +55,9 @@ import redis
 import redis.cluster
 
 import streamwork as sw
-from streamwork._codec import BODY_FIELD, decode_body
-from streamwork._keys import StreamKeys
-from streamwork._partitions import partition_names, partition_of
+from streamwork._wire.codec import BODY_FIELD, decode_body
+from streamwork._wire.keys import StreamKeys
+from streamwork._wire.partitions import partition_names, partition_of
 from streamwork.errors import DecodeError
 from streamwork.testing import wait_for
 from tests.cluster_util import LocalCluster, kill_master_in_sync, local_cluster, rejoin

@@ -12,7 +12,7 @@ from typing import Any
 import redis
 
 from streamwork import Producer
-from streamwork._keys import StreamKeys
+from streamwork._wire.keys import StreamKeys
 from streamwork.testing import Ledger, run_until_idle, wait_for
 from tests.workers_recovery import RecordingWorker, calls
 

@@ -20,8 +20,8 @@ from typing import Any
 import redis
 
 import streamwork as sw
-from streamwork._consumer import max_held
-from streamwork._keys import StreamKeys
+from streamwork._wire.keys import StreamKeys
+from streamwork._worker.consumer import max_held
 from streamwork.testing import Ledger, stream_idle, wait_for
 from tests.workers import STREAM, LedgerWorker
 

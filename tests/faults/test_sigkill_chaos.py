@@ -19,8 +19,8 @@ import pytest
 import redis
 
 from streamwork import Producer
-from streamwork._consumer import max_held
-from streamwork._keys import StreamKeys
+from streamwork._wire.keys import StreamKeys
+from streamwork._worker.consumer import max_held
 from streamwork.testing import Ledger, stream_idle, wait_for
 
 STREAM, GROUP = "jobs", "testers"  # tests.workers.LedgerWorker's defaults

@@ -1,0 +1,264 @@
+"""The dashboard's web app (Starlette): one server-rendered page and two POST actions.
+
+``GET /`` shows every stream (groups, consumers, lag, pending and the oldest pending age,
+delayed, dead, produced/s and acked/s sparklines), a job lookup by key (``?job_stream=S
+&job_key=K[&job_group=G]``) and each stream's oldest dead letters. ``POST /dlq/replay``
+and ``POST /dlq/purge`` act on one dead letter (``id`` and ``where``, the stream or
+partition holding it) or all of a stream's; both need the page's CSRF token and redirect
+back to the page (303). Security (token, CSRF, headers) is
+:mod:`streamwork._dashboard.security`'s; figures are :mod:`streamwork._dashboard.data`'s.
+
+Templates are package data (``streamwork/_dashboard/templates``), rendered by Jinja2 with
+autoescaping on: payloads, keys, error texts and stream names are shown as text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import urlencode
+
+import jinja2
+import redis
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from streamwork._cli.ops import fmt_age
+from streamwork._dashboard import data
+from streamwork._dashboard.rates import RateHistory, Sampler
+from streamwork._dashboard.security import CSRF_FIELD, Guard, GuardMiddleware
+from streamwork._dashboard.svg import sparkline
+from streamwork._ops.stats import StreamStats
+from streamwork._redis import connection
+from streamwork._wire.keys import StreamKeys
+from streamwork.errors import ConfigError, StreamworkError
+
+__all__ = ["DashboardSettings", "create_app"]
+
+_ENTRY_ID: Final = re.compile(r"^\d{1,20}-\d{1,20}$")
+_DONE: Final = ("replayed", "purged")
+_JOB_PARAMS: Final = ("job_stream", "job_key", "job_group")
+
+
+@dataclass(frozen=True, slots=True)
+class DashboardSettings:
+    """How the dashboard runs: which Redis, the token, refresh and sampling periods."""
+
+    url: str
+    token: str | None = None
+    refresh_s: float = 10.0  #: page auto-refresh period (0: off)
+    sample_interval_s: float = 5.0  #: seconds between two rate samples
+    window_s: float = 600.0  #: seconds of rates the sparklines show
+
+    def __post_init__(self) -> None:
+        if self.refresh_s < 0:
+            raise ConfigError("refresh", f"must be >= 0 seconds (0: off), got {self.refresh_s}")
+        if self.sample_interval_s <= 0:
+            raise ConfigError("sample_interval",
+                              f"must be > 0 seconds, got {self.sample_interval_s}")
+        if self.window_s < 2 * self.sample_interval_s:
+            raise ConfigError("window", f"must hold at least two samples (>= "
+                                        f"{2 * self.sample_interval_s:g} s), got {self.window_s}")
+
+
+def _n(value: int | None) -> str:
+    return "?" if value is None else f"{value:,}"
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def _when(ts: float | None) -> str:
+    """Unix seconds -> local ``YYYY-mm-dd HH:MM:SS``."""
+    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _worst_lag(s: StreamStats) -> int | None:
+    lags = [g.lag for g in s.groups]
+    return None if not lags or None in lags else max(g.lag or 0 for g in s.groups)
+
+
+def _oldest(s: StreamStats) -> float | None:
+    return max((g.oldest_pending_age_s for g in s.groups
+                if g.oldest_pending_age_s is not None), default=None)
+
+
+def _last(series: Sequence[float | None]) -> float | None:
+    """The newest known value of a series."""
+    return next((v for v in reversed(series) if v is not None), None)
+
+
+def _templates() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("streamwork._dashboard", "templates"),
+        autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
+        lstrip_blocks=True)
+    env.filters.update(n=_n, rate=_rate, age=fmt_age, when=_when)
+    env.globals.update(worst_lag=_worst_lag, oldest=_oldest, preview=data.preview,
+                       clip=data.clip, last=_last, sparkline=sparkline, csrf_field=CSRF_FIELD,
+                       total_pending=lambda s: sum(g.pending for g in s.groups))
+    return env
+
+
+class _Dashboard:
+    """The app's state: settings, the Redis client, templates, the rate history."""
+
+    def __init__(self, settings: DashboardSettings, client: Any) -> None:
+        self.settings = settings
+        self.client = client
+        self.templates = _templates()
+        points = max(2, int(settings.window_s / settings.sample_interval_s))
+        self.history = RateHistory(points)
+        self.guard = Guard(settings.token)
+
+    def render(self, request: Request, name: str, status_code: int = 200,
+               **context: Any) -> HTMLResponse:
+        page = self.templates.get_template(name).render(
+            nonce=getattr(request.state, "nonce", ""), csrf=getattr(request.state, "csrf", ""),
+            redis_url=data.redact_url(self.settings.url), **context)
+        return HTMLResponse(page, status_code=status_code)
+
+    # ------------------------------------------------------------ GET /
+
+    def index(self, request: Request) -> Response:
+        q = request.query_params
+        streams = data.snapshot(self.client)
+        dead = {s.stream: data.dead_letters(self.client, s) for s in streams if s.dead}
+        job = None
+        if q.get("job_key") is not None or q.get("job_stream"):
+            job = data.lookup_job(self.client, streams, q.get("job_stream", ""),
+                                  q.get("job_key", ""), q.get("job_group", ""))
+        keep = [(k, v) for k, v in q.multi_items() if k in _JOB_PARAMS]
+        return self.render(
+            request, "index.html", streams=streams, dead=dead, job=job,
+            flash=_flash(q), history=self.history,
+            refresh_s=self.settings.refresh_s,
+            refresh_url="/" + (f"?{urlencode(keep)}" if keep else ""),
+            taken_at=time.strftime("%H:%M:%S"))
+
+    # ------------------------------------------------------------ POST /dlq/*
+
+    async def replay(self, request: Request) -> Response:
+        stream, wheres, ids = await self._target(request)
+        replayed, skipped = await run_in_threadpool(data.replay, self.client, wheres, ids)
+        return _back(stream, "replayed", replayed, skipped)
+
+    async def purge(self, request: Request) -> Response:
+        stream, wheres, ids = await self._target(request, confirm_all=True)
+        deleted = await run_in_threadpool(data.purge, self.client, wheres, ids)
+        return _back(stream, "purged", deleted, 0)
+
+    async def _target(self, request: Request, confirm_all: bool = False,
+                      ) -> tuple[str, list[str], list[str] | None]:
+        """(stream, the streams to act on, the ids or None for all), after the CSRF check
+        and a check of every field (400 naming what is wrong)."""
+        form = await request.form()
+        self.guard.check_post(request, form.get(CSRF_FIELD))
+        stream = _field(form, "stream")
+        try:
+            StreamKeys.for_stream(stream)
+        except ConfigError as exc:
+            raise HTTPException(400, f"bad stream name: {exc}") from None
+        names = await run_in_threadpool(_partition_names, self.client, stream)
+        entry_id = _field(form, "id", required=False)
+        if not entry_id:
+            if confirm_all and form.get("confirm") != "yes":
+                raise HTTPException(400, f"not purged: tick the box to confirm deleting every "
+                                         f"dead letter of {stream!r}")
+            return stream, names, None
+        if not _ENTRY_ID.match(entry_id):
+            raise HTTPException(400, f"{entry_id!r} is not a dead-letter id (like 1700000000000-0)")
+        where = _field(form, "where", required=False) or stream
+        if where not in names:
+            raise HTTPException(400, f"{where!r} is neither stream {stream!r} nor one of its "
+                                     "partitions")
+        return stream, [where], [entry_id]
+
+
+def _partition_names(client: Any, stream: str) -> list[str]:
+    """The streams holding ``stream``'s dead letters (itself, or its partitions)."""
+    return [name for _, name in data.partition_streams_of(client, stream)]
+
+
+def _field(form: FormData, name: str, required: bool = True) -> str:
+    value = form.get(name)
+    if value is None or not isinstance(value, str) or (required and not value):
+        if required:
+            raise HTTPException(400, f"the form lacks its {name!r} field")
+        return ""
+    return value
+
+
+def _back(stream: str, done: str, n: int, skipped: int) -> RedirectResponse:
+    query = urlencode({"done": done, "n": n, "skipped": skipped, "stream": stream})
+    return RedirectResponse(f"/?{query}", status_code=303)
+
+
+@dataclass(frozen=True, slots=True)
+class _Flash:
+    done: str
+    n: int
+    skipped: int
+    stream: str
+
+
+def _flash(q: Any) -> _Flash | None:
+    """The outcome of the action that redirected here, from the query (checked)."""
+    done = q.get("done")
+    if done not in _DONE:
+        return None
+    try:
+        return _Flash(done, int(q.get("n", "0")), int(q.get("skipped", "0")),
+                      q.get("stream", ""))
+    except ValueError:
+        return None
+
+
+def create_app(settings: DashboardSettings, *, client: Any = None) -> Starlette:
+    """The dashboard app. It opens a sync client on ``settings.url`` (unless one is given)
+    and runs the rate sampler for as long as the app's lifespan lasts."""
+    dash = _Dashboard(settings, client if client is not None
+                      else connection.sync_client(connection.resolve_url(settings.url)))
+    owns_client = client is None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        sampler = Sampler(lambda: data.snapshot(dash.client), dash.history,
+                          settings.sample_interval_s).start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(sampler.stop)
+            if owns_client:
+                dash.client.close()
+
+    def trouble(request: Request, exc: Exception) -> Response:
+        return dash.render(request, "error.html", 503, status=503, message=(
+            f"cannot read Redis at {data.redact_url(settings.url)}: {type(exc).__name__}: "
+            f"{exc}"))
+
+    def refused(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return dash.render(request, "error.html", exc.status_code, status=exc.status_code,
+                           message=exc.detail)
+
+    handlers: dict[Any, Callable[[Request, Exception], Response]] = {
+        redis.RedisError: trouble, StreamworkError: trouble, HTTPException: refused}
+    routes: Sequence[Route] = [
+        Route("/", dash.index, methods=["GET"]),
+        Route("/dlq/replay", dash.replay, methods=["POST"]),
+        Route("/dlq/purge", dash.purge, methods=["POST"]),
+    ]
+    return Starlette(routes=list(routes), lifespan=lifespan, exception_handlers=handlers,
+                     middleware=[Middleware(GuardMiddleware, guard=dash.guard)])

@@ -1,0 +1,227 @@
+"""What the dashboard shows, read from Redis with a sync client; and its two actions.
+
+The figures come from :mod:`streamwork._ops.stats`, the code behind ``streamwork inspect
+--json``, so the page and the CLI agree: a plain stream's figures are those of
+``inspect --json``; a partitioned stream (its partition count recorded in
+``{S}:partitions``) is shown once, as the sums over its partitions, the figures of
+``inspect S --json``. Dead letters go through :mod:`streamwork._ops.deadletter` (list, replay,
+purge) and job lookups through :meth:`streamwork.Producer.status`, as ``streamwork dlq``
+and ``streamwork job`` do.
+
+Anything shown of a payload, result, key or error text is cut to a preview
+(:func:`preview`, :func:`clip`); the template escapes it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
+
+from streamwork._ops import deadletter, stats
+from streamwork._ops.stats import StreamStats
+from streamwork._producer.producer import Producer
+from streamwork._wire.keys import StreamKeys
+from streamwork._wire.partitions import partition_names
+from streamwork._wire.records import JobStatus
+from streamwork.errors import ConfigError, StreamworkError
+
+__all__ = [
+    "PREVIEW_CHARS",
+    "DeadRow",
+    "JobLookup",
+    "clip",
+    "dead_letters",
+    "lookup_job",
+    "partition_streams",
+    "partition_streams_of",
+    "preview",
+    "purge",
+    "redact_url",
+    "replay",
+    "snapshot",
+]
+
+PREVIEW_CHARS: Final = 2048  #: characters of a payload's / result's repr shown at most
+KEY_CHARS: Final = 256  #: characters of a job key shown at most
+SHORT_CHARS: Final = 300  #: characters of a reason or an error's first line shown in a row
+DEAD_SHOWN: Final = 50  #: dead letters listed per stream (oldest first)
+_PARTITION: Final = re.compile(r"^(?P<base>.+)#\d+\.\d+$")
+
+
+def clip(text: str, limit: int = PREVIEW_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, the cut marked with "…"."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:
+    """A size-capped ``repr`` of a decoded payload or result."""
+    return clip(repr(value), limit)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``, fit to show on a page."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def _recorded_partitions(client: Any, base: str) -> int:
+    """The partition count recorded for ``base`` (``{S}:partitions``), 1 when none is."""
+    try:
+        raw = client.get(StreamKeys.for_stream(base).partitions)
+    except ConfigError:
+        return 1
+    try:
+        return int(raw) if raw is not None else 1
+    except ValueError:
+        return 1
+
+
+def snapshot(client: Any) -> list[StreamStats]:
+    """Every stream on the server, sorted by name: plain streams as ``inspect --json``
+    shows them, partitioned streams as the sums over their partitions (with each
+    partition in ``partitions``), as ``inspect S --json`` shows them."""
+    plain: list[str] = []
+    bases: dict[str, int] = {}
+    for name in stats.discover_streams(client):
+        m = _PARTITION.match(name)
+        base = m["base"] if m is not None else None
+        if base is not None and base not in bases:
+            bases[base] = _recorded_partitions(client, base)
+        count = bases.get(base, 1) if base is not None else 1
+        if base is None or count == 1 or name not in _names(base, count):
+            plain.append(name)
+    out = stats.sample(client, plain)
+    for base, count in bases.items():
+        if count > 1:
+            try:
+                out.append(stats.partitioned_stats(client, base, count))
+            except StreamworkError:  # gone since the scan, or a name that cannot split
+                continue
+    return sorted(out, key=lambda s: s.stream)
+
+
+def _names(base: str, count: int) -> tuple[str, ...]:
+    try:
+        return partition_names(base, count)
+    except ConfigError:
+        return ()
+
+
+def partition_streams_of(client: Any, stream: str) -> list[tuple[int | None, str]]:
+    """Like :func:`partition_streams`, from the partition count recorded for ``stream``."""
+    count = _recorded_partitions(client, stream)
+    names = _names(stream, count) if count > 1 else ()
+    return list(enumerate(names)) if names else [(None, stream)]
+
+
+def partition_streams(s: StreamStats) -> list[tuple[int | None, str]]:
+    """The streams holding ``s``'s dead letters: ``[(None, name)]`` for a plain stream,
+    ``(index, partition stream)`` for each partition of a partitioned one."""
+    if not s.partitions:
+        return [(None, s.stream)]
+    return [(p.index, p.stream) for p in s.partitions]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadRow:
+    """One dead letter as listed: where it is (the partition's own stream) and previews."""
+
+    where: str  #: the stream whose dead-letter stream holds it (a partition's name)
+    partition: int | None
+    entry: deadletter.DeadLetterEntry
+
+    @property
+    def key(self) -> str:
+        return clip(self.entry.key or "?", KEY_CHARS)
+
+    @property
+    def reason(self) -> str:
+        return clip(self.entry.reason, SHORT_CHARS)
+
+    @property
+    def payload(self) -> str:
+        return preview(self.entry.payload)
+
+    @property
+    def error(self) -> str:
+        """``error_type: first line of the detail``, capped."""
+        first = self.entry.detail.splitlines()[0] if self.entry.detail else ""
+        return clip(f"{self.entry.error_type}: {first}" if self.entry.error_type else first,
+                    SHORT_CHARS)
+
+    @property
+    def detail(self) -> str:
+        return clip(self.entry.detail)
+
+
+def dead_letters(client: Any, s: StreamStats, count: int = DEAD_SHOWN) -> list[DeadRow]:
+    """The oldest ``count`` dead letters of ``s`` (merged over its partitions)."""
+    places = partition_streams(s)
+    if not s.partitions:
+        return [DeadRow(s.stream, None, e) for e in deadletter.list_dead(client, s.stream, count)]
+    numbered = [(i, name) for i, name in places if i is not None]
+    return [DeadRow(d.stream, d.partition, d.entry)
+            for d in deadletter.list_dead_partitions(client, numbered, count)]
+
+
+def replay(client: Any, wheres: Sequence[str], ids: Sequence[str] | None) -> tuple[int, int]:
+    """Replay dead letters of the streams ``wheres`` (a stream, or its partitions): the
+    given ids (all in ``wheres[0]``), or all of each. Returns (replayed, skipped)."""
+    if ids is not None:
+        return deadletter.replay_dead(client, wheres[0], list(ids))
+    replayed = skipped = 0
+    for where in wheres:
+        r, s = deadletter.replay_dead(client, where, None)
+        replayed, skipped = replayed + r, skipped + s
+    return replayed, skipped
+
+
+def purge(client: Any, wheres: Sequence[str], ids: Sequence[str] | None) -> int:
+    """Delete dead letters of ``wheres``: the given ids (in ``wheres[0]``), or all."""
+    if ids is not None:
+        return deadletter.purge_dead(client, wheres[0], ids=list(ids))
+    return sum(deadletter.purge_dead(client, where) for where in wheres)
+
+
+@dataclass(frozen=True, slots=True)
+class JobLookup:
+    """A job looked up by key: one status per group asked (every group when none was
+    named), or the error that stopped the lookup."""
+
+    stream: str
+    key: str
+    group: str
+    statuses: tuple[JobStatus, ...] = ()
+    error: str = ""
+
+
+def lookup_job(client: Any, streams: Sequence[StreamStats], stream: str, key: str,
+               group: str = "") -> JobLookup:
+    """What each group of ``stream`` (or just ``group``) knows of job ``key``, read with
+    :meth:`Producer.status` (``streamwork job``'s reading) over the dashboard's client."""
+    found = next((s for s in streams if s.stream == stream), None)
+    if found is None:
+        return JobLookup(stream, key, group, error=f"no stream named {stream!r} on this server")
+    if not key:
+        return JobLookup(stream, key, group, error="give the job's key")
+    if group and found.group(group) is None:
+        return JobLookup(stream, key, group, error=f"stream {stream!r} has no consumer group "
+                                                   f"named {group!r}")
+    groups = [group] if group else [g.name for g in found.groups]
+    if not groups:
+        return JobLookup(stream, key, group, error=f"stream {stream!r} has no consumer group "
+                                                   "yet: no job of it has started")
+    count = found.partition_count
+    producer = Producer(client, partitions={stream: count} if count > 1 else 1)
+    try:
+        return JobLookup(stream, key, group, tuple(producer.status(stream, key, group=g)
+                                                   for g in groups))
+    except StreamworkError as exc:
+        return JobLookup(stream, key, group, error=str(exc))

@@ -1,0 +1,85 @@
+"""Build redis-py clients from streamwork URLs: redis://, rediss://, unix://, redis+cluster://."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Final
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
+import tenacity
+from tenacity.wait import wait_base
+
+from streamwork.errors import ConfigError
+
+DEFAULT_URL: Final = "redis://127.0.0.1:6379/0"
+SOCKET_TIMEOUT: Final = 10.0  #: seconds; must stay above the longest BLOCK we use
+CONNECT_TIMEOUT: Final = 2.0  #: seconds to open a connection before counting it a failure
+_SCHEMES: Final = ("redis://", "rediss://", "unix://", "redis+cluster://")
+
+
+def resolve_url(url: str | None) -> str:
+    """``url``, else ``$REDIS_URL``, else the local default; checked for a known scheme."""
+    chosen = url or os.environ.get("REDIS_URL") or DEFAULT_URL
+    if not chosen.startswith(_SCHEMES):
+        raise ConfigError("url", f"{chosen!r} must start with one of {', '.join(_SCHEMES)}")
+    return chosen
+
+
+_OPTIONS: Final[dict[str, Any]] = {
+    "socket_timeout": SOCKET_TIMEOUT,
+    "socket_connect_timeout": CONNECT_TIMEOUT,
+    "health_check_interval": 0,
+}
+
+
+def _async_options() -> dict[str, Any]:
+    """`_OPTIONS` for asyncio clients. redis-py's asyncio pool skips its check for pooled
+    connections the server closed while they sat idle when maintenance notifications are
+    on, and they are on ("auto") by default where it has them (8.1): after a Redis restart
+    each such connection would fail the next call made on it, a false new outage. streamwork
+    uses no maintenance notifications, so they are turned off where they exist."""
+    pool = redis.asyncio.ConnectionPool
+    if not hasattr(pool, "maint_notifications_enabled"):
+        return _OPTIONS
+    from redis.maint_notifications import MaintNotificationsConfig
+    return {**_OPTIONS, "maint_notifications_config": MaintNotificationsConfig(enabled=False)}
+
+
+class _Attempt:
+    """The one attribute tenacity's wait strategies read."""
+
+    __slots__ = ("attempt_number",)
+
+    def __init__(self, attempt_number: int) -> None:
+        self.attempt_number = attempt_number
+
+
+def reconnect_wait() -> wait_base:
+    """Wait between attempts while Redis is unavailable: 50 ms doubling to 2 s, jittered."""
+    return tenacity.wait_exponential(multiplier=0.05, max=2.0) + tenacity.wait_random(0, 0.05)
+
+
+def reconnect_delay(failures: int) -> float:
+    """Seconds to wait after ``failures`` consecutive transient errors."""
+    return float(reconnect_wait()(_Attempt(max(failures, 1))))  # type: ignore[arg-type]
+
+
+def sync_client(url: str) -> Any:
+    """A thread-safe sync client (redis.Redis or redis.cluster.RedisCluster)."""
+    if url.startswith("redis+cluster://"):
+        return redis.cluster.RedisCluster.from_url(
+            "redis://" + url[len("redis+cluster://"):], **_OPTIONS
+        )
+    return redis.Redis.from_url(url, **_OPTIONS)
+
+
+def async_client(url: str) -> Any:
+    """An asyncio client (redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster)."""
+    if url.startswith("redis+cluster://"):
+        return redis.asyncio.cluster.RedisCluster.from_url(
+            "redis://" + url[len("redis+cluster://"):], **_OPTIONS
+        )
+    return redis.asyncio.Redis.from_url(url, **_async_options())

@@ -1,0 +1,279 @@
+"""Every Lua script of streamwork: loaded once, registered per client (EVALSHA), one typed
+method per script.
+
+The only loader: workers, producers, the dead-letter tools and Redlock all call their
+scripts through here. One ARGV convention: scalar arguments first, then (where a script
+works on a batch) ONE MessagePack argument holding the per-entry lists, so the client
+encodes one value per call instead of one per entry. redis-py's Script objects run EVALSHA
+and reload on NOSCRIPT (e.g. after a server restart).
+
+Preludes (Lua has no includes): ``fields`` (the wire field names, generated from codec.py)
+goes before every script, ``lib`` (time, ownership, chunked XACK) before the worker scripts.
+Where the server understands script flags (Redis 7+, Valkey), each worker script starts
+with a ``#!lua`` line: scripts that add data are refused *whole* while Redis is out of
+memory, before they write anything (so staged writes, done records and acks land together
+or not at all), and the scripts that only extend, acknowledge or delete (heartbeat, ack,
+adopt, trim, reap) carry ``allow-oom`` so live jobs stay alive and acks still free memory.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Final
+
+import msgpack
+import redis.exceptions
+
+from streamwork._wire.codec import ATTEMPTS_FIELD, BODY_FIELD
+from streamwork._wire.keys import GroupKeys, StreamKeys
+
+#: scripts registered from another script's file (with other flags)
+_FILES: Final = {"ack": "complete"}
+_WORKER: Final = ("ack", "adopt", "cancel", "claim", "complete", "fail", "heartbeat",
+                  "promote", "reclaim", "schedule", "start", "tick")
+#: shared Lua prepended to each script, in order
+PRELUDES: Final = {name: ("fields", "lib") for name in _WORKER}
+#: script flags on servers that have them; scripts not named here get no ``#!lua`` line
+FLAGS: Final = {
+    "cancel": "", "claim": "", "complete": "", "fail": "", "produce": "", "promote": "",
+    "rate": "", "reclaim": "", "semaphore": "allow-oom",
+    "ack": "allow-oom", "adopt": "allow-oom", "heartbeat": "allow-oom", "reap": "allow-oom",
+    "start": "allow-oom",  # rewrites a job's existing record (held -> running) in place
+    "trim": "allow-oom",
+    "tick": "",  # periodic jobs: adds jobs, so refused whole under OOM
+}
+#: a script that compiles only where the server understands flags
+_PROBE: Final = "#!lua flags=no-writes\nreturn 1"
+
+Arg = str | bytes | int | float
+
+
+def _read(name: str) -> str:
+    if name == "fields":  # the wire field names, from the one place that defines them
+        return (f"local BODY, ATTEMPTS = '{BODY_FIELD.decode()}', "
+                f"'{ATTEMPTS_FIELD.decode()}'\n")
+    lua = resources.files("streamwork._redis") / "lua"
+    return (lua / f"{name}.lua").read_text(encoding="utf-8")
+
+
+@functools.cache
+def source(name: str, flags: bool = False) -> str:
+    """Text of script ``name``: its ``#!lua`` line (with ``flags``), then the preludes it
+    uses, then ``lua/<file>.lua``."""
+    header = ""
+    if flags and name in FLAGS:
+        header = "#!lua" + (f" flags={FLAGS[name]}" if FLAGS[name] else "") + "\n"
+    preludes = PRELUDES.get(name, ("fields",))
+    return header + "".join(_read(p) for p in preludes) + _read(_FILES.get(name, name))
+
+
+def pack(value: Any) -> bytes:
+    """MessagePack for Redis's Lua cmsgpack, which reads str but not bin: bytes go as str."""
+    data: bytes = msgpack.packb(value, use_bin_type=False)
+    return data
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One script invocation: which script, its KEYS and its ARGV."""
+
+    script: str
+    keys: Sequence[Arg]
+    args: Sequence[Arg]
+
+
+# ---- the scripts' calling conventions (pure: each builds the KEYS and ARGV of one script)
+
+
+def produce(keys: StreamKeys, bodies: Sequence[bytes], maxlen: int | None = None) -> Call:
+    """produce.lua: XADD ``bodies`` to the stream in one atomic step (trimming to about
+    ``maxlen`` entries when given); returns their ids."""
+    return Call("produce", [keys.stream], [pack(list(bodies)), maxlen or ""])
+
+
+def rate(bucket: str, per_ms: float, burst: float) -> Call:
+    """rate.lua: take a token from the group's bucket; 0, or ms until one is due."""
+    return Call("rate", [bucket], [repr(per_ms), repr(burst)])
+
+
+def semaphore(key: str, mode: str, holder: str, limit: int, ttl_ms: int) -> Call:
+    """semaphore.lua: "take", "keep" or "give" a hold of one concurrency key."""
+    return Call("semaphore", [key], [mode, holder, limit, ttl_ms])
+
+
+def cancel(record: str, settings: str, reason: str, ttl_ms: int) -> Call:
+    """cancel.lua: mark job record ``record`` cancelled (or, running, cancel-requested);
+    ``settings`` is its group's settings hash; returns the state the job was in."""
+    return Call("cancel", [record, settings], [reason, ttl_ms])
+
+
+def _group_keys(g: GroupKeys) -> list[Arg]:
+    """KEYS[1..3] of the scripts that work on a group's deliveries."""
+    return [g.stream.stream, g.retry, g.retries]
+
+
+def claim(g: GroupKeys, consumer: str, ttl_ms: int, owner: str, mode: str,
+          batch: list[list[Any]]) -> Call:
+    """claim.lua: take (``mode`` "lease"), check ("check") or mark ("mark") job records;
+    ``batch`` is [[entry id...], [src...], [job key...], [attempt...]]."""
+    return Call("claim", [g.stream.stream, g.retry, g.stream.fence],
+                [g.name, consumer, ttl_ms, owner, g.job_prefix, mode, pack(batch)])
+
+
+def start(g: GroupKeys, consumer: str, mode: int, ttl_ms: int,
+          batch: list[list[Any]]) -> Call:
+    """start.lua: turn held leases into running ones as handlers start (op "s"), or back
+    into held ones waiting for an in-place retry (op "h"); ``batch`` is [[id...], [src...],
+    [job key...], [lease...], [member...], [op...], [attempt...], [due ms...]]."""
+    return Call("start", _group_keys(g), [g.name, consumer, g.job_prefix, int(mode), ttl_ms,
+                                          pack(batch)])
+
+
+def complete(g: GroupKeys, consumer: str, mode: int, done_ttl_ms: int, staged: bytes,
+             staged_keys: Sequence[str | bytes], batch: list[list[Any]],
+             *, oom_ok: bool = False, lease_ttl_ms: int = 30_000) -> Call:
+    """complete.lua (``oom_ok``: its ``ack`` twin, allowed under OOM): record successes;
+    ``batch`` is [[id...], [src...], [job key...], [lease...], [member...], [done...]];
+    ``lease_ttl_ms`` is what a record found leased by another gets back as its TTL."""
+    return Call("ack" if oom_ok else "complete", [*_group_keys(g), *staged_keys],
+                [g.name, consumer, int(mode), done_ttl_ms, staged, g.job_prefix, pack(batch),
+                 lease_ttl_ms])
+
+
+def fail(g: GroupKeys, consumer: str, worker: str, mode: int, dead_ttl_ms: int,
+         entries: list[list[Any]]) -> Call:
+    """fail.lua: schedule retries (this group only) or dead-letter, one list per entry."""
+    return Call("fail", [*_group_keys(g), g.stream.dead],
+                [g.name, consumer, worker, g.job_prefix, int(mode), dead_ttl_ms,
+                 pack(entries)])
+
+
+def heartbeat(g: GroupKeys, consumer: str, ttl_ms: int, batch: list[list[Any]]) -> Call:
+    """heartbeat.lua: reset idle times and extend leases of held deliveries;
+    ``batch`` is [[id...], [src...], [job key...], [lease...], [member...]]."""
+    return Call("heartbeat", _group_keys(g), [g.name, consumer, ttl_ms, g.job_prefix,
+                                              pack(batch)])
+
+
+def adopt(g: GroupKeys, consumer: str, ttl_ms: int, batch: list[list[Any]]) -> Call:
+    """adopt.lua: take over deliveries whose entry was deleted while held;
+    ``batch`` is [[id...], [src...], [member...]]."""
+    return Call("adopt", _group_keys(g), [g.name, consumer, ttl_ms, pack(batch)])
+
+
+def reclaim(stream: str, dead: str, group: str, consumer: str, min_idle_ms: int,
+            cursor: Arg, count: int, worker: str) -> Call:
+    """reclaim.lua on one stream (the stream itself or a group's retry stream)."""
+    return Call("reclaim", [stream, dead], [group, consumer, min_idle_ms, cursor, count, worker])
+
+
+def promote(zset: str, stream: str, count: int) -> Call:
+    """promote.lua: move due members of a ZSET (delayed sends, or a group's retries) onto a
+    stream (the stream itself, or that group's retry stream)."""
+    return Call("promote", [zset, stream], [count])
+
+
+def trim(stream: str, cutoff_ms: int) -> Call:
+    """trim.lua: drop entries every group acknowledged, older than the cutoff."""
+    return Call("trim", [stream], [cutoff_ms])
+
+
+def reap(stream: str, group: str, idle_ms: int, keep: str) -> Call:
+    """reap.lua: remove idle consumers that own nothing (never ``keep``)."""
+    return Call("reap", [stream], [group, idle_ms, keep])
+
+
+def tick(stream: str, last_tick: str, upto_ms: int,
+         ticks: Sequence[tuple[int, bytes]]) -> Call:
+    """tick.lua: XADD a schedule's due ticks (``(tick ms, body)``, ascending) onto
+    ``stream`` unless another worker decided them already; ``upto_ms`` is the latest tick
+    this call decides about (later than any it enqueues if catch_up skipped some)."""
+    return Call("tick", [stream, last_tick], [str(upto_ms), pack([list(t) for t in ticks])])
+
+
+def schedule(k: StreamKeys, delay_ms: str, at_ms: str, members: Sequence[bytes]) -> Call:
+    """schedule.lua: add members to the delayed ZSET, due after a delay or at a time."""
+    return Call("schedule", [k.delayed], [delay_ms, at_ms, pack(list(members))])
+
+
+def replay(k: StreamKeys, group: str, ids: Sequence[str]) -> Call:
+    """replay.lua: hand dead letters back to their groups (only ``group``'s if given)."""
+    return Call("replay", [k.stream, k.dead], [k.retry_prefix, group, pack(list(ids))])
+
+
+def redlock_acquire(key: str, fence: str, value: str, ttl_ms: int) -> Call:
+    """redlock_acquire.lua on one master: SET NX PX, and report the fencing counter."""
+    return Call("redlock_acquire", [key, fence], [value, ttl_ms])
+
+
+def redlock_fence(fence: str, proposal: int) -> Call:
+    """redlock_fence.lua on one master: set the counter if the proposal is greater."""
+    return Call("redlock_fence", [fence], [proposal])
+
+
+def redlock_extend(key: str, value: str, ttl_ms: int) -> Call:
+    """redlock_extend.lua on one master: compare-and-PEXPIRE."""
+    return Call("redlock_extend", [key], [value, ttl_ms])
+
+
+def redlock_release(key: str, value: str) -> Call:
+    """redlock_release.lua on one master: compare-and-delete."""
+    return Call("redlock_release", [key], [value])
+
+
+def fenced_set(key: str, token: int, value: Arg) -> Call:
+    """redlock_fenced_set.lua: store a value unless a newer fencing token was seen."""
+    return Call("redlock_fenced_set", [key], [token, value])
+
+
+# ---- running them
+
+
+class _Registry:
+    """Script objects of one client (EVALSHA, reloaded on NOSCRIPT)."""
+
+    def __init__(self, client: Any, flags: bool = False) -> None:
+        self._client = client
+        self._flags = flags
+        self._scripts: dict[str, Any] = {}
+
+    def use_flags(self, flags: bool) -> None:
+        """Register the scripts with (or without) ``#!lua`` flags from now on."""
+        if flags != self._flags:
+            self._flags = flags
+            self._scripts.clear()
+
+    def _script(self, name: str) -> Any:
+        script = self._scripts.get(name)
+        if script is None:
+            script = self._client.register_script(source(name, self._flags))
+            self._scripts[name] = script
+        return script
+
+
+class AsyncScripts(_Registry):
+    """The scripts on an asyncio client; ``flags``: the server understands script flags."""
+
+    async def run(self, call: Call, client: Any = None) -> Any:
+        """Run ``call`` (on ``client`` instead of the registered one, if given)."""
+        return await self._script(call.script)(keys=call.keys, args=call.args, client=client)
+
+
+class SyncScripts(_Registry):
+    """The scripts on a sync client."""
+
+    def run(self, call: Call, client: Any = None) -> Any:
+        """Run ``call`` (on ``client`` instead of the registered one, if given)."""
+        return self._script(call.script)(keys=call.keys, args=call.args, client=client)
+
+
+async def supports_flags(client: Any) -> bool:
+    """Whether the server behind an asyncio ``client`` understands ``#!lua`` flags."""
+    try:
+        await client.eval(_PROBE, 0)
+    except redis.exceptions.ResponseError:
+        return False
+    return True

@@ -1,0 +1,134 @@
+"""Logger names and the one helper that shapes structured fields for log records.
+
+The library installs no handlers; the CLI configures output (text or JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import traceback
+from typing import Any, Final
+
+from streamwork._worker.usercode import utf8
+
+#: the logger of a worker's delivery loop and its background loops (one name, so log
+#: configuration does not depend on how the package splits its modules)
+WORKER_LOGGER: Final = "streamwork.worker"
+
+ERROR_LIMIT: Final = 500  #: characters of an exception's message kept in a log line
+CUT: Final = "…"  #: marks where a message or traceback was cut
+
+
+def fields(**values: Any) -> dict[str, Any]:
+    """``extra=`` for a log call: the given structured fields, Nones dropped. The names are
+    those of the OpenTelemetry attributes: stream, group, consumer, key, entry_id, attempt,
+    duration_ms, outcome, error_type, reason, count; failures add ``error`` (the message,
+    see ``describe``), ``traceback`` (dead letters) and ``delay_ms`` (retries)."""
+    return {"sw": {k: v for k, v in values.items() if v is not None}}
+
+
+def cap(text: str, limit: int = ERROR_LIMIT) -> str:
+    """``text`` cut to ``limit`` characters, the cut marked (and how much was cut), so one
+    huge message cannot flood the logs."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}{CUT} ({len(text) - limit} more characters)"
+
+
+def error_message(exc: BaseException, limit: int | None = ERROR_LIMIT) -> str:
+    """``str(exc)``, capped (``limit`` None: whole); an exception whose ``__str__`` raises
+    falls back to its ``repr``, then to "<unprintable TypeName>": logging a failure never
+    fails."""
+    try:
+        text = str(exc)
+    except Exception:
+        try:
+            text = repr(exc)
+        except Exception:
+            text = f"<unprintable {_type_name(exc)}>"
+    text = utf8(text)  # a lone surrogate (a file name) would fail to encode, in Redis too
+    return text if limit is None else cap(text, limit)
+
+
+def describe(exc: BaseException) -> str:
+    """``"TypeError: unsupported operand ..."``: the exception's type and capped message,
+    as failure lines show it."""
+    message = error_message(exc)
+    return f"{_type_name(exc)}: {message}" if message else _type_name(exc)
+
+
+def error_fields(exc: BaseException | None) -> dict[str, str]:
+    """``error_type`` and ``error`` (the capped message) of an exception, for ``fields``;
+    none for None."""
+    if exc is None:
+        return {}
+    return {"error_type": _type_name(exc), "error": error_message(exc)}
+
+
+def traceback_text(exc: BaseException, limit: int) -> str:
+    """The exception's formatted traceback, its last ``limit`` characters (the innermost
+    frames and the error) with the cut marked; each part (a frame, an error's message) is
+    capped first, so a huge message cannot push the frames out. Never raises."""
+    try:
+        parts = traceback.format_exception(exc)
+    except Exception:
+        return describe(exc)
+    text = utf8("".join(cap(part.rstrip("\n")) + "\n" for part in parts).rstrip("\n"))
+    return text if len(text) <= limit else CUT + text[-limit:]
+
+
+def seconds(value: float) -> str:
+    """A delay for a log line: ``0.05``, ``1.23``, ``300``."""
+    return f"{value:.3g}" if value < 100 else f"{value:.0f}"
+
+
+def _type_name(exc: BaseException) -> str:
+    return type(exc).__name__
+
+
+class TextFormatter(logging.Formatter):
+    """``time level logger: message key=value ...``: readable, still greppable. An
+    ``error`` field the message already shows is not repeated; a ``traceback`` field
+    follows on the next lines, as a logged exception's would."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        base = super().format(record)
+        extra = getattr(record, "sw", None)
+        if extra:
+            message = record.getMessage()
+            pairs = " ".join(f"{k}={v}" for k, v in extra.items()
+                             if k != "traceback" and not (k == "error" and str(v) in message))
+            if pairs:
+                base += " " + pairs
+            if extra.get("traceback"):
+                base += "\n" + str(extra["traceback"])
+        return base
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, for log shippers."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": self.formatTime(record),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "event": record.getMessage(),
+        }
+        out.update(getattr(record, "sw", None) or {})
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def configure(level: str = "INFO", fmt: str = "text") -> None:
+    """Set up root logging for the CLI: text or JSON lines on stderr."""
+    handler = logging.StreamHandler()
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

@@ -1,0 +1,292 @@
+"""The wire format: one stream entry per job, its body a versioned MessagePack map.
+
+Entry fields (byte strings):
+
+* ``d`` - the body: a MessagePack map ``{"v": 2, "k": key, "t": enqueued_ms, "h": headers,
+  "p": payload}`` (``v`` format version, ``k`` job key as str, ``t`` enqueue time in Unix
+  milliseconds as int, ``h`` str->str map incl. W3C ``traceparent``, ``p`` any MessagePack),
+  optionally ``"l"``: the job's time limit in milliseconds (a positive int; absent: the
+  worker's ``timeout``). Readers ignore keys they do not know.
+* ``a`` - optional ASCII integer: deliveries this job already used in earlier entries
+  (written by retries, so attempts keep counting across re-enqueues).
+
+Payloads and results may hold MessagePack extension types: Decimal, UUID, date and aware
+datetimes built in, and a `Codec`'s own types (see ``_extensions``).
+
+Decoding is strict: anything else is a DecodeError whose ``reason`` is a stable code
+(``decode_error:...``, ``schema:...``, ``unknown_version``, ``payload_too_large``), and an
+ext value whose data does not decode is ``payload:invalid`` (`InvalidExt`, which knows the
+job's key) when the rest of the body is sound, else ``schema:bad_ext``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, NamedTuple
+
+import msgpack
+
+from streamwork._wire.extensions import BadExt, Codec, Unencodable, decode_builtin, ext_hook, packer
+from streamwork.errors import ConfigError, DecodeError, PayloadTooLarge
+
+#: the body version this code writes. 2 came with the per-group job records (key layout 2):
+#: a worker of layout 1 refuses version-2 bodies (dead-letters them, unknown_version), so
+#: a fleet mixing old and new workers cannot run a job under two different dedup layouts.
+FORMAT_VERSION: Final = 2
+READ_VERSIONS: Final = (1, 2)  #: the body versions this code reads (1 and 2 differ only in v)
+BODY_FIELD: Final = b"d"  #: entry field holding the MessagePack body
+ATTEMPTS_FIELD: Final = b"a"  #: entry field with deliveries already used by earlier entries
+DEFAULT_MAX_PAYLOAD_BYTES: Final = 1024 * 1024  #: bodies above this are refused (1 MiB)
+
+#: anything MessagePack can encode (None, bool, int, float, str, bytes, list, dict), Decimal,
+#: UUID, date, aware datetime, and the types of the producer's `Codec`
+Payload = Any
+
+
+class Envelope(NamedTuple):
+    """A decoded body: the job as the producer sent it (a NamedTuple: cheap to build)."""
+
+    key: str
+    enqueued_ms: int
+    headers: dict[str, str]
+    payload: Payload
+    limit_ms: int | None = None
+
+
+class InvalidExt(DecodeError):
+    """A body whose payload holds an ext value that does not decode (a codec's decoder
+    raised, or a built-in ext type's data is malformed), the rest of it sound:
+    ``payload:invalid``, with the job's ``key``."""
+
+    def __init__(self, detail: str, key: str) -> None:
+        super().__init__("payload:invalid", detail)
+        self.key = key
+
+
+def check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """A copy of ``headers``, checked to map str to str."""
+    hdrs = dict(headers or {})
+    for name, value in hdrs.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise ConfigError("headers", f"must map str to str, got {name!r}: {value!r}")
+    return hdrs
+
+
+def check_utf8(option: str, text: str) -> str:
+    """``text`` if it encodes as UTF-8, else ConfigError naming ``option``: a lone surrogate
+    (what decoding bytes with ``errors="surrogateescape"`` leaves) cannot be sent or stored."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(option, (
+            f"{text!r} is not valid UTF-8 text: it holds the lone surrogate "
+            f"{text[exc.start]!r} at index {exc.start} (bytes decoded with "
+            "errors='surrogateescape'?); job keys and order keys must be valid UTF-8 "
+            "text")) from None
+    return text
+
+
+def encode_body(
+    key: str,
+    payload: Payload,
+    headers: Mapping[str, str] | None = None,
+    *,
+    enqueued_ms: int | None = None,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    limit_ms: int | None = None,
+    codec: Codec | None = None,
+) -> bytes:
+    """Encode one job body; raise before anything is sent if it is not valid."""
+    return pack_body(key, payload, check_headers(headers),
+                     int(time.time() * 1000) if enqueued_ms is None else enqueued_ms,
+                     max_payload_bytes, limit_ms, codec)
+
+
+def time_limit_ms(timeout: float | None) -> int | None:
+    """A per-job ``timeout`` (seconds) as the body's ``l`` field; None when not given."""
+    if timeout is None:
+        return None
+    if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+            or not math.isfinite(timeout) or timeout <= 0):
+        raise ConfigError("timeout", f"must be a finite number of seconds > 0, got {timeout!r}")
+    return max(1, round(timeout * 1000))
+
+
+def pack_body(key: str, payload: Payload, headers: dict[str, str], enqueued_ms: int,
+              max_payload_bytes: int, limit_ms: int | None = None,
+              codec: Codec | None = None) -> bytes:
+    """``encode_body`` for headers already checked (a producer checks them once a batch)."""
+    return pack_bodies([key], [payload], headers, enqueued_ms, max_payload_bytes,
+                       limit_ms, codec)[0]
+
+
+def pack_bodies(keys: Sequence[str], payloads: Sequence[Payload], headers: dict[str, str],
+                enqueued_ms: int, max_payload_bytes: int,
+                limit_ms: int | None = None, codec: Codec | None = None) -> list[bytes]:
+    """The bodies of many jobs sharing headers, time and limit (one send_many): one
+    Packer for all of them; raises for the first that is not valid, before any is sent.
+    Ext types (built in, and ``codec``'s) cost nothing to payloads without them: the
+    packer asks for them only on values it cannot pack itself."""
+    pack = packer(codec).pack
+    # the fields every body of the batch shares are packed once; each job adds its key
+    # and payload (a map's order means nothing to a reader): 2 small packs per job
+    shared: dict[str, Any] = {"v": FORMAT_VERSION, "t": enqueued_ms, "h": headers}
+    if limit_ms is not None:
+        shared["l"] = limit_ms
+    # a fixmap header for the shared fields plus k and p, the shared fields, then "k"
+    head = bytes([0x80 | (len(shared) + 2)]) + pack(shared)[1:] + b"\xa1k"
+    out: list[bytes] = []
+    append = out.append
+    for key, payload in zip(keys, payloads, strict=True):
+        if type(key) is not str or not key:
+            raise ConfigError("key", f"must be a non-empty str, got {key!r}")
+        try:
+            data: bytes = head + pack(key) + b"\xa1p" + pack(payload)
+        except (TypeError, ValueError, OverflowError) as exc:
+            check_utf8("key", key)  # blame a key that is not UTF-8 on the key
+            if isinstance(exc, Unencodable):
+                raise ConfigError("payload", str(exc)) from exc  # says what to do itself
+            raise ConfigError(
+                "payload", f"cannot be encoded as MessagePack ({exc}); send dicts, lists, "
+                "str, bytes, numbers, bools, None, Decimal, UUID, date or aware datetime "
+                "values, or register the type with a streamwork.Codec"
+            ) from exc
+        if len(data) > max_payload_bytes:
+            raise PayloadTooLarge(len(data), max_payload_bytes)
+        append(data)
+    return out
+
+
+#: a decoded body as a plain tuple, in Envelope's order (cheaper to build than an Envelope)
+Fields = tuple[str, int, dict[str, str], Payload, int | None]
+
+
+def decode_body(data: bytes | None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+                codec: Codec | None = None, *, keep_ext: bool = False) -> Envelope:
+    """Decode and validate a body; raise DecodeError with a stable reason code.
+    ``keep_ext``: an ext type neither built in nor ``codec``'s (or one that does not
+    decode) stays a `msgpack.ExtType` instead of failing: for tools that show payloads."""
+    return Envelope(*decode_fields(data, max_payload_bytes, codec, keep_ext=keep_ext))
+
+
+def decode_fields(data: bytes | None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+                  codec: Codec | None = None, *, keep_ext: bool = False) -> Fields:
+    """``decode_body`` as a plain tuple (key, enqueued_ms, headers, payload, limit_ms)."""
+    if data is None:
+        raise DecodeError("schema:no_data_field", "the entry has no 'd' field")
+    if len(data) > max_payload_bytes:
+        raise DecodeError(
+            "payload_too_large", f"body is {len(data)} bytes, over max_payload_bytes"
+        )
+    if not data:
+        raise DecodeError("decode_error:incomplete", "the 'd' field is empty")
+    try:
+        body = _unpackb(data, strict_map_key=False, timestamp=3,  # str, lists, datetimes
+                        ext_hook=(decode_builtin if codec is None and not keep_ext
+                                  else ext_hook(codec, keep=keep_ext, keep_bad=keep_ext)))
+    except DecodeError:
+        raise
+    except BadExt as exc:
+        raise _bad_ext(data, str(exc)) from None
+    except OverflowError as exc:  # a timestamp past what a datetime holds
+        raise _bad_ext(data, f"a MessagePack timestamp (ext type -1) is out of datetime's "
+                             f"range ({exc})") from None
+    except msgpack.ExtraData:
+        raise DecodeError("decode_error:extra_data", "trailing bytes after the body") from None
+    except msgpack.StackError:
+        raise DecodeError("decode_error:limits", "nesting too deep") from None
+    except msgpack.FormatError as exc:
+        detail = str(exc) or f"not MessagePack: invalid first byte 0x{data[0]:02x}"
+        raise DecodeError("decode_error:FormatError", detail) from None
+    except UnicodeDecodeError as exc:
+        raise DecodeError("decode_error:utf8", str(exc)) from None
+    except ValueError as exc:
+        code = "incomplete" if "incomplete" in str(exc) else "limits"
+        raise DecodeError(f"decode_error:{code}", str(exc)) from None
+    except Exception as exc:  # msgpack raises a few other types on hostile input
+        raise DecodeError(f"decode_error:{type(exc).__name__}", str(exc)) from None
+    return _validate(body)
+
+
+_FIELDS: Final = frozenset({"v", "k", "t", "h", "p", "l"})
+_unpackb: Final = msgpack.unpackb
+
+
+def _keep(code: int, data: bytes) -> msgpack.ExtType:
+    return msgpack.ExtType(code, bytes(data))
+
+
+def _bad_ext(data: bytes, detail: str) -> DecodeError:
+    """The error of a body holding an ext value that does not decode: ``payload:invalid``
+    with the job's key when the rest of the body is a sound envelope (the job can be
+    named and failed), else ``schema:bad_ext``."""
+    try:
+        key = _validate(_unpackb(data, strict_map_key=False, ext_hook=_keep))[0]
+    except Exception:
+        return DecodeError("schema:bad_ext", detail)
+    return InvalidExt(detail, key)
+
+
+def _validate(body: object) -> Fields:
+    # fast path: a well-formed body from a streamwork producer
+    if type(body) is dict:
+        get = body.get
+        version, key, enqueued, headers, limit = get("v"), get("k"), get("t"), get("h"), get("l")
+        # v, k, t and p are there (checked below), h and l when not None: with nothing else
+        # in the body, every key is a known one (so a str)
+        if (type(version) is int and version in READ_VERSIONS
+                and type(key) is str and key and type(enqueued) is int and enqueued >= 0
+                and "p" in body and len(body) == 4 + (headers is not None) + (limit is not None)):
+            if headers is None:
+                headers = {}
+            if (type(headers) is dict
+                    and (not headers or all(type(n) is str and type(v) is str
+                                            for n, v in headers.items()))
+                    and (limit is None or (type(limit) is int and limit > 0))):
+                return key, enqueued, headers, body["p"], limit
+    return _validate_strictly(body)
+
+
+def _validate_strictly(body: object) -> Envelope:
+    """Find what is wrong with a body, with a stable reason code."""
+    if not isinstance(body, dict):
+        raise DecodeError("schema:envelope_not_map", f"body is a {type(body).__name__}")
+    if any(not isinstance(k, str) for k in body):
+        raise DecodeError("schema:map_key", "body keys must be strings")
+    for field in ("v", "k", "t", "p"):
+        if field not in body:
+            raise DecodeError(f"schema:missing:{field}", f"body has no {field!r}")
+    version = body["v"]
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise DecodeError("schema:type:v", "'v' must be an int")
+    if version not in READ_VERSIONS:
+        raise DecodeError("unknown_version", f"body version {version}; this worker reads "
+                                             f"{', '.join(map(str, READ_VERSIONS))}")
+    key, enqueued, headers = body["k"], body["t"], body.get("h", {})
+    if not isinstance(key, str) or not key:
+        raise DecodeError("schema:type:k", "'k' must be a non-empty str")
+    if not isinstance(enqueued, int) or isinstance(enqueued, bool) or enqueued < 0:
+        raise DecodeError("schema:type:t", "'t' must be a non-negative int (Unix ms)")
+    if not isinstance(headers, dict) or any(
+        not isinstance(n, str) or not isinstance(v, str) for n, v in headers.items()
+    ):
+        raise DecodeError("schema:type:h", "'h' must map str to str")
+    limit = body.get("l")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
+                              or limit <= 0):
+        raise DecodeError("schema:type:l", "'l' must be a positive int (milliseconds)")
+    return Envelope(key=key, enqueued_ms=enqueued, headers=headers, payload=body["p"],
+                    limit_ms=limit)
+
+
+def parse_attempts(raw: bytes | None) -> int:
+    """Deliveries used by earlier entries of the job (field ``a``); 0 when absent or bad."""
+    if not raw:
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        return 0
+    return max(value, 0)

@@ -1,0 +1,142 @@
+"""Message: one delivery of a job, as a handler sees it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic
+
+from typing_extensions import TypeVar
+
+from streamwork.errors import ConfigError, LockLost
+
+#: the header a job's order key travels in when it differs from its key (see _partitions)
+ORDER_KEY_HEADER = "sw-order-key"
+
+__all__ = ["Message", "revoke"]
+
+#: what ``Message.stage`` accepts as a key or argument (what redis-py accepts in a command)
+StageValue = str | int | float | bytes | bytearray | memoryview
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _wire(value: object, what: str) -> bytes:
+    """``value`` as the bytes redis-py's ``Encoder.encode`` would send (UTF-8 str, int and
+    float by ``repr``, bytes-likes as they are), so a staged write stores exactly what
+    ``client.set(k, value)`` would. Anything else raises ConfigError."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, bool):  # an int subclass: redis-py refuses it too
+        raise ConfigError("stage", f"{what} {value!r} is a bool, which Redis has no type for; "
+                          "pass 1/0 or the string 'true'/'false' instead")
+    if isinstance(value, (int, float)):
+        return repr(value).encode()
+    if isinstance(value, str):
+        try:
+            return value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ConfigError("stage", f"{what} {_show(value)} is not encodable as UTF-8 ({exc}); "
+                              "pass bytes instead") from None
+    raise ConfigError("stage", f"{what} {_show(value)} has type {type(value).__name__}; pass "
+                      "bytes, str, int or float (encode structured data yourself, e.g. as JSON)")
+
+
+def _wire_all(values: object, what: str) -> tuple[bytes, ...]:
+    """Every key (or arg) of a staged command as wire bytes."""
+    if isinstance(values, (str, bytes, bytearray, memoryview)) or not isinstance(
+            values, Iterable):
+        raise ConfigError("stage", f"the {what}s must be a list or tuple, got "
+                          f"{_show(values)}; wrap a single {what} in a list: [{_show(values)}]")
+    return tuple(_wire(v, f"{what} #{i}") for i, v in enumerate(values))
+
+
+#: the payload's type: what a worker's ``payload_type`` makes of it (Any when untyped)
+P = TypeVar("P", default=Any)
+
+
+@dataclass(slots=True, eq=False)
+class Message(Generic[P]):
+    """One delivery of a job.
+
+    ``attempt`` is 1 on the first delivery and counts every delivery Redis made, including
+    ones whose worker crashed, and those of earlier entries of a retried job.
+    ``fencing_token`` is strictly increasing per stream when ``dedup`` is on, else None:
+    pass it to the system you write to so a stale holder's write can be rejected.
+    """
+
+    id: str
+    stream: str
+    key: str
+    payload: P
+    attempt: int
+    enqueued_at: float
+    headers: dict[str, str]
+    fencing_token: int | None = None
+    group: str = ""
+    consumer: str = ""
+    _lost: bool = field(default=False, repr=False)
+    _cancelled: bool = field(default=False, repr=False)
+    #: the staged writes: (command, keys, args), keys and args as the bytes sent to Redis
+    staged: list[tuple[str, tuple[bytes, ...], tuple[bytes, ...]]] = field(
+        default_factory=list, repr=False)
+
+    def stage(self, command: str, keys: Sequence[StageValue] = (),
+              args: Sequence[StageValue] = ()) -> None:
+        """Stage a Redis write that is applied atomically with this job's acknowledgement
+        (and done record), so it takes effect exactly once, or not at all if the job's
+        outcome is not recorded (crash, lost lease, failure).
+
+        ``keys`` come first in the command, then ``args``: ``msg.stage("HINCRBY",
+        ["{orders}:totals"], ["eur", 250])``. On Redis Cluster every key must share the
+        stream's hash tag (``{S}``). A command Redis rejects (e.g. WRONGTYPE) is skipped
+        and logged; the job's other staged writes still apply.
+
+        Keys and args are converted here exactly as redis-py would send them (str as UTF-8,
+        int and float by ``repr``, bytes as they are), so numbers reach Redis unrounded;
+        any other type (bool, None, list, dict, ...) raises ConfigError at once.
+        """
+        if not isinstance(command, str) or not command or not command.isascii():
+            # checked here, in the handler: the outcome writer could not encode it later
+            raise ValueError(f"stage(): command must be a Redis command name such as 'SET', "
+                             f"got {_show(command)}")
+        self.staged.append((str.__str__(command), _wire_all(keys, "key"),
+                            _wire_all(args, "arg")))
+
+    @property
+    def order_key(self) -> str:
+        """What orders this job among others (ordered mode) and picks its partition: the
+        ``order_key`` it was sent with, else its key."""
+        return self.headers.get(ORDER_KEY_HEADER, self.key)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the job was cancelled (``producer.cancel``) while this delivery ran;
+        seen at the worker's next heartbeat. Stop soon: raising anything then ends the job
+        as cancelled (acknowledged, not retried); returning completes it as usual."""
+        return self._cancelled
+
+    @property
+    def lock_lost(self) -> bool:
+        """True once this delivery's lease was lost; its result will not be acknowledged."""
+        return self._lost
+
+    def check(self) -> None:
+        """Raise LockLost if the lease was lost; call it before each external write."""
+        if self._lost:
+            raise LockLost(
+                f"job {self.key!r} (entry {self.id}) lost its lease: another worker may run it "
+                "now; stop and do not write",
+                self.key,
+            )
+
+
+def revoke(msg: Message) -> None:
+    """Tell a delivery's handler its job is no longer its own (lease lost, time limit
+    passed): ``msg.lock_lost`` turns true and ``msg.check()`` raises LockLost."""
+    msg._lost = True

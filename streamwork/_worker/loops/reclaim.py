@@ -1,0 +1,106 @@
+"""Reclaiming deliveries from crashed or stalled consumers, one suspect at a time.
+
+Deliveries idle longer than the visibility timeout belong to consumers that died or froze;
+one of them may be what killed its process. So they are taken over one at a time and each
+runs alone: reading pauses, what this process holds finishes, XAUTOCLAIM ... COUNT 1
+claims one, and the next comes only after it is done. A job that kills its process thus
+costs only itself, never the jobs read beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import Any, Final
+
+from streamwork._redis import scripts
+from streamwork._telemetry.logs import WORKER_LOGGER, fields
+from streamwork._worker.delivery import MAIN, RETRY, Entry, Holder, State, ref
+
+log = logging.getLogger(WORKER_LOGGER)
+
+ALONE_POLL: Final = 0.02  #: s between looks while waiting for held deliveries to finish
+
+
+def jitter(seconds: float) -> float:
+    """``seconds`` give or take 20 %, so many workers do not act in step."""
+    return seconds * random.uniform(0.8, 1.2)
+
+
+async def reclaim_once(h: Holder) -> bool:
+    """One reclaim sweep: if deliveries of other consumers sit idle past the visibility
+    timeout, take them over one at a time, each running alone. Returns whether Redis was
+    asked (not when stopping)."""
+    cfg = h.cfg
+    await asyncio.sleep(jitter(cfg.reclaim_every))
+    reached = False
+    for src, stream in ((MAIN, cfg.stream), (RETRY, h.gkeys.retry)):
+        if h.stopping:
+            continue
+        idle = await _anything_idle(h, stream)
+        reached = True
+        if not idle:
+            continue
+        h.isolating = True
+        try:
+            cursor: Any = b"0-0"
+            while not h.stopping:
+                if not await wait_alone(h, cfg.visibility_timeout):
+                    return reached  # held deliveries wait on leases elsewhere: next sweep
+                cursor, claimed = await _reclaim_one(h, stream, src, cursor)
+                if not claimed and cursor in (b"0-0", "0-0"):
+                    break
+        finally:
+            h.isolating = False
+            h.wake_reader()
+    return reached
+
+
+async def _anything_idle(h: Holder, stream: str) -> bool:
+    """Whether any delivery of the group on ``stream`` sits idle past the visibility timeout."""
+    rows = await h.redis.xpending_range(
+        stream, h.cfg.group, min="-", max="+", count=1, idle=h.cfg.visibility_ms)
+    return bool(rows)
+
+
+async def wait_alone(h: Holder, patience: float) -> bool:
+    """Wait until ``h`` holds nothing. Deliveries that only wait for a lease held elsewhere
+    are waited for ``patience`` seconds at most; returns whether it got there."""
+    since = time.monotonic()
+    while h.held():
+        if any(d.state != State.WAITING for d in h.held_deliveries()) or any(h.loose_ids()):
+            since = time.monotonic()
+        elif time.monotonic() - since > patience:
+            return False
+        await asyncio.sleep(ALONE_POLL)
+    return True
+
+
+async def _reclaim_one(h: Holder, stream: str, src: int, cursor: Any) -> tuple[Any, bool]:
+    """One reclaim.lua call claiming at most one delivery (XAUTOCLAIM ... COUNT 1, dead
+    letters for deleted entries, delivery counts, atomically); admits what it claimed."""
+    cfg = h.cfg
+    nxt, raw, deleted, counts = await h.scripts.run(scripts.reclaim(
+        stream, h.keys.dead, cfg.group, h.name, cfg.visibility_ms, cursor, 1, h.worker_name))
+    if deleted:
+        h.count("deleted_while_pending", len(deleted))
+        log.warning("%d pending entries were deleted from the stream by someone else; "
+                    "recorded as dead letters", len(deleted),
+                    extra=fields(stream=cfg.stream, group=cfg.group))
+    claimed: list[Entry] = []
+    claimed_counts: list[int] = []
+    held = {d.ref for d in h.held_deliveries()}
+    for (eid, flat), n in zip(raw, counts, strict=True):
+        if ref(src, eid) in held:
+            continue
+        claimed.append((eid, list(flat) if flat else None))
+        claimed_counts.append(int(n))
+    if claimed:
+        h.count("reclaimed", len(claimed))
+        log.warning("reclaimed a delivery idle over %.1fs; it runs alone", cfg.visibility_timeout,
+                    extra=fields(stream=cfg.stream, group=cfg.group, consumer=h.name,
+                                 entry_id=claimed[0][0].decode(), attempt=claimed_counts[0]))
+        await h.admit(claimed, src, claimed_counts)
+    return nxt, bool(claimed)

@@ -1,0 +1,102 @@
+"""Starting a job: the last check before its handler runs.
+
+A delivery is held (its job record says "queued") from admission until a runner is free and
+the group's limits let it go; only then does start.lua turn the record into the running one,
+in the same step that checks the job was not cancelled meanwhile and the lease and the
+delivery are still this worker's. So a cancel that reaches Redis before the start wins
+(the job never starts), and one that comes after finds it running. Runners that start jobs
+in the same turn of the event loop share one script call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from typing import TYPE_CHECKING, Any, Final
+
+from streamwork._redis import scripts
+
+if TYPE_CHECKING:
+    from streamwork._redis.scripts import AsyncScripts
+    from streamwork._wire.keys import GroupKeys
+    from streamwork._worker.delivery import Delivery, RunQueue
+    from streamwork._worker.leases import Lease
+
+CANCELLED_QUEUED: Final = "cancelled:queued"  #: a Failure's reason: cancelled, never started
+MAX_SPINS: Final = 64  #: loop turns a start batch waits at most for runners still waking
+
+
+class Start(enum.IntEnum):
+    """start.lua's answer per delivery."""
+
+    LOST = 0  #: not ours any more (lease or delivery taken): nothing written
+    GO = 1  #: the record says running (or, for a hold, held again): go ahead
+    CANCELLED = 2  #: the job was cancelled: acknowledge it without running it
+    VANISHED = 4  #: neither the stream nor the group knows the entry any more
+
+
+class Starter:
+    """Batches start.lua calls of one consumer's runners."""
+
+    def __init__(self, run: AsyncScripts, gkeys: GroupKeys, consumer: str, lease: Lease,
+                 ttl_ms: int, queue: RunQueue) -> None:
+        self._run = run
+        self._gkeys = gkeys
+        self._consumer = consumer
+        self._lease = lease
+        self._ttl_ms = ttl_ms
+        self._queue = queue
+        self._batch: list[tuple[Delivery, str, int, asyncio.Future[int]]] = []
+        self._sending: set[asyncio.Task[None]] = set()
+
+    def start(self, d: Delivery) -> asyncio.Future[int]:
+        """Ask to start ``d``'s handler; the future gives a `Start` code (or the error)."""
+        return self._add(d, "s", 0)
+
+    def hold(self, d: Delivery, due: float) -> asyncio.Future[int]:
+        """Mark ``d`` held again, waiting for its in-place retry due in ``due`` s."""
+        return self._add(d, "h", int((time.time() + due) * 1000))
+
+    def _add(self, d: Delivery, op: str, due_ms: int) -> asyncio.Future[int]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[int] = loop.create_future()
+        if not self._batch:
+            task = loop.create_task(self._send(), name="streamwork-start")
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+        self._batch.append((d, op, due_ms, fut))
+        return fut
+
+    async def _send(self) -> None:
+        # runners woken for ready deliveries join this batch before it is sent
+        queue = self._queue
+        for _ in range(MAX_SPINS):
+            await asyncio.sleep(0)
+            if not (queue.waking and queue.ready):
+                break
+        batch, self._batch = self._batch, []
+        lease = self._lease
+        try:
+            res: Any = await self._run.run(scripts.start(
+                self._gkeys, self._consumer, lease.mode, self._ttl_ms,
+                [[d.entry_id for d, _, _, _ in batch], [d.src for d, _, _, _ in batch],
+                 [d.msg.key for d, _, _, _ in batch], [d.lease for d, _, _, _ in batch],
+                 [d.member for d, _, _, _ in batch], [op for _, op, _, _ in batch],
+                 [d.msg.attempt for d, _, _, _ in batch], [due for _, _, due, _ in batch]]))
+        except BaseException as exc:
+            for _, _, _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc if isinstance(exc, Exception)
+                                      else asyncio.CancelledError())
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, _, _, fut), code in zip(batch, res, strict=True):
+            if not fut.done():
+                fut.set_result(int(code))
+
+    async def close(self) -> None:
+        """Wait for start calls under way (their answers may matter to a draining worker)."""
+        if self._sending:
+            await asyncio.gather(*self._sending, return_exceptions=True)
