@@ -40,10 +40,10 @@ if TYPE_CHECKING:
         fenced_set,
     )
     from streamwork._producer.producer import AsyncProducer, Producer
-    from streamwork._schedules.spec import Cron, Every
     from streamwork._wire.extensions import Codec
     from streamwork._wire.message import Message
     from streamwork._wire.records import JobStatus
+    from streamwork._wire.schedules import Cron, Every
     from streamwork._worker.function import worker
     from streamwork._worker.worker import Health, StreamWorker
 
@@ -57,7 +57,7 @@ _LAZY = {
     "Message": "_wire.message", "AsyncProducer": "_producer.producer",
     "Producer": "_producer.producer", "Health": "_worker.worker",
     "StreamWorker": "_worker.worker", "JobStatus": "_wire.records",
-    "Cron": "_schedules.spec", "Every": "_schedules.spec", "worker": "_worker.function",
+    "Cron": "_wire.schedules", "Every": "_wire.schedules", "worker": "_worker.function",
     "Codec": "_wire.extensions",
 }
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamwork._worker.usercode import describe
+from streamwork._text import describe
 
 __all__ = [
     "BenchError",

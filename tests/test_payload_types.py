@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 import streamwork as sw
 from streamwork._cli.main import main
 from streamwork._ops.deadletter import list_dead
-from streamwork._schedules.spec import check_schedules
 from streamwork._wire.codec import BODY_FIELD, FORMAT_VERSION, decode_body, encode_body
 from streamwork._wire.keys import StreamKeys
+from streamwork._wire.schedules import check_schedules
 from streamwork.testing import run_until_idle
 
 STREAM, GROUP = "payments", "ledger"

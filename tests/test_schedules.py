@@ -22,12 +22,12 @@ from cronsim import CronSim
 import streamwork as sw
 from streamwork._cli.schedules import schedules as schedules_command
 from streamwork._redis import scripts
-from streamwork._schedules.loop import SCHEDULE_HEADER, TICK_HEADER, Scheduler
-from streamwork._schedules.spec import MAX_CATCH_UP, MISSED_AFTER_MS, plan, tick_key, tick_text
 from streamwork._wire.codec import decode_body
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names, partition_of
+from streamwork._wire.schedules import MAX_CATCH_UP, MISSED_AFTER_MS, plan, tick_key, tick_text
 from streamwork._worker.config import WorkerConfig
+from streamwork._worker.loops.ticks import SCHEDULE_HEADER, TICK_HEADER, Scheduler
 from streamwork.testing import run_until_idle, wait_for
 from tests.slots import key_slot
 from tests.workers_schedules import LEDGER, STREAM, EverySecond, Ticker, Weekly

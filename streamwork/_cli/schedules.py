@@ -18,9 +18,9 @@ from rich.table import Table
 
 from streamwork._cli.common import detect_partitions, fail, url_option
 from streamwork._redis import connection
-from streamwork._schedules.spec import from_description, tick_text
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names
+from streamwork._wire.schedules import from_description, tick_text
 from streamwork.errors import ConfigError, StreamworkError
 
 __all__ = ["register", "schedules_of"]

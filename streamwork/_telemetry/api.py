@@ -18,7 +18,7 @@ from typing import Any, Final
 from opentelemetry import context, metrics, propagate, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from streamwork._worker.usercode import text
+from streamwork._text import text
 
 SYSTEM: Final = "redis"  #: messaging.system of every span
 COUNTERS: Final = (

@@ -10,7 +10,7 @@ import logging
 import traceback
 from typing import Any, Final
 
-from streamwork._worker.usercode import utf8
+from streamwork._text import utf8
 
 #: the logger of a worker's delivery loop and its background loops (one name, so log
 #: configuration does not depend on how the package splits its modules)

@@ -27,7 +27,7 @@ from typing import Any, Final, TypeVar
 
 import msgpack
 
-from streamwork._worker.usercode import describe, text
+from streamwork._text import describe, text
 from streamwork.errors import ConfigError, DecodeError
 
 T = TypeVar("T")

@@ -26,8 +26,8 @@ from typing import Any, Final
 
 import msgpack
 
+from streamwork._text import describe
 from streamwork._wire.extensions import Codec, Unencodable, encode_builtin
-from streamwork._worker.usercode import describe
 from streamwork.errors import ConfigError
 
 #: what a converter may raise besides the validators' own errors: a wrong shape altogether

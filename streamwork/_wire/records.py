@@ -31,8 +31,8 @@ from typing import Any, Final
 
 import msgpack
 
+from streamwork._text import describe
 from streamwork._wire.extensions import BadExt, Codec, ext_hook, packer
-from streamwork._worker.usercode import describe
 from streamwork.errors import DecodeError
 
 DEFAULT_MAX_RESULT_BYTES: Final = 64 * 1024  #: results larger than this are not kept

@@ -15,7 +15,6 @@ import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from streamwork._schedules.spec import check_catch_up
 from streamwork._wire.codec import DEFAULT_MAX_PAYLOAD_BYTES
 from streamwork._wire.keys import StreamKeys, check_name
 from streamwork._wire.partitions import (
@@ -25,6 +24,7 @@ from streamwork._wire.partitions import (
     partition_names,
 )
 from streamwork._wire.records import DEFAULT_MAX_RESULT_BYTES
+from streamwork._wire.schedules import check_catch_up
 from streamwork.errors import ConfigError
 
 #: heartbeat every visibility_timeout/3, so two missed beats still leave margin

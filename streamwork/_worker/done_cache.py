@@ -20,7 +20,7 @@ from collections.abc import Callable, MutableMapping
 from typing import Any, Protocol
 
 from streamwork._telemetry.logs import WORKER_LOGGER
-from streamwork._worker.usercode import describe
+from streamwork._text import describe
 from streamwork.errors import ConfigError
 
 log = logging.getLogger(WORKER_LOGGER)

@@ -17,10 +17,10 @@ from typing import Any, Generic, TypedDict, cast, overload
 
 from typing_extensions import TypeVar, Unpack
 
-from streamwork._schedules.spec import Cron, Every
 from streamwork._wire.extensions import Codec
 from streamwork._wire.message import Message, P
 from streamwork._wire.payloads import kind_of
+from streamwork._wire.schedules import Cron, Every
 from streamwork._worker.config import WorkerConfig, did_you_mean
 from streamwork._worker.worker import _CLASS_OPTIONS, StreamWorker
 from streamwork.errors import ConfigError

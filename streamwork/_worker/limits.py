@@ -21,10 +21,10 @@ from typing import Any, Final
 
 from streamwork._redis import scripts
 from streamwork._telemetry.logs import WORKER_LOGGER, fields
+from streamwork._text import describe
 from streamwork._wire.keys import GroupKeys
 from streamwork._wire.message import Message
 from streamwork._worker.delivery import Delivery
-from streamwork._worker.usercode import describe
 
 log = logging.getLogger(WORKER_LOGGER)
 

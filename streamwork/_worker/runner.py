@@ -30,13 +30,13 @@ from streamwork._telemetry.logs import (
     seconds,
     traceback_text,
 )
+from streamwork._text import text
 from streamwork._wire.message import Message, revoke
 from streamwork._worker.delivery import Delivery, Failure, RunQueue, State
 from streamwork._worker.limits import KeyFailed, Limits, retry_key_after
 from streamwork._worker.pool import DaemonPool
 from streamwork._worker.retry import retry_delay_for
 from streamwork._worker.start import Start
-from streamwork._worker.usercode import text
 from streamwork.errors import DeadLetter, Retry
 
 if TYPE_CHECKING:

@@ -18,18 +18,18 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from streamwork._redis import connection
-from streamwork._schedules.loop import with_schedules
-from streamwork._schedules.spec import check_schedules
 from streamwork._telemetry.logs import WORKER_LOGGER, fields
+from streamwork._text import describe
 from streamwork._wire.extensions import check_codec
 from streamwork._wire.keys import check_name
 from streamwork._wire.message import Message, P
 from streamwork._wire.payloads import converter
+from streamwork._wire.schedules import check_schedules
 from streamwork._worker.config import WorkerConfig, WorkerOptions, check_attributes
 from streamwork._worker.consumer import Consumer, consumer_name
 from streamwork._worker.done_cache import local_cache
+from streamwork._worker.loops.ticks import with_schedules
 from streamwork._worker.partitioned import Partitioned
-from streamwork._worker.usercode import describe
 from streamwork.errors import ConfigError, WorkerFailed
 
 __all__ = ["Health", "StreamWorker"]

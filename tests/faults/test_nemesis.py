@@ -62,9 +62,9 @@ import redis
 
 import streamwork as sw
 from streamwork._redis import scripts
-from streamwork._schedules.spec import tick_key
 from streamwork._wire.codec import decode_body
 from streamwork._wire.keys import StreamKeys
+from streamwork._wire.schedules import tick_key
 from streamwork._worker.limits import BURST_SECONDS
 from streamwork.errors import DecodeError
 from streamwork.testing import Ledger, wait_for

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from streamwork._redis import connection, scripts
-from streamwork._schedules.spec import MAX_CATCH_UP, Schedule, plan, tick_key
 from streamwork._telemetry.logs import WORKER_LOGGER, fields
 from streamwork._wire.codec import pack_body
 from streamwork._wire.extensions import Codec
@@ -39,6 +38,7 @@ from streamwork._wire.keys import StreamKeys
 from streamwork._wire.message import ORDER_KEY_HEADER
 from streamwork._wire.partitions import check_recorded, partition_names, partition_of
 from streamwork._wire.payloads import to_plain
+from streamwork._wire.schedules import MAX_CATCH_UP, Schedule, plan, tick_key
 from streamwork._worker.config import WorkerConfig
 from streamwork._worker.supervisor import Link, Supervisor, cancel
 

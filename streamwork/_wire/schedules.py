@@ -26,6 +26,7 @@ from typing import Any, Final
 
 import msgpack
 
+from streamwork._text import text
 from streamwork._wire.codec import DEFAULT_MAX_PAYLOAD_BYTES, decode_fields, pack_body
 from streamwork._wire.extensions import (
     USER_CODES,
@@ -35,7 +36,6 @@ from streamwork._wire.extensions import (
     registered_anywhere,
 )
 from streamwork._wire.payloads import to_plain
-from streamwork._worker.usercode import text
 from streamwork.errors import ConfigError, PayloadTooLarge
 
 __all__ = ["CATCH_UP", "MAX_CATCH_UP", "MISSED_AFTER_MS", "Cron", "Every", "Schedule",
