@@ -10,6 +10,7 @@ modules cannot be understood, tested or moved apart.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -148,3 +149,17 @@ def test_the_core_loop_stays_small() -> None:
     sizes = {name: len((PACKAGE / name).read_text(encoding="utf-8").splitlines())
              for name in CORE_LOOP if (PACKAGE / name).exists()}
     assert sum(sizes.values()) <= CORE_LOOP_MAX, sizes
+
+
+MAP_PAGE = PACKAGE.parent / "docs" / "explanations" / "architecture.md"
+
+
+def test_the_architecture_page_maps_every_module() -> None:
+    """docs/explanations/architecture.md names every module (``_worker/runner.py``) and
+    no module that is gone, so the map stays true as the code moves."""
+    text = MAP_PAGE.read_text(encoding="utf-8")
+    named = set(re.findall(r"`((?:_[a-z_]+/)*[a-z_]+\.py)`", text))
+    files = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+             if p.name != "__init__.py" or p.parent == PACKAGE}
+    assert sorted(files - named) == [], "modules missing from the architecture page"
+    assert sorted(named - files) == [], "the architecture page names modules that are gone"
