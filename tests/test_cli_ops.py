@@ -10,8 +10,8 @@ import pytest
 import redis
 from click.testing import CliRunner, Result
 
-from streamwork._cli.main import main
 from streamwork._cli.inspect import FAIL_EXIT_CODE
+from streamwork._cli.main import main
 from streamwork._cli.ops import register
 from streamwork._ops.format import fmt_age
 from streamwork._ops.stats import StreamStats

@@ -35,7 +35,7 @@ def _thresholds(ctx: click.Context, param: click.Parameter,
 
 
 def register(main: click.Group) -> None:
-    """Add ``inspect``, ``top`` and ``job`` to the ``streamwork`` command group
+    """Add ``inspect``, ``top``, ``job`` and ``cancel`` to the ``streamwork`` command group
     (idempotent)."""
     @click.command("inspect")
     @click.argument("stream", required=False)

@@ -79,4 +79,6 @@ def _append(console: Console, frames: Iterator[RenderableType]) -> None:
 
 def _frame(before: Sequence[StreamStats], after: Sequence[StreamStats],
            interval: float) -> RenderableType:
+    """One frame: the ``after`` figures with their rates since ``before`` (none yet when
+    ``before`` is empty)."""
     return render_top(after, rates_between(before, after), interval)
