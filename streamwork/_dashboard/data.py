@@ -22,7 +22,6 @@ from urllib.parse import urlsplit, urlunsplit
 from streamwork._ops import deadletter, partitioned, stats
 from streamwork._ops.stats import StreamStats
 from streamwork._producer.producer import Producer
-from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names
 from streamwork._wire.records import JobStatus
 from streamwork.errors import ConfigError, StreamworkError
@@ -72,13 +71,10 @@ def redact_url(url: str) -> str:
 def _recorded_partitions(client: Any, base: str) -> int:
     """The partition count recorded for ``base`` (``{S}:partitions``), 1 when none is."""
     try:
-        raw = client.get(StreamKeys.for_stream(base).partitions)
-    except ConfigError:
+        count = partitioned.recorded_partitions(client, base)
+    except ValueError:  # a name that cannot be partitioned (ConfigError), or not a count
         return 1
-    try:
-        return int(raw) if raw is not None else 1
-    except ValueError:
-        return 1
+    return 1 if count is None else count
 
 
 def snapshot(client: Any) -> list[StreamStats]:

@@ -26,7 +26,8 @@ from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names
 from streamwork.errors import ConfigError, StreamNotFound
 
-__all__ = ["merge_stats", "partition_base", "partitioned_stats", "sample_partitioned"]
+__all__ = ["merge_stats", "partition_base", "partitioned_stats", "recorded_partitions",
+           "sample_partitioned"]
 
 
 def _sum_known(values: Iterable[int | None]) -> int | None:
@@ -150,6 +151,14 @@ def partitioned_stats(client: Any, stream: str, partitions: int,
 
 
 _PARTITION_NAME: Final = re.compile(r"^(?P<base>.+)#(?P<i>\d+)\.\d+$")
+
+
+def recorded_partitions(client: Any, stream: str) -> int | None:
+    """The partition count recorded for ``stream`` in ``{S}:partitions`` (by its first
+    partitioned producer or worker; one GET), None when none is. Raises ConfigError for
+    a name that cannot be partitioned, ValueError for a value that is not a count."""
+    raw = client.get(StreamKeys.for_stream(stream).partitions)
+    return None if raw is None else int(raw)
 
 
 def partition_base(name: str) -> str | None:
