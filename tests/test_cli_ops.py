@@ -10,16 +10,12 @@ import pytest
 import redis
 from click.testing import CliRunner, Result
 
+from streamwork._cli.inspect import FAIL_EXIT_CODE
 from streamwork._cli.main import main
-from streamwork._cli.ops import (
-    FAIL_EXIT_CODE,
-    Threshold,
-    check_thresholds,
-    fmt_age,
-    parse_threshold,
-    register,
-)
+from streamwork._cli.ops import register
+from streamwork._ops.format import fmt_age
 from streamwork._ops.stats import StreamStats
+from streamwork._ops.thresholds import Threshold, check_thresholds, parse_threshold
 from tests.test_stats import STREAM, prepare, wait_idle
 
 if not {"inspect", "top", "job"} <= set(main.commands):

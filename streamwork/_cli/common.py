@@ -9,6 +9,7 @@ from typing import Any, Final, NoReturn, TypeVar
 
 import click
 
+from streamwork._ops.partitioned import recorded_partitions
 from streamwork._redis import connection
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import MAX_PARTITIONS, partition_names
@@ -130,8 +131,8 @@ def check_recorded_partitions(client: Any, stream: str, partitions: int) -> None
     its first partitioned producer or worker recorded it, is another one; one GET."""
     if partitions == 1:
         return
-    key = StreamKeys.for_stream(stream).partitions
-    raw = client.get(key)
-    if raw is not None and int(raw) != partitions:
-        fail(f"stream {stream!r} is split into {int(raw)} partitions (recorded in {key!r}), "
-             f"not {partitions}: give --partitions {int(raw)}")
+    recorded = recorded_partitions(client, stream)
+    if recorded is not None and recorded != partitions:
+        key = StreamKeys.for_stream(stream).partitions
+        fail(f"stream {stream!r} is split into {recorded} partitions (recorded in {key!r}), "
+             f"not {partitions}: give --partitions {recorded}")

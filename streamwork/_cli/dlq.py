@@ -29,6 +29,7 @@ from streamwork._cli.common import (
     url_option,
 )
 from streamwork._ops import deadletter
+from streamwork._ops.format import fmt_when
 from streamwork._redis import connection
 from streamwork.errors import StreamworkError
 
@@ -36,10 +37,6 @@ from streamwork.errors import StreamworkError
 @click.group()
 def dlq() -> None:
     """Inspect, replay and purge a stream's dead letters."""
-
-
-def _died(ts_ms: int) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts_ms / 1000))
 
 
 #: characters of a dead letter's error (its type and the first line of its message) shown
@@ -70,7 +67,7 @@ def _error(e: deadletter.DeadLetterEntry) -> str:
 def _cells(e: deadletter.DeadLetterEntry) -> list[str]:
     """One dead letter's values, in the order of _COLUMNS."""
     return [e.id, e.group or "?", e.key or "?", e.reason, _error(e), str(e.attempts),
-            _died(e.ts_ms), e.src_id]
+            fmt_when(e.ts_ms / 1000), e.src_id]
 
 
 def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:

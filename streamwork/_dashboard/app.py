@@ -33,11 +33,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from streamwork._cli.ops import fmt_age
 from streamwork._dashboard import data
 from streamwork._dashboard.rates import RateHistory, Sampler
 from streamwork._dashboard.security import CSRF_FIELD, Guard, GuardMiddleware
 from streamwork._dashboard.svg import sparkline
+from streamwork._ops.format import fmt_age, fmt_count, fmt_rate, fmt_when
 from streamwork._ops.stats import StreamStats
 from streamwork._redis import connection
 from streamwork._wire.keys import StreamKeys
@@ -71,19 +71,6 @@ class DashboardSettings:
                                         f"{2 * self.sample_interval_s:g} s), got {self.window_s}")
 
 
-def _n(value: int | None) -> str:
-    return "?" if value is None else f"{value:,}"
-
-
-def _rate(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.1f}"
-
-
-def _when(ts: float | None) -> str:
-    """Unix seconds -> local ``YYYY-mm-dd HH:MM:SS``."""
-    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
-
-
 def _worst_lag(s: StreamStats) -> int | None:
     lags = [g.lag for g in s.groups]
     return None if not lags or None in lags else max(g.lag or 0 for g in s.groups)
@@ -104,7 +91,7 @@ def _templates() -> jinja2.Environment:
         loader=jinja2.PackageLoader("streamwork._dashboard", "templates"),
         autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
         lstrip_blocks=True)
-    env.filters.update(n=_n, rate=_rate, age=fmt_age, when=_when)
+    env.filters.update(n=fmt_count, rate=fmt_rate, age=fmt_age, when=fmt_when)
     env.globals.update(worst_lag=_worst_lag, oldest=_oldest, preview=data.preview,
                        clip=data.clip, last=_last, sparkline=sparkline, csrf_field=CSRF_FIELD,
                        total_pending=lambda s: sum(g.pending for g in s.groups))

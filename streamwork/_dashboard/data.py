@@ -14,16 +14,14 @@ Anything shown of a payload, result, key or error text is cut to a preview
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
-from streamwork._ops import deadletter, stats
+from streamwork._ops import deadletter, partitioned, stats
 from streamwork._ops.stats import StreamStats
 from streamwork._producer.producer import Producer
-from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names
 from streamwork._wire.records import JobStatus
 from streamwork.errors import ConfigError, StreamworkError
@@ -48,7 +46,6 @@ PREVIEW_CHARS: Final = 2048  #: characters of a payload's / result's repr shown 
 KEY_CHARS: Final = 256  #: characters of a job key shown at most
 SHORT_CHARS: Final = 300  #: characters of a reason or an error's first line shown in a row
 DEAD_SHOWN: Final = 50  #: dead letters listed per stream (oldest first)
-_PARTITION: Final = re.compile(r"^(?P<base>.+)#\d+\.\d+$")
 
 
 def clip(text: str, limit: int = PREVIEW_CHARS) -> str:
@@ -74,13 +71,10 @@ def redact_url(url: str) -> str:
 def _recorded_partitions(client: Any, base: str) -> int:
     """The partition count recorded for ``base`` (``{S}:partitions``), 1 when none is."""
     try:
-        raw = client.get(StreamKeys.for_stream(base).partitions)
-    except ConfigError:
+        count = partitioned.recorded_partitions(client, base)
+    except ValueError:  # a name that cannot be partitioned (ConfigError), or not a count
         return 1
-    try:
-        return int(raw) if raw is not None else 1
-    except ValueError:
-        return 1
+    return 1 if count is None else count
 
 
 def snapshot(client: Any) -> list[StreamStats]:
@@ -90,8 +84,7 @@ def snapshot(client: Any) -> list[StreamStats]:
     plain: list[str] = []
     bases: dict[str, int] = {}
     for name in stats.discover_streams(client):
-        m = _PARTITION.match(name)
-        base = m["base"] if m is not None else None
+        base = partitioned.partition_base(name)
         if base is not None and base not in bases:
             bases[base] = _recorded_partitions(client, base)
         count = bases.get(base, 1) if base is not None else 1
@@ -101,7 +94,7 @@ def snapshot(client: Any) -> list[StreamStats]:
     for base, count in bases.items():
         if count > 1:
             try:
-                out.append(stats.partitioned_stats(client, base, count))
+                out.append(partitioned.partitioned_stats(client, base, count))
             except StreamworkError:  # gone since the scan, or a name that cannot split
                 continue
     return sorted(out, key=lambda s: s.stream)

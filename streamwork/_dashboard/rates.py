@@ -3,7 +3,7 @@
 A :class:`Sampler` thread takes a :func:`~streamwork._dashboard.data.snapshot` every
 ``interval_s`` seconds and hands it to a :class:`RateHistory`, which turns each pair of
 consecutive samples of a stream into produced/s and acked/s per group
-(:func:`streamwork._ops.stats.compute_rates`, as ``streamwork top`` does) and keeps the last
+(:func:`streamwork._ops.rates.compute_rates`, as ``streamwork top`` does) and keeps the last
 ``window_s`` seconds of them. Nothing is written to Redis; a restart starts afresh.
 """
 
@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from streamwork._ops import stats
-from streamwork._ops.stats import StreamRates, StreamStats
+from streamwork._ops.rates import StreamRates, compute_rates
+from streamwork._ops.stats import StreamStats
 
 __all__ = ["RateHistory", "Sampler"]
 
@@ -48,7 +48,7 @@ class RateHistory:
                 old = self._series.get(s.stream)
                 rates = old.rates if old is not None else deque(maxlen=self.points)
                 if old is not None:
-                    rates.append(stats.compute_rates(old.last, s))
+                    rates.append(compute_rates(old.last, s))
                 kept[s.stream] = _Series(s, rates)
             self._series = kept
 

@@ -1,6 +1,6 @@
 """The Redlock rules, without I/O: quorum and validity math, and the protocol as generators
-that yield the network rounds they need (`Redlock` / `AsyncRedlock` in lock.py perform them).
-See lock.py for what Redlock gives and what it does not."""
+that yield the network rounds they need (`Redlock` / `AsyncRedlock` in redlock.py perform them).
+See redlock.py for what Redlock gives and what it does not."""
 
 from __future__ import annotations
 
@@ -143,8 +143,9 @@ def advance(
 
 
 @dataclass(slots=True)
-class Lease:
-    """The state of one granted lock, shared by its sync and async handles."""
+class Grant:
+    """The state of one granted lock (what Redlock hands out: key, value, fencing token,
+    local deadline), shared by its sync and async handles."""
 
     resource: str
     key: str
@@ -204,12 +205,12 @@ class Core:
             blocking_timeout = seconds("blocking_timeout", blocking_timeout)
         return ttl_ms, blocking_timeout
 
-    def acquire(self, resource: str, ttl_ms: int, blocking_timeout: float | None) -> Steps[Lease]:
+    def acquire(self, resource: str, ttl_ms: int, blocking_timeout: float | None) -> Steps[Grant]:
         """Attempt until granted; refused -> retry after jitter until ``blocking_timeout``."""
         give_up_at = None if blocking_timeout is None else self.clock() + blocking_timeout
         while True:
             outcome = yield from self._attempt(resource, ttl_ms)
-            if isinstance(outcome, Lease):
+            if isinstance(outcome, Grant):
                 return outcome
             now = self.clock()
             if give_up_at is None or now >= give_up_at:
@@ -218,7 +219,7 @@ class Core:
                 ) from outcome.cause
             yield Sleep(min(self._jitter(), give_up_at - now))
 
-    def _attempt(self, resource: str, ttl_ms: int) -> Steps[Lease | _Refusal]:
+    def _attempt(self, resource: str, ttl_ms: int) -> Steps[Grant | _Refusal]:
         key, fence = redlock_key(resource), redlock_fence_key(resource)
         value = secrets.token_hex(VALUE_BYTES)
         release = Round(scripts.redlock_release(key, value))
@@ -233,7 +234,7 @@ class Core:
                 proposal = 1 + max(counter for _, counter in answered)
                 token = yield from self._next_token(fence, proposal)
                 if token is not None and self.clock() < deadline:
-                    return Lease(resource, key, value, token, ttl, deadline)
+                    return Grant(resource, key, value, token, ttl, deadline)
         except GeneratorExit:
             raise
         except BaseException:
@@ -257,38 +258,38 @@ class Core:
             proposal = 1 + max(proposal, *(current for _, current in answered))
         return None
 
-    def extend(self, lease: Lease, ttl: float | None) -> Steps[float]:
+    def extend(self, grant: Grant, ttl: float | None) -> Steps[float]:
         """Compare-and-PEXPIRE on every master; on success return the new local deadline."""
-        if lease.state != HELD:
-            raise LockLost(f"lock {lease.resource!r} was already {lease.state}", lease.resource)
-        ttl_ms = checked_ttl_ms("ttl", lease.ttl if ttl is None else ttl, self.drift_factor)
+        if grant.state != HELD:
+            raise LockLost(f"lock {grant.resource!r} was already {grant.state}", grant.resource)
+        ttl_ms = checked_ttl_ms("ttl", grant.ttl if ttl is None else ttl, self.drift_factor)
         sent = self.clock()  # the new deadline counts from when the extension is sent
-        if sent < lease.deadline:
-            replies = yield Round(scripts.redlock_extend(lease.key, lease.value, ttl_ms))
+        if sent < grant.deadline:
+            replies = yield Round(scripts.redlock_extend(grant.key, grant.value, ttl_ms))
             extended = sum(1 for r in replies if as_int(r) == 1)
             deadline = sent + validity(ttl_ms / 1000, 0.0, self.drift_factor)
             if extended >= self.quorum and self.clock() < deadline:
-                lease.deadline = deadline
-                lease.ttl = ttl_ms / 1000
+                grant.deadline = deadline
+                grant.ttl = ttl_ms / 1000
                 return deadline
             reason = f"only {extended} of {self.n} masters still held it (quorum is {self.quorum})"
         else:
             reason = "its validity ran out before the extension was sent"
-        lease.state = LOST  # final: a lost lease is never revived
+        grant.state = LOST  # final: a lost grant is never revived
         # free the minority we still hold
-        yield Round(scripts.redlock_release(lease.key, lease.value))
+        yield Round(scripts.redlock_release(grant.key, grant.value))
         raise LockLost(
-            f"lock {lease.resource!r} lost: {reason}. Stop writing under fencing token "
-            f"{lease.token}; acquire it again to continue.",
-            lease.resource,
+            f"lock {grant.resource!r} lost: {reason}. Stop writing under fencing token "
+            f"{grant.token}; acquire it again to continue.",
+            grant.resource,
         )
 
-    def release(self, lease: Lease) -> Steps[bool]:
+    def release(self, grant: Grant) -> Steps[bool]:
         """Compare-and-delete on every master; True if a quorum still held our value."""
-        if lease.state != HELD:
+        if grant.state != HELD:
             return False
-        lease.state = RELEASED
-        replies = yield Round(scripts.redlock_release(lease.key, lease.value))
+        grant.state = RELEASED
+        replies = yield Round(scripts.redlock_release(grant.key, grant.value))
         return sum(1 for r in replies if as_int(r) == 1) >= self.quorum
 
 

@@ -36,7 +36,7 @@ Keys: the lock of resource ``R`` is ``redlock:{R}`` and its fencing counter ``re
 timeout and no redis-py retries; clients you pass in are used as they are, so give them a
 small ``socket_timeout`` and ``retry=Retry(NoBackoff(), 0)`` or a dead master slows every call.
 
-The rules live once, in ``_Core``, as generators that yield the network rounds they need;
+The rules live once, in `Core` (core.py), as generators that yield the network rounds they need;
 `Redlock` and `AsyncRedlock` are thin shells that perform those rounds (one master after
 the other, or all at once with ``asyncio.gather``).
 """
@@ -72,7 +72,7 @@ from streamwork._lock.core import (
     as_int,
     seconds,
 )
-from streamwork._lock.held import AsyncHeldLock, HeldLock
+from streamwork._lock.held import AsyncHeldLock, AsyncRun, HeldLock
 from streamwork._redis import scripts
 from streamwork.errors import ConfigError
 
@@ -189,8 +189,8 @@ class Redlock(_RedlockBase[redis.Redis]):
         lock's default TTL for this grant. Use the result as a context manager to release.
         """
         ttl_ms, blocking_timeout = self._core.check_acquire(resource, ttl, blocking_timeout)
-        lease = self._run(self._core.acquire(resource, ttl_ms, blocking_timeout))
-        return HeldLock(self, lease)
+        grant = self._run(self._core.acquire(resource, ttl_ms, blocking_timeout))
+        return HeldLock(grant, self._core, self._run)
 
     def close(self) -> None:
         """Close the clients this object built from URLs (not the ones passed in)."""
@@ -260,7 +260,7 @@ class AsyncRedlock(_RedlockBase[redis.asyncio.Redis]):
     ) -> AsyncAcquisition:
         """As `Redlock.acquire`; await the result, or use it with ``async with``."""
         ttl_ms, blocking_timeout = self._core.check_acquire(resource, ttl, blocking_timeout)
-        return AsyncAcquisition(self, resource, ttl_ms, blocking_timeout)
+        return AsyncAcquisition(self._core, self._run, resource, ttl_ms, blocking_timeout)
 
     async def aclose(self) -> None:
         """Close the clients this object built from URLs (not the ones passed in)."""
@@ -308,23 +308,24 @@ class AsyncRedlock(_RedlockBase[redis.asyncio.Redis]):
 class AsyncAcquisition(Awaitable[AsyncHeldLock]):
     """What `AsyncRedlock.acquire` returns: await it, or ``async with`` it to auto-release."""
 
-    __slots__ = ("_blocking_timeout", "_held", "_redlock", "_resource", "_ttl_ms")
+    __slots__ = ("_blocking_timeout", "_core", "_held", "_resource", "_run", "_ttl_ms")
 
     def __init__(
-        self, redlock: AsyncRedlock, resource: str, ttl_ms: int, blocking_timeout: float | None
+        self, core: Core, run: AsyncRun, resource: str, ttl_ms: int,
+        blocking_timeout: float | None,
     ) -> None:
-        self._redlock = redlock
+        self._core = core
+        self._run = run
         self._resource = resource
         self._ttl_ms = ttl_ms
         self._blocking_timeout = blocking_timeout
         self._held: AsyncHeldLock | None = None
 
     async def _acquire(self) -> AsyncHeldLock:
-        core = self._redlock._core
-        lease = await self._redlock._run(
-            core.acquire(self._resource, self._ttl_ms, self._blocking_timeout)
+        grant = await self._run(
+            self._core.acquire(self._resource, self._ttl_ms, self._blocking_timeout)
         )
-        return AsyncHeldLock(self._redlock, lease)
+        return AsyncHeldLock(grant, self._core, self._run)
 
     def __await__(self) -> Generator[Any, None, AsyncHeldLock]:
         return self._acquire().__await__()

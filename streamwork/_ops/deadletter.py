@@ -22,6 +22,7 @@ from typing import Any, Final
 import msgpack
 import redis
 
+from streamwork._ops.replies import id_order
 from streamwork._redis import scripts
 from streamwork._wire.codec import decode_body
 from streamwork._wire.extensions import to_json
@@ -212,14 +213,6 @@ class PartitionDeadLetter:
         return {"partition": self.partition, "stream": self.stream, **self.entry.as_json()}
 
 
-def _id_key(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    try:
-        return int(ms), int(seq or 0)
-    except ValueError:
-        return 0, 0
-
-
 def list_dead_partitions(client: Any, partitions: Iterable[tuple[int, str]],
                          count: int = 100) -> list[PartitionDeadLetter]:
     """The oldest ``count`` dead letters over ``partitions`` (``(number, stream name)``
@@ -227,7 +220,7 @@ def list_dead_partitions(client: Any, partitions: Iterable[tuple[int, str]],
     merged: list[PartitionDeadLetter] = []
     for i, name in partitions:
         merged += [PartitionDeadLetter(i, name, e) for e in list_dead(client, name, count)]
-    merged.sort(key=lambda d: (_id_key(d.entry.id), d.partition))
+    merged.sort(key=lambda d: (id_order(d.entry.id), d.partition))
     return merged[:count]
 
 

@@ -1,0 +1,200 @@
+"""A partitioned stream's figures: its partitions' :class:`~streamwork._ops.stats.StreamStats`
+added up (:func:`merge_stats`, pure), read with each partition's own figures, the worker
+owning it in ordered mode and, on a Cluster, the node serving it (:func:`partitioned_stats`),
+and every stream of a server with partitioned ones counted once (:func:`sample_partitioned`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+from streamwork._ops.replies import id_order, text
+from streamwork._ops.stats import (
+    TOP_CONSUMERS,
+    ConsumerStats,
+    GroupStats,
+    PartitionStats,
+    StreamStats,
+    discover_streams,
+    sample,
+    stream_stats,
+)
+from streamwork._wire.keys import StreamKeys
+from streamwork._wire.partitions import partition_names
+from streamwork.errors import ConfigError, StreamNotFound
+
+__all__ = ["merge_stats", "partition_base", "partitioned_stats", "recorded_partitions",
+           "sample_partitioned"]
+
+
+def _sum_known(values: Iterable[int | None]) -> int | None:
+    """The sum, or None when any value is unknown."""
+    total = 0
+    for v in values:
+        if v is None:
+            return None
+        total += v
+    return total
+
+
+def _merge_group(parts: Sequence[GroupStats]) -> GroupStats:
+    """One group's figures over the partitions it exists on: counts add up, a consumer
+    (same name on several partitions: one worker) counts once, the oldest pending entry is
+    the oldest of all."""
+    consumers: dict[str, ConsumerStats] = {}
+    for g in parts:
+        for c in g.consumer_list:
+            seen = consumers.get(c.name)
+            consumers[c.name] = c if seen is None else ConsumerStats(
+                c.name, seen.pending + c.pending, min(seen.idle_s, c.idle_s))
+    consumer_list = sorted(consumers.values(), key=lambda c: (-c.pending, c.name))
+    # each partition's top_consumers holds its top few only: rank the full lists' sums
+    top = [(c.name, c.pending) for c in consumer_list if c.pending > 0]
+    aged = [g for g in parts if g.oldest_pending_age_s is not None]
+    oldest = max(aged, key=lambda g: g.oldest_pending_age_s or 0.0) if aged else None
+    return GroupStats(
+        name=parts[0].name,
+        consumers=len(consumers) if consumers else max(g.consumers for g in parts),
+        pending=sum(g.pending for g in parts),
+        oldest_pending_age_s=None if oldest is None else oldest.oldest_pending_age_s,
+        lag=_sum_known(g.lag for g in parts),
+        entries_read=_sum_known(g.entries_read for g in parts),
+        last_delivered_id=max((g.last_delivered_id for g in parts), key=id_order),
+        top_consumers=top[:TOP_CONSUMERS],
+        consumer_list=consumer_list,
+        oldest_pending_id=None if oldest is None else oldest.oldest_pending_id,
+        retries_waiting=sum(g.retries_waiting for g in parts),
+        retry_lag=_sum_known(g.retry_lag for g in parts),
+        retries_due=sum(g.retries_due for g in parts),
+    )
+
+
+def merge_stats(stream: str, parts: Sequence[StreamStats]) -> StreamStats:
+    """The figures of ``parts`` (a stream's partitions) added up, named ``stream``: length,
+    lag, pending, retries, delayed and dead letters are sums (lag, entries-read and
+    entries-added are None when any partition cannot tell), groups are merged by name,
+    first/last id are the oldest/newest over all partitions."""
+    names = sorted({g.name for s in parts for g in s.groups})
+    groups = [_merge_group([g for s in parts for g in s.groups if g.name == name])
+              for name in names]
+    firsts = [s.first_id for s in parts if s.first_id]
+    return StreamStats(
+        stream=stream,
+        length=sum(s.length for s in parts),
+        first_id=min(firsts, key=id_order) if firsts else None,
+        last_id=max((s.last_id for s in parts), key=id_order, default="0-0"),
+        groups=groups,
+        delayed_total=sum(s.delayed_total for s in parts),
+        delayed_due=sum(s.delayed_due for s in parts),
+        dead=sum(s.dead for s in parts),
+        entries_added=_sum_known(s.entries_added for s in parts),
+        taken_at_ms=max((s.taken_at_ms for s in parts), default=0),
+    )
+
+
+def _node_of(client: Any, key: str) -> str | None:
+    """``host:port`` of the Cluster node serving ``key`` (from the client's slot map, no
+    round trip); None on a single server."""
+    find = getattr(client, "get_node_from_key", None)
+    if find is None:
+        return None
+    try:
+        node = find(key)
+    except Exception:  # only a label: an unknown slot map is no error
+        return None
+    return None if node is None else f"{node.host}:{node.port}"
+
+
+def _owners(client: Any, stream: str, groups: Iterable[GroupStats]) -> dict[str, str | None]:
+    keys = StreamKeys.of_any(stream)
+    owners: dict[str, str | None] = {}
+    for g in groups:
+        try:
+            owner_key = keys.group(g.name).owner
+        except ConfigError:
+            continue
+        raw = client.get(owner_key)
+        owners[g.name] = None if raw is None else text(raw)
+    return owners
+
+
+def partitioned_stats(client: Any, stream: str, partitions: int,
+                      only: int | None = None) -> StreamStats:
+    """Figures of the partitioned ``stream``: the sums over its ``partitions`` partitions
+    (or over partition ``only``, then named by its own stream name), with each partition's
+    own figures, owner (ordered mode) and Cluster node in ``partitions``. Raises
+    StreamNotFound when none of the partitions looked at exists."""
+    names = partition_names(stream, partitions)
+    picked = list(enumerate(names)) if only is None else [(only, names[only])]
+    parts: list[PartitionStats] = []
+    for i, name in picked:
+        try:
+            st: StreamStats | None = stream_stats(client, name)
+        except StreamNotFound as exc:
+            if "does not exist" not in str(exc):
+                raise
+            st = None
+        owners = {} if st is None else _owners(client, name, st.groups)
+        parts.append(PartitionStats(i, name, st, owners, _node_of(client, name)))
+    found = [p.stats for p in parts if p.stats is not None]
+    if not found:
+        which = (f"partition {only} ({names[only]})" if only is not None else
+                 f"any of its {partitions} partitions ({names[0]} ... {names[-1]})")
+        raise StreamNotFound(stream, f"has no stream for {which}: check --partitions "
+                                     "(the partitions= its producers use)")
+    label = stream if only is None else names[only]
+    merged = merge_stats(label, found)
+    return dataclasses.replace(merged, partitions=tuple(parts), partition_count=partitions)
+
+
+_PARTITION_NAME: Final = re.compile(r"^(?P<base>.+)#(?P<i>\d+)\.\d+$")
+
+
+def recorded_partitions(client: Any, stream: str) -> int | None:
+    """The partition count recorded for ``stream`` in ``{S}:partitions`` (by its first
+    partitioned producer or worker; one GET), None when none is. Raises ConfigError for
+    a name that cannot be partitioned, ValueError for a value that is not a count."""
+    raw = client.get(StreamKeys.for_stream(stream).partitions)
+    return None if raw is None else int(raw)
+
+
+def partition_base(name: str) -> str | None:
+    """The stream ``name`` looks like a partition of (``S`` of ``S#i.n``), None when it
+    does not look like one (whether it is one depends on the partition count)."""
+    m = _PARTITION_NAME.match(name)
+    return None if m is None else m["base"]
+
+
+def _base_of(name: str, partitions: int) -> str | None:
+    """The partitioned stream ``name`` is a partition of (with this partition count)."""
+    m = _PARTITION_NAME.match(name)
+    if m is None or int(m["i"]) >= partitions:
+        return None
+    try:
+        names = partition_names(m["base"], partitions)
+    except ConfigError:
+        return None
+    return m["base"] if names[int(m["i"])] == name else None
+
+
+def sample_partitioned(client: Any, partitions: int) -> list[StreamStats]:
+    """Like :func:`sample` over every stream, but the partitions of a stream split into
+    ``partitions`` count as that one stream (their sums); other streams as they are."""
+    plain: list[str] = []
+    bases: set[str] = set()
+    for name in discover_streams(client):
+        base = _base_of(name, partitions) if partitions > 1 else None
+        if base is None:
+            plain.append(name)
+        else:
+            bases.add(base)
+    out = sample(client, plain)
+    for base in bases:
+        try:
+            out.append(partitioned_stats(client, base, partitions))
+        except StreamNotFound:
+            continue
+    return sorted(out, key=lambda s: s.stream)
