@@ -14,8 +14,8 @@ import streamwork as sw
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names, partition_of
 from streamwork.testing import run_until_idle
-from tests.cluster_util import local_cluster
-from tests.ordered_campaign import expected_logs, run_campaign
+from tests.helpers.cluster_util import local_cluster
+from tests.helpers.ordered_campaign import expected_logs, run_campaign
 
 pytestmark = pytest.mark.cluster
 

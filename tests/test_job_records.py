@@ -23,7 +23,7 @@ from streamwork._cli.main import main
 from streamwork._ops.deadletter import replay_dead
 from streamwork._wire.keys import StreamKeys
 from streamwork.testing import Ledger, await_for, run_until_idle, stream_idle
-from tests.workers_records import STREAM, RecordsWorker, ledger_name, runs_key
+from tests.workers.records import STREAM, RecordsWorker, ledger_name, runs_key
 
 S = STREAM
 GROUPS = ("billing", "mailer")
@@ -260,7 +260,7 @@ async def test_result_across_processes(
     # loaded 2-core CI machine may stall the poller for a while)
     assert 0.3 <= time.monotonic() - start < 5.0
 
-    proc = spawn_worker("tests.workers_records:RecordsWorker", redis_url)
+    proc = spawn_worker("tests.workers.records:RecordsWorker", redis_url)
     expected = {"key": "early", "group": "billing", "attempt": 1, "pid": proc.pid}
     assert producer.result(S, "early", group="billing", timeout=30) == expected
 

@@ -18,14 +18,14 @@ import redis
 import streamwork as sw
 from streamwork._hosting.processes import BACKOFF_MAX, BACKOFF_RESET, restart_delay
 from streamwork.testing import stream_idle, wait_for
-from tests.workers_ops import OTHER_STREAM, STREAM, OpsWorker, OtherOpsWorker, ledger_key
+from tests.workers.ops import OTHER_STREAM, STREAM, OpsWorker, OtherOpsWorker, ledger_key
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="finds child processes through /proc")
 
 ROOT = Path(__file__).resolve().parent.parent
-OPS = "tests.workers_ops:OpsWorker"
-OTHER = "tests.workers_ops:OtherOpsWorker"
+OPS = "tests.workers.ops:OpsWorker"
+OTHER = "tests.workers.ops:OtherOpsWorker"
 Spawn = Callable[..., subprocess.Popen[bytes]]
 INFO = ("--log-level", "INFO")  # after spawn_worker's WARNING: the "worker started" lines
 

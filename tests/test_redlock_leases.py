@@ -17,7 +17,7 @@ from streamwork._worker.config import WorkerConfig
 from streamwork._worker.delivery import Delivery
 from streamwork._worker.leases import RedlockLease
 from streamwork.testing import Ledger, await_for, run_until_idle, wait_for
-from tests.workers_dedup import StagedLedgerWorker
+from tests.workers.dedup import StagedLedgerWorker
 
 STREAM = "jobs"
 

@@ -16,7 +16,7 @@ from streamwork._wire.keys import StreamKeys
 from streamwork._worker.consumer import Consumer
 from streamwork._worker.loops.upkeep import upkeep_once
 from streamwork.testing import Ledger, await_for
-from tests.workers import LedgerWorker
+from tests.workers.ledger import LedgerWorker
 
 STREAM, GROUP, OTHER, LAGGARD = "jobs", "testers", "auditors", "laggards"
 KEYS = StreamKeys.for_stream(STREAM)

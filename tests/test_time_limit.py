@@ -19,7 +19,7 @@ import redis
 import streamwork as sw
 from streamwork._wire.keys import StreamKeys
 from streamwork.testing import Ledger, run_until_idle, wait_for
-from tests.workers import ClientWorker
+from tests.workers.ledger import ClientWorker
 
 STREAM = "limits"
 KEYS = StreamKeys.for_stream(STREAM)

@@ -37,11 +37,11 @@ from streamwork._redis.server import RedisServer
 from streamwork._wire.keys import StreamKeys
 from streamwork.errors import WorkerFailed
 from streamwork.testing import Ledger, await_for, stream_idle, wait_for
-from tests.workers_faults import LEDGER, STREAM, FaultLedgerWorker
+from tests.workers.faults import LEDGER, STREAM, FaultLedgerWorker
 
 GROUP = FaultLedgerWorker.group
 KEYS = StreamKeys.for_stream(STREAM)
-TARGET = "tests.workers_faults:FaultLedgerWorker"
+TARGET = "tests.workers.faults:FaultLedgerWorker"
 
 FAULT_SECONDS = 2.0  #: how long a stalled or refusing server stays that way
 PROGRESS_TIMEOUT = 45.0  #: s to wait for the next sign of progress (a loaded 2-core CI box)

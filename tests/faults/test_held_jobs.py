@@ -12,7 +12,7 @@ import redis
 import streamwork as sw
 from streamwork._wire.keys import StreamKeys
 from streamwork.testing import Ledger, await_for, run_until_idle, stream_idle
-from tests.workers import ClientWorker
+from tests.workers.ledger import ClientWorker
 
 STREAM = "held"
 KEYS = StreamKeys.for_stream(STREAM)
