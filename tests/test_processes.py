@@ -83,11 +83,11 @@ def _wait_children(log_path: Path, parent: int, n: int,
                    other_than: set[int] | None = None) -> set[int]:
     """Wait until ``n`` children of ``parent`` serve (not exactly ``other_than``)."""
 
-    def serving() -> set[int] | None:
+    def all_serve() -> set[int] | None:
         pids = _children(parent) & _started(log_path)
         return pids if len(pids) == n and pids != other_than else None
 
-    return wait_for(serving, 60, interval=0.05, message=f"{n} child processes serving"
+    return wait_for(all_serve, 60, interval=0.05, message=f"{n} child processes serving"
                     + (f" besides {sorted(other_than)}" if other_than else ""))
 
 
