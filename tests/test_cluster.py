@@ -1,5 +1,6 @@
 """Redis Cluster end to end: a local 3-master cluster, streams on different masters,
-dedup on, retries, staged writes under the stream's hash tag (RELIABILITY fault class 19)."""
+dedup on, retries, staged writes under the stream's hash tag (every key a script touches
+in one slot)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Failover (issue 13): a master of a 3-master cluster with replicas is SIGKILLed mid-run.
+"""Failover: a master of a 3-master cluster with replicas is SIGKILLed mid-run.
 
 A producer thread sends jobs with unique keys to a stream split into 6 partitions (2 on
 each master), recording every entry id it was given back ("told stored"), while a

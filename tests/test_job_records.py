@@ -1,4 +1,4 @@
-"""Per-group job records (issue 11): fan-out to two groups, retries and replays that reach
+"""Per-group job records: fan-out to two groups, retries and replays that reach
 only their group, job status through a job's life, result() across processes, the
 max_result_bytes cap, the local cache option, and `streamwork job`."""
 

@@ -1,4 +1,4 @@
-"""Limits across workers (issue 15): rate_limit, a token bucket shared by the group; and
+"""Limits across workers: rate_limit, a token bucket shared by the group; and
 concurrency_key / concurrency_per_key, a cap on jobs in flight per key. Jobs over a limit
 wait without using up attempts."""
 

@@ -1,4 +1,4 @@
-"""Retention and hygiene (RELIABILITY.md fault class 15): upkeep trims only entries every
+"""Retention and hygiene: upkeep trims only entries every
 group has read and acknowledged; entries a foreign XTRIM deleted while pending become
 ``deleted_while_pending`` dead letters; only idle consumers that own nothing are reaped."""
 

@@ -1,4 +1,4 @@
-"""Periodic jobs (issue 15): `Every` / `Cron` schedules enqueue each tick once across all
+"""Periodic jobs: `Every` / `Cron` schedules enqueue each tick once across all
 workers (tick.lua + job records), even when a worker is SIGKILLed mid-run; catch_up decides
 what becomes of ticks missed while no worker ran; `streamwork schedules` lists them."""
 

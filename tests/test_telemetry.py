@@ -105,7 +105,7 @@ async def test_each_outcome_counts_and_the_duration_is_recorded(
     # bucket bounds in seconds, not OpenTelemetry's default (which suits milliseconds)
     assert all(tuple(p.explicit_bounds) == DURATION_BUCKETS
                for p in _points("streamwork.handler.duration"))
-    # the outcome attribute says how (issue 9: the README lists it)
+    # the outcome attribute says how (the README lists its values)
     assert _total("streamwork.messages.acked", stream=STREAM, outcome="success") >= 6
     assert _total("streamwork.messages.retried", stream=STREAM, outcome="error") >= 1
     assert _total("streamwork.messages.dead_lettered", stream=STREAM,

@@ -1,7 +1,7 @@
 """Fault matrix: one test per class of error Redis can return, each against a real
 redis-server put in that state while a worker runs under load.
 
-The rule (DESIGN.md, "A worker is whole, or it exits"): transient errors (connection
+The rule (a worker is whole, or it exits): transient errors (connection
 loss, timeouts, LOADING, BUSY, TRYAGAIN, CLUSTERDOWN, MASTERDOWN, READONLY, OOM) -> back
 off and retry; a vanished group or stream (FLUSHALL, a server back empty) -> recreate the
 group and go on; anything else -> the worker stops loudly: ``serve()`` raises

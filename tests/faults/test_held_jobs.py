@@ -1,7 +1,7 @@
-"""Jobs a worker holds keep their promise through odd server states (issue 9, items 4, 6,
-7, 10 and 13): an entry deleted while its handler runs, a duplicate waiting behind a long
-first copy, a blocking read as long as the lease, batches larger than Lua's unpack limit,
-and staged writes refused while Redis is out of memory."""
+"""Jobs a worker holds keep their promise through odd server states: an entry deleted while
+its handler runs, a duplicate waiting behind a long first copy, a blocking read as long as
+the lease, batches larger than Lua's unpack limit, and staged writes refused while Redis is
+out of memory."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Poison jobs (RELIABILITY.md fault class 14): jobs that always raise or always kill their
+"""Poison jobs: jobs that always raise or always kill their
 process end in ``{S}:dead`` after exactly ``max_deliveries`` attempts, while other jobs
 keep flowing; ``Retry`` and ``DeadLetter`` raised by handlers behave as documented."""
 
@@ -129,7 +129,7 @@ def test_process_killing_poison_costs_only_itself(
 ) -> None:
     """concurrency=1, max_deliveries=3: a job that kills its process, with 20 good jobs
     sent behind it, and a supervisor that restarts the worker each time it dies. Only the
-    killer is dead-lettered; the 20 others run once (issue 9 item 5): deliveries read but
+    killer is dead-lettered; the 20 others run once: deliveries read but
     never started do not use up attempts, and reclaimed suspects run alone."""
     args = ("--max-deliveries", "3", "--visibility-timeout", "1", "--reclaim-interval", "0.2",
             "--read-block", "0.1", "--concurrency", "1")

@@ -1,6 +1,6 @@
 """Fault: the redis-server under running workers is SIGKILLed and restarted, twice.
 
-RELIABILITY.md fault class 7 in small: appendfsync always, a producer sending throughout,
+A broker crash in small: appendfsync always, a producer sending throughout,
 three `streamwork run` processes (LedgerWorker, dedup off: plain at-least-once). Nothing
 acknowledged to the producer is lost, the PEL ends empty, the same worker processes are
 still alive and reconnected, and duplicates stay within what was in flight at the kills.

@@ -1,4 +1,4 @@
-"""SIGKILL chaos (RELIABILITY.md fault class 2): worker processes are killed at random
+"""SIGKILL chaos: worker processes are killed at random
 while a backlog drains; nothing may be lost, and duplicates stay within what the killed
 processes held.
 
