@@ -11,7 +11,7 @@ Three masters or more are joined by ``redis-cli --cluster create ... --cluster-y
 ``redis-cli`` refuses fewer than three masters, so one and two masters get the same layout
 by hand: the slot ranges ``redis-cli`` would compute (contiguous, equal), ``CLUSTER
 SET-CONFIG-EPOCH``, ``CLUSTER ADDSLOTSRANGE``, then ``CLUSTER MEET``. A small equivalent of
-``tests/cluster_util.py`` (which needs pytest, so the benchmark cannot import it).
+``tests/helpers/cluster_util.py`` (which needs pytest, so the benchmark cannot import it).
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ def render(result: dict[str, Any], console: Console) -> None:
     if "peers" in result:
         render_peers(result["peers"], console)
 
-    goals = Table(title="goals (issues 11 and 12)")
+    goals = Table(title="goals")
     goals.add_column("goal")
     goals.add_column("measured", justify="right")
     goals.add_column("", justify="center")

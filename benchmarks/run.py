@@ -44,7 +44,7 @@ from streamwork.testing import RedisServer
 __all__ = ["GOALS", "PEER_GOALS", "run_bench"]
 
 GOALS: Final = (
-    # name, scenario key, comparison, target (issue 12's, and issue 11's command counts)
+    # name, scenario key, comparison, target
     ("send_many >= 2x raw pipelined XADD", "produce.ratio", ">=", 2.0),
     ("consume dedup off >= 0.5x raw XREADGROUP+XACK", "consume_dedup_off.ratio", ">=", 0.5),
     ("consume dedup on >= 1.5x naive safety loop", "consume_dedup_on.ratio", ">=", 1.5),
@@ -57,7 +57,7 @@ GOALS: Final = (
     ("p99 enqueue->start <= 5 ms at 20% of max (dedup on)",
      "latency.dedup_on.p99_ms", "<=", 5.0),
 )
-#: issue 12's goals of the peers protocol: in the result only when ``--peers`` ran
+#: the goals of the peers protocol: in the result only when ``--peers`` ran
 PEER_GOALS: Final = (
     ("peers protocol: streamwork dedup off >= 0.8x ceiling",
      "peers.results.streamwork_dedup_off.ratio", ">=", 0.8),

@@ -93,7 +93,7 @@ def _make_server() -> Iterator[Callable[..., RedisServer]]:
 
 @pytest.fixture(name="spawn_worker")
 def _spawn_worker() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    """Factory: ``spawn_worker("tests.workers:LedgerWorker", url, "--concurrency", "4")``
+    """Factory: ``spawn_worker("tests.workers.ledger:LedgerWorker", url, "--concurrency", "4")``
     starts ``streamwork run`` in a child process; every child is ended by pid afterwards."""
     procs: list[subprocess.Popen[bytes]] = []
 

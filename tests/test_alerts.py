@@ -19,7 +19,7 @@ import redis
 import streamwork as sw
 from streamwork._redis.server import free_port
 from streamwork.testing import wait_for
-from tests.workers_alerts import GROUP, STREAM
+from tests.workers.alerts import GROUP, STREAM
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "examples" / "alerts"
@@ -148,7 +148,7 @@ def test_rule_metric_names_are_what_a_real_worker_exports(
     producer.send(STREAM, {}, key="abandoned")
     assert r.xreadgroup(GROUP, "gone-consumer", {STREAM: ">"}, count=1)
     port = free_port()
-    spawn_worker("tests.workers_alerts:AlertsWorker", redis_url, "--metrics-port", str(port))
+    spawn_worker("tests.workers.alerts:AlertsWorker", redis_url, "--metrics-port", str(port))
     producer.send_many(STREAM, [{}, {}, {"fail_until": 2}, {"dead": True},
                                 {"always_fail": True}])
     producer.close()

@@ -1,4 +1,4 @@
-"""Cancel (issue 15): a queued, delayed or waiting job never runs once cancelled (acked,
+"""Cancel: a queued, delayed or waiting job never runs once cancelled (acked,
 counted, status "cancelled"); a running one sees msg.cancelled at the next heartbeat (and
 an async one is cancelled with cancel_running); a done one is left alone."""
 

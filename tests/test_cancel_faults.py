@@ -3,7 +3,7 @@ starts never starts (read ahead, waiting for its in-place retry), one cancelled 
 runs ends cancelled whatever its handler does next (raises before the next heartbeat,
 returns, its worker is SIGKILLed), and a delivery whose lease was lost while it waited
 for a rate-limit token does not start. Each test keeps a ledger of handler starts in Redis
-(tests/workers_cancel.py)."""
+(tests/workers/cancel.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import streamwork as sw
 from streamwork._redis.server import RedisServer
 from streamwork._wire.keys import StreamKeys
 from streamwork.testing import await_for, wait_for
-from tests.workers_cancel import EFFECTS, GROUP, RUNS, STREAM, Slow, fail_key, release_key
+from tests.workers.cancel import EFFECTS, GROUP, RUNS, STREAM, Slow, fail_key, release_key
 
 KEYS = StreamKeys.for_stream(STREAM).group(GROUP)
 
@@ -141,14 +141,14 @@ def test_a_cancel_outlives_the_worker_that_ran_the_job(
         spawn_worker: Callable[..., Any]) -> None:
     """Cancelled while running, then its worker is SIGKILLed: the copy another worker
     reclaims is acknowledged as cancelled, not run again."""
-    first = spawn_worker("tests.workers_cancel:Slow", redis_url)
+    first = spawn_worker("tests.workers.cancel:Slow", redis_url)
     with sw.Producer.from_url(redis_url) as p:
         p.send(STREAM, {}, key="job")
         wait_for(lambda: _runs(r) == ["job:1"], message="the job to start")
         assert p.cancel(STREAM, "job", group=GROUP) == "running"
         first.send_signal(signal.SIGKILL)
         first.wait()
-        spawn_worker("tests.workers_cancel:Slow", redis_url)
+        spawn_worker("tests.workers.cancel:Slow", redis_url)
         r.set(release_key("job"), 1)  # were it run again, it would finish
         wait_for(lambda: _settled(r, p, "job", "cancelled"), timeout=30,
                  message="the reclaimed copy to be acknowledged as cancelled")

@@ -25,7 +25,7 @@ from streamwork._redis.server import free_port
 from streamwork._wire.codec import BODY_FIELD, decode_body
 from streamwork._worker.config import HELP, WorkerConfig
 from streamwork.testing import Ledger, wait_for
-from tests.workers import STREAM, LedgerWorker
+from tests.workers.ledger import STREAM, LedgerWorker
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,7 +68,7 @@ def test_send_bad_json_fails_clearly_and_enqueues_nothing(redis_url: str,
 
 def test_run_rejects_bad_option_naming_it(redis_url: str) -> None:
     """`streamwork run W --concurrency 0` exits non-zero naming the option."""
-    code, out = cli("run", "tests.workers:LedgerWorker", "--url", redis_url,
+    code, out = cli("run", "tests.workers.ledger:LedgerWorker", "--url", redis_url,
                     "--concurrency", "0")
     assert code != 0
     assert "concurrency" in out
@@ -76,7 +76,7 @@ def test_run_rejects_bad_option_naming_it(redis_url: str) -> None:
 
 def test_run_rejects_a_target_that_is_not_a_worker() -> None:
     """A target that cannot be imported, or is not a StreamWorker, is a clear error."""
-    for target in ("tests.workers", "no_such_module:Worker", "tests.workers:STREAM"):
+    for target in ("tests.workers.ledger", "no_such_module:Worker", "tests.workers.ledger:STREAM"):
         code, out = cli("run", target, "--url", "redis://127.0.0.1:1/0")
         assert code != 0, target
         assert "Traceback" not in out
@@ -199,7 +199,7 @@ def test_sigterm_drains_the_job_in_flight(
         spawn_worker: Callable[..., subprocess.Popen[bytes]]) -> None:
     """SIGTERM to `streamwork run` while a 1.5 s job runs: it finishes, is acked once, exit 0."""
     assert LedgerWorker.drain_timeout > 1.5
-    proc = spawn_worker("tests.workers:LedgerWorker", redis_url)
+    proc = spawn_worker("tests.workers.ledger:LedgerWorker", redis_url)
     code, out = cli("send", STREAM, '{"sleep": 1.5}', "--key", "slow", "--url", redis_url)
     assert code == 0, out
     wait_for(lambda: r.exists("attempt-times:slow"), 60, message="the slow job started")
@@ -213,7 +213,7 @@ def test_sigterm_drains_the_job_in_flight(
 def test_sigint_also_drains(redis_url: str, r: redis.Redis,
                             spawn_worker: Callable[..., subprocess.Popen[bytes]]) -> None:
     """SIGINT (Ctrl-C) is a graceful stop too: the running job finishes, exit 0."""
-    proc = spawn_worker("tests.workers:LedgerWorker", redis_url)
+    proc = spawn_worker("tests.workers.ledger:LedgerWorker", redis_url)
     cli("send", STREAM, '{"sleep": 0.5}', "--key", "ctrl-c", "--url", redis_url)
     wait_for(lambda: r.exists("attempt-times:ctrl-c"), 60, message="the job started")
     os.kill(proc.pid, signal.SIGINT)

@@ -18,7 +18,7 @@ from streamwork._cli.main import main
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names, partition_of
 from streamwork.testing import await_for, run_until_idle
-from tests.cluster_util import local_cluster
+from tests.helpers.cluster_util import local_cluster
 from tests.test_cli_ops import row, rows
 
 STREAM, GROUP, P = "orders", "billing", 4

@@ -391,7 +391,7 @@ def test_every_option_of_every_command_has_help() -> None:
 def test_a_bad_none_option_names_the_accepted_forms(option: str, means: str) -> None:
     """`--retention forever` fails naming both accepted forms: a number of seconds, or
     'none' (and what none means for that option)."""
-    res = CliRunner().invoke(main, ["run", "tests.workers:LedgerWorker", option, "forever",
+    res = CliRunner().invoke(main, ["run", "tests.workers.ledger:LedgerWorker", option, "forever",
                                     "--url", "redis://127.0.0.1:1/0"], terminal_width=250)
     assert res.exit_code == 2, res.output
     text = " ".join(res.output.split())

@@ -1,5 +1,6 @@
 """Redis Cluster end to end: a local 3-master cluster, streams on different masters,
-dedup on, retries, staged writes under the stream's hash tag (RELIABILITY fault class 19)."""
+dedup on, retries, staged writes under the stream's hash tag (every key a script touches
+in one slot)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import streamwork as sw
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names, partition_of
 from streamwork.testing import run_until_idle
-from tests.cluster_util import local_cluster
-from tests.ordered_campaign import expected_logs, run_campaign
+from tests.helpers.cluster_util import local_cluster
+from tests.helpers.ordered_campaign import expected_logs, run_campaign
 
 pytestmark = pytest.mark.cluster
 

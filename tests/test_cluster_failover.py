@@ -1,8 +1,8 @@
-"""Failover (issue 13): a master of a 3-master cluster with replicas is SIGKILLed mid-run.
+"""Failover: a master of a 3-master cluster with replicas is SIGKILLed mid-run.
 
 A producer thread sends jobs with unique keys to a stream split into 6 partitions (2 on
 each master), recording every entry id it was given back ("told stored"), while a
-``streamwork run`` process (tests/workers_cluster.py, dedup on, its only effect a staged
+``streamwork run`` process (tests/workers/failover.py, dedup on, its only effect a staged
 HINCRBY on its partition's ledger) consumes them. The master holding partition 0 is killed
 and its replica promoted; producer and worker must ride through the errors of the failover
 (connection refused, connections closed under a command, CLUSTERDOWN, MOVED) with backoff;
@@ -55,12 +55,12 @@ from streamwork._wire.codec import BODY_FIELD, decode_body
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names, partition_of
 from streamwork.testing import stream_idle, wait_for
-from tests.cluster_util import LocalCluster, kill_master, local_cluster, pause, resume
-from tests.workers_cluster import GROUP, PARTITIONS, STREAM, ledger_key
+from tests.helpers.cluster_util import LocalCluster, kill_master, local_cluster, pause, resume
+from tests.workers.failover import GROUP, PARTITIONS, STREAM, ledger_key
 
 pytestmark = pytest.mark.cluster
 
-TARGET = "tests.workers_cluster:FailoverLedger"
+TARGET = "tests.workers.failover:FailoverLedger"
 NAMES = partition_names(STREAM, PARTITIONS)
 RATE = 1000.0  #: jobs per second the producer aims at
 BATCH_EVERY, BATCH = 10, 10  #: every 10th send is a send_many of 10 jobs

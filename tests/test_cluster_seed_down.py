@@ -16,7 +16,7 @@ import pytest
 from streamwork._redis.faults import Fault, classify
 from streamwork._redis.server import free_port
 from streamwork.testing import await_for
-from tests.workers import LedgerWorker
+from tests.workers.ledger import LedgerWorker
 
 
 @pytest.mark.parametrize("partitions", [1, 3])

@@ -1,6 +1,7 @@
 """The wire format (codec.py): round trips, and every bad body a worker can meet.
 
-Pure: no Redis. Reason codes are the stable ones of RELIABILITY.md "Bad inputs".
+Pure: no Redis. Reason codes are stable (dead letters and metrics carry them),
+so each bad input is pinned to its code.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def test_foreign_producer_body_decodes() -> None:
     assert (env.key, env.enqueued_ms, env.headers, env.payload) == ("x", 5, {}, "hi")
 
 
-# ---- bad input, one row of RELIABILITY.md at a time -------------------------------------
+# ---- bad input, one kind at a time: each gets its own reason code -----------------------
 
 
 def test_c1_byte_is_a_format_error() -> None:

@@ -145,7 +145,7 @@ def test_bad_url_scheme_is_rejected(url: str) -> None:
 
 
 def test_overrides_replace_class_attributes_and_defaults_match_design() -> None:
-    """from_url options override class attributes; the defaults are DESIGN.md's."""
+    """from_url options override class attributes; the defaults are the documented ones."""
     w = Plain.from_url(DEAD_URL, concurrency=3, visibility_timeout=12.5, dedup=False)
     assert (w.config.concurrency, w.config.visibility_timeout, w.config.dedup) == (3, 12.5, False)
     d = Plain.from_url(DEAD_URL).config

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -24,6 +23,7 @@ from streamwork._ops.deadletter import list_dead
 from streamwork._wire.keys import StreamKeys
 from streamwork.errors import WorkerFailed
 from streamwork.testing import await_for, run_until_idle, stream_idle
+from tests.helpers.serving import serving
 
 STREAM, GROUP = "jobs", "consumer-tests"
 KEYS = StreamKeys.for_stream(STREAM)
@@ -130,23 +130,6 @@ async def worker_turns(r: redis.Redis, turns: int = 10, watch: Any = None) -> No
     await await_for(turned, message=f"{turns} turns of the worker's loops")
 
 
-@contextlib.asynccontextmanager
-async def serving(worker: Probe) -> AsyncIterator[asyncio.Task[None]]:
-    """Serve ``worker`` in this loop until the block ends (then open its gate, stop it and
-    wait for serve() to return); yields once the worker says it is ready."""
-    task = asyncio.create_task(worker.serve())
-    try:
-        await await_for(lambda: task.done() or worker.health().ready,
-                        message="the worker to be ready")
-        if task.done():
-            task.result()
-        yield task
-    finally:
-        worker.gate.set()
-        worker.stop()
-        await task
-
-
 # ---- how much a worker takes on ---------------------------------------------------------
 
 
@@ -156,7 +139,7 @@ async def test_never_holds_more_than_concurrency_plus_batch_size(redis_url: str,
     batch_size entries in the PEL and reads no more, however many wait in the stream."""
     worker = Probe.from_url(redis_url, concurrency=2, batch_size=3)
     bound = 2 + 3
-    async with serving(worker):
+    async with serving(worker, ready=True, release=worker.gate.set):
         keys = send(redis_url, 40, {"block": True})
         await await_for(lambda: held_in_redis(r, worker.consumer_name) >= bound
                         and worker.active == 2, message=f"{bound} held, 2 running")
@@ -182,7 +165,7 @@ async def test_handlers_run_concurrently_up_to_concurrency_never_more(
     """With more jobs held than runners, exactly `concurrency` handlers are in flight at
     once, never more, also after they start finishing."""
     worker = Probe.from_url(redis_url, concurrency=3)
-    async with serving(worker):
+    async with serving(worker, ready=True, release=worker.gate.set):
         keys = send(redis_url, 12, {"block": True})
         await await_for(lambda: worker.active == 3
                         and held_in_redis(r, worker.consumer_name) == 12,
@@ -341,7 +324,7 @@ async def test_local_cache_duplicate_is_acked_without_running(redis_url: str,
     in-process cache alone: the handler does not run again and no lease is taken, even
     though Redis no longer has the job's done record."""
     worker = Probe.from_url(redis_url, dedup=True, dedup_window=600.0)
-    async with serving(worker):
+    async with serving(worker, ready=True, release=worker.gate.set):
         send(redis_url, 1, prefix="once")
         # counted once the worker has the reply, so its cache has the key by then
         await await_for(lambda: worker.counts["acked"] == 1, message="the first run acked")

@@ -38,7 +38,7 @@ from streamwork._dashboard.app import DashboardSettings, create_app
 from streamwork._wire.keys import StreamKeys
 from streamwork.testing import free_port, run_until_idle, wait_for
 from tests.conftest import ROOT
-from tests.workers import ClientWorker
+from tests.workers.ledger import ClientWorker
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",

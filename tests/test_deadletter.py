@@ -17,7 +17,7 @@ from streamwork._cli.main import main
 from streamwork._ops.deadletter import list_dead, replay_dead
 from streamwork._wire.keys import StreamKeys
 from streamwork.testing import Ledger, await_for, run_until_idle, wait_for
-from tests.workers_recovery import RecordingWorker, calls
+from tests.workers.recording import RecordingWorker, calls
 
 STREAM, GROUP = "jobs", "testers"
 KEYS = StreamKeys.for_stream(STREAM)

@@ -13,7 +13,7 @@ import redis
 import streamwork as sw
 from streamwork._wire.keys import StreamKeys
 from streamwork.testing import Ledger, run_until_idle, stream_idle, wait_for
-from tests.workers_dedup import StagedLedgerWorker
+from tests.workers.dedup import StagedLedgerWorker
 
 STREAM = "jobs"
 
@@ -28,7 +28,7 @@ def test_triple_enqueue_competing_processes_applies_each_key_once(
     """Every job sent 3 times, 3 worker processes: each key's effect happens exactly once."""
     keys = [f"order-{i}" for i in range(600)]
     producer = sw.Producer.from_url(redis_url)
-    procs = [spawn_worker("tests.workers_dedup:StagedLedgerWorker", redis_url) for _ in range(3)]
+    procs = [spawn_worker("tests.workers.dedup:StagedLedgerWorker", redis_url) for _ in range(3)]
     for _ in range(3):
         shuffled = random.sample(keys, len(keys))
         producer.send_many(STREAM, [{"sleep": 0.002}] * len(keys), keys=shuffled)
@@ -95,7 +95,7 @@ def test_sigkill_chaos_with_staged_writes_is_exactly_once(
     keys = [f"job-{i}" for i in range(1500)]
     producer = sw.Producer.from_url(redis_url)
     producer.send_many(STREAM, [{"sleep": 0.04}] * len(keys), keys=keys)
-    target = "tests.workers_dedup:StagedLedgerWorker"
+    target = "tests.workers.dedup:StagedLedgerWorker"
     procs = [spawn_worker(target, redis_url) for _ in range(3)]
     rng = random.Random(3)
     kills = 0
@@ -126,7 +126,7 @@ def test_paused_holder_loses_lease_and_its_stale_write_is_rejected(
 ) -> None:
     """A SIGSTOPped holder (GC pause) loses the job to a peer with a larger fencing token;
     after SIGCONT its write is rejected by the fenced store and it does not ack."""
-    target = "tests.workers_dedup:FencedStoreWorker"
+    target = "tests.workers.dedup:FencedStoreWorker"
     producer = sw.Producer.from_url(redis_url)
     first = spawn_worker(target, redis_url)
     producer.send(STREAM, {"sleep": 1.5}, key="invoice-7")

@@ -3,7 +3,7 @@
 - Every ```python block of README.md and docs/**/*.md runs: per document, in order, in one
   namespace (a module named ``docs``), with $REDIS_URL pointing at a private, empty
   redis-server started for that document. Each document runs in a process of its own
-  (tests/docs_runner.py), so a block that hangs or changes the process cannot touch the
+  (tests/helpers/docs_runner.py), so a block that hangs or changes the process cannot touch the
   next one; a failure names the document and the line of the block.
 - The site builds with ``mkdocs build --strict`` (once per test session): a broken link, a
   page missing from the nav or a name mkdocstrings cannot find fails it. The built pages
@@ -37,7 +37,7 @@ import streamwork
 import streamwork.testing
 from streamwork._redis.server import RedisServer
 from tests.conftest import ROOT
-from tests.docs_runner import load_mdblocks
+from tests.helpers.docs_runner import load_mdblocks
 
 mdblocks = load_mdblocks()
 
@@ -68,14 +68,14 @@ def _tail(text: str, lines: int = 40) -> str:
 
 
 class Runner:
-    """tests/docs_runner.py in its ``--serve`` form: one process that imports streamwork
+    """tests/helpers/docs_runner.py in its ``--serve`` form: one process that imports streamwork
     and redis once and forks a fresh process per document."""
 
     def __init__(self) -> None:
         env = {**os.environ,
                "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.docs_runner", "--serve"], cwd=ROOT, env=env,
+            [sys.executable, "-m", "tests.helpers.docs_runner", "--serve"], cwd=ROOT, env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -90,7 +90,7 @@ class Runner:
     def _reply(self, timeout: float | None = None) -> dict[str, Any]:
         reply = self.replies.get(timeout=timeout)
         if reply is None:
-            raise AssertionError(f"tests/docs_runner.py --serve ended (status "
+            raise AssertionError(f"tests/helpers/docs_runner.py --serve ended (status "
                                  f"{self.proc.wait()}); its errors are above")
         return reply
 
@@ -434,6 +434,6 @@ def test_links_to_repository_files_are_served(site: Site) -> None:
     the file is copied under _repo/ and the link points at the copy."""
     html = site.page("reference/keys.md")
     assert 'href="../../_repo/streamwork/_wire/keys.py"' in html
-    assert (site.root / "_repo" / "streamwork" / "_keys.py").read_bytes() == \
-        (ROOT / "streamwork" / "_keys.py").read_bytes()
+    assert (site.root / "_repo" / "streamwork" / "_wire" / "keys.py").read_bytes() == \
+        (ROOT / "streamwork" / "_wire" / "keys.py").read_bytes()
 

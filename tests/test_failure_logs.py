@@ -21,7 +21,7 @@ from streamwork._ops.deadletter import list_dead
 from streamwork._telemetry.logs import JsonFormatter, TextFormatter
 from streamwork._wire.keys import StreamKeys
 from streamwork.testing import run_until_idle, wait_for
-from tests.workers_logs import STREAM, Failing, SyncFailing
+from tests.workers.failing import STREAM, Failing, SyncFailing
 
 MESSAGE = "unsupported operand for order 7"
 DEAD = StreamKeys.for_stream(STREAM).dead
@@ -219,7 +219,7 @@ def test_json_logs_of_streamwork_run_carry_error_and_traceback(
     log = tmp_path / "worker.log"
     send(redis_url, {"raise": "type", "order": 7})
     with log.open("wb") as out:
-        proc = spawn_worker("tests.workers_logs:Failing", redis_url, "--log-format", "json",
+        proc = spawn_worker("tests.workers.failing:Failing", redis_url, "--log-format", "json",
                             stdout=out)
         wait_for(lambda: r.xlen(DEAD) == 1 and b"dead-lettered" in log.read_bytes(),
                  timeout=30, message="the job dead-lettered and logged")

@@ -1,5 +1,5 @@
-"""faults.classify sorts the errors a real server returns into ride-out / rebuild / stop
-(issue 9 item 3). Each error is produced by a real redis-server in that state, not typed
+"""faults.classify sorts the errors a real server returns into ride-out / rebuild / stop.
+Each error is produced by a real redis-server in that state, not typed
 by hand, except the cluster-only codes, which a single server cannot return."""
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from streamwork._ops.deadletter import list_dead
 from streamwork._worker.config import WorkerConfig, option_types
 from streamwork._worker.function import KEYWORDS, FunctionWorker, WorkerKeywords
 from streamwork.testing import await_for, run_until_idle, wait_for
-from tests import workers_function
+from tests.workers import function as workers_function
 
 ROOT = Path(__file__).resolve().parent.parent
 S, G = "fn-jobs", "fn-group"
@@ -335,9 +335,9 @@ def _stop(proc: subprocess.Popen[bytes]) -> int:
 
 def test_streamwork_run_runs_a_function_and_stops_on_sigterm(
         redis_url: str, spawn_worker: Callable[..., subprocess.Popen[bytes]]) -> None:
-    """`streamwork run tests.workers_function:echo` runs the function's jobs in that
+    """`streamwork run tests.workers.function:echo` runs the function's jobs in that
     process, and SIGTERM drains it: exit 0."""
-    proc = spawn_worker("tests.workers_function:echo", redis_url)
+    proc = spawn_worker("tests.workers.function:echo", redis_url)
     keys = [f"e{i}" for i in range(5)]
     send(redis_url, {k: {"n": i} for i, k in enumerate(keys)}, stream="fn-echo")
     got = results(redis_url, keys, stream="fn-echo", group="fn")
@@ -353,7 +353,7 @@ def test_streamwork_run_function_with_processes(
     exit 0."""
     log_path = tmp_path / "supervisor.log"
     with log_path.open("wb") as log:
-        proc = spawn_worker("tests.workers_function:echo", redis_url, "--processes", "2",
+        proc = spawn_worker("tests.workers.function:echo", redis_url, "--processes", "2",
                             "--log-level", "INFO", stdout=log)
     started = re.compile(r"worker started stream=fn-echo .*consumer=\S+-(\d+)-")
 
@@ -374,11 +374,11 @@ def test_streamwork_run_function_with_processes(
 def test_streamwork_run_a_class_and_functions_together(
         redis_url: str, r: redis.Redis,
         spawn_worker: Callable[..., subprocess.Popen[bytes]]) -> None:
-    """`streamwork run tests.workers:LedgerWorker tests.workers_function:echo
-    tests.workers_function:shout` hosts a class worker and two function workers (one
+    """`streamwork run tests.workers.ledger:LedgerWorker tests.workers.function:echo
+    tests.workers.function:shout` hosts a class worker and two function workers (one
     async, one plain def) in one process; each runs its own stream's jobs."""
-    proc = spawn_worker("tests.workers:LedgerWorker", redis_url,
-                        "tests.workers_function:echo", "tests.workers_function:shout",
+    proc = spawn_worker("tests.workers.ledger:LedgerWorker", redis_url,
+                        "tests.workers.function:echo", "tests.workers.function:shout",
                         env={"SW_TEST_STREAM": "fn-ledger"})
     send(redis_url, {"l1": {}}, stream="fn-ledger")
     send(redis_url, {"e1": {"n": 1}}, stream="fn-echo")
@@ -395,12 +395,12 @@ def test_streamwork_run_names_function_workers_when_a_name_is_wrong() -> None:
     decorated functions among them; a function without the decorator is told to get
     one."""
     runner = CliRunner()
-    out = runner.invoke(main, ["run", "tests.workers_function:ech", "--url",
+    out = runner.invoke(main, ["run", "tests.workers.function:ech", "--url",
                                "redis://127.0.0.1:1/0"])
     assert out.exit_code == 1
     assert "there is no 'ech'" in out.output and "Did you mean 'echo'?" in out.output
     assert "echo, shout" in out.output
-    out = runner.invoke(main, ["run", "tests.workers_function:not_a_worker", "--url",
+    out = runner.invoke(main, ["run", "tests.workers.function:not_a_worker", "--url",
                                "redis://127.0.0.1:1/0"])
     assert out.exit_code == 1
     assert "not decorated with @sw.worker" in out.output

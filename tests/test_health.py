@@ -21,11 +21,11 @@ import redis
 import streamwork as sw
 from streamwork._redis.server import RedisServer, free_port
 from streamwork.testing import stream_idle, wait_for
-from tests.workers_ops import OTHER_STREAM, STREAM, OpsWorker, ledger_key
+from tests.workers.ops import OTHER_STREAM, STREAM, OpsWorker, ledger_key
 
 ROOT = Path(__file__).resolve().parent.parent
-OPS = "tests.workers_ops:OpsWorker"
-OTHER = "tests.workers_ops:OtherOpsWorker"
+OPS = "tests.workers.ops:OpsWorker"
+OTHER = "tests.workers.ops:OtherOpsWorker"
 Spawn = Callable[..., subprocess.Popen[bytes]]
 
 
@@ -67,7 +67,7 @@ def test_ready_follows_redis_down_and_back_while_live_stays_200(
     body = wait_probe(port, "/readyz", 200)
     [entry] = body["workers"]
     assert body["status"] == "ok"
-    assert entry["worker"] == "tests.workers_ops.OpsWorker"
+    assert entry["worker"] == "tests.workers.ops.OpsWorker"
     assert (entry["stream"], entry["group"], entry["state"]) == (STREAM, "ops", "serving")
     assert entry["ready"] and entry["alive"] and entry["redis_ok"]
     live = probe(port, "/livez")

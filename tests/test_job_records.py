@@ -1,16 +1,14 @@
-"""Per-group job records (issue 11): fan-out to two groups, retries and replays that reach
+"""Per-group job records: fan-out to two groups, retries and replays that reach
 only their group, job status through a job's life, result() across processes, the
 max_result_bytes cap, the local cache option, and `streamwork job`."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import re
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import cachetools
@@ -23,7 +21,8 @@ from streamwork._cli.main import main
 from streamwork._ops.deadletter import replay_dead
 from streamwork._wire.keys import StreamKeys
 from streamwork.testing import Ledger, await_for, run_until_idle, stream_idle
-from tests.workers_records import STREAM, RecordsWorker, ledger_name, runs_key
+from tests.helpers.serving import serving
+from tests.workers.records import STREAM, RecordsWorker, ledger_name, runs_key
 
 S = STREAM
 GROUPS = ("billing", "mailer")
@@ -44,17 +43,6 @@ async def serve_groups(url: str, r: redis.Redis, **options: Any) -> dict[str, Re
     workers = {g: RecordsWorker.from_url(url, group=g, **options) for g in GROUPS}
     await asyncio.gather(*(run_until_idle(w, r) for w in workers.values()))
     return workers
-
-
-@contextlib.asynccontextmanager
-async def serving(worker: sw.StreamWorker) -> AsyncIterator[None]:
-    """Serve ``worker`` on this loop for the block, then stop it (re-raising its error)."""
-    task = asyncio.create_task(worker.serve())
-    try:
-        yield
-    finally:
-        worker.stop()
-        await task
 
 
 async def until_idle(r: redis.Redis, group: str = "billing") -> None:
@@ -260,7 +248,7 @@ async def test_result_across_processes(
     # loaded 2-core CI machine may stall the poller for a while)
     assert 0.3 <= time.monotonic() - start < 5.0
 
-    proc = spawn_worker("tests.workers_records:RecordsWorker", redis_url)
+    proc = spawn_worker("tests.workers.records:RecordsWorker", redis_url)
     expected = {"key": "early", "group": "billing", "attempt": 1, "pid": proc.pid}
     assert producer.result(S, "early", group="billing", timeout=30) == expected
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from streamwork._redis.server import free_port
 from streamwork._wire.keys import MAX_NAME_BYTES, StreamKeys, check_name
 from streamwork.errors import ConfigError
-from tests.slots import key_slot
+from tests.helpers.slots import key_slot
 
 
 def _utf8(text: str) -> bool:

@@ -1,4 +1,4 @@
-"""Limits across workers (issue 15): rate_limit, a token bucket shared by the group; and
+"""Limits across workers: rate_limit, a token bucket shared by the group; and
 concurrency_key / concurrency_per_key, a cap on jobs in flight per key. Jobs over a limit
 wait without using up attempts."""
 
@@ -14,7 +14,7 @@ import redis.asyncio
 
 import streamwork as sw
 from streamwork.testing import run_until_idle, wait_for
-from tests.workers_limits import STARTS, STREAM
+from tests.workers.limits import STARTS, STREAM
 
 
 def test_rate_limit_holds_across_three_processes(redis_url: str, r: redis.Redis,
@@ -24,7 +24,7 @@ def test_rate_limit_holds_across_three_processes(redis_url: str, r: redis.Redis,
     with sw.Producer.from_url(redis_url) as p:
         p.send_many(STREAM, [{}] * 600)
     for _ in range(3):
-        spawn_worker("tests.workers_limits:Paced", redis_url)
+        spawn_worker("tests.workers.limits:Paced", redis_url)
 
     def starts() -> list[tuple[float, int]]:
         return [(float(t), int(a)) for t, a in

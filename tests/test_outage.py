@@ -23,10 +23,10 @@ from streamwork._redis.server import RedisServer, free_port
 from streamwork._wire.partitions import partition_names
 from streamwork.testing import wait_for
 from tests.test_health import probe, wait_probe
-from tests.workers_ops import OTHER_STREAM, STREAM, ledger_key
+from tests.workers.ops import OTHER_STREAM, STREAM, ledger_key
 
-OPS = "tests.workers_ops:OpsWorker"
-OTHER = "tests.workers_ops:OtherOpsWorker"
+OPS = "tests.workers.ops:OpsWorker"
+OTHER = "tests.workers.ops:OtherOpsWorker"
 Spawn = Callable[..., subprocess.Popen[bytes]]
 
 LOST = "redis unavailable, retrying with backoff"

@@ -21,7 +21,7 @@ import streamwork as sw
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names, partition_of
 from streamwork.testing import await_for, run_until_idle
-from tests.ordered_campaign import expected_logs, run_campaign
+from tests.helpers.ordered_campaign import expected_logs, run_campaign
 
 STREAM, GROUP = "orders", "billing"
 

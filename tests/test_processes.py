@@ -18,14 +18,14 @@ import redis
 import streamwork as sw
 from streamwork._hosting.processes import BACKOFF_MAX, BACKOFF_RESET, restart_delay
 from streamwork.testing import stream_idle, wait_for
-from tests.workers_ops import OTHER_STREAM, STREAM, OpsWorker, OtherOpsWorker, ledger_key
+from tests.workers.ops import OTHER_STREAM, STREAM, OpsWorker, OtherOpsWorker, ledger_key
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="finds child processes through /proc")
 
 ROOT = Path(__file__).resolve().parent.parent
-OPS = "tests.workers_ops:OpsWorker"
-OTHER = "tests.workers_ops:OtherOpsWorker"
+OPS = "tests.workers.ops:OpsWorker"
+OTHER = "tests.workers.ops:OtherOpsWorker"
 Spawn = Callable[..., subprocess.Popen[bytes]]
 INFO = ("--log-level", "INFO")  # after spawn_worker's WARNING: the "worker started" lines
 
@@ -83,11 +83,11 @@ def _wait_children(log_path: Path, parent: int, n: int,
                    other_than: set[int] | None = None) -> set[int]:
     """Wait until ``n`` children of ``parent`` serve (not exactly ``other_than``)."""
 
-    def serving() -> set[int] | None:
+    def all_serve() -> set[int] | None:
         pids = _children(parent) & _started(log_path)
         return pids if len(pids) == n and pids != other_than else None
 
-    return wait_for(serving, 60, interval=0.05, message=f"{n} child processes serving"
+    return wait_for(all_serve, 60, interval=0.05, message=f"{n} child processes serving"
                     + (f" besides {sorted(other_than)}" if other_than else ""))
 
 

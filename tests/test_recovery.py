@@ -20,8 +20,8 @@ from streamwork import AsyncProducer, Producer
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.records import parse
 from streamwork.testing import Ledger, await_for, run_until_idle, wait_for
-from tests.workers import LedgerWorker
-from tests.workers_recovery import RecordingWorker, calls
+from tests.workers.ledger import LedgerWorker
+from tests.workers.recording import RecordingWorker, calls
 
 STREAM, GROUP = "jobs", "testers"
 KEYS = StreamKeys.for_stream(STREAM)
@@ -73,7 +73,7 @@ def test_stalled_process_loses_its_job_and_cannot_ack_it(
     dedup: bool,
 ) -> None:
     """A SIGSTOPped worker's job goes to a peer; resumed, it neither acks nor takes it back."""
-    target = "tests.workers_recovery:RecordingWorker"
+    target = "tests.workers.recording:RecordingWorker"
     args = ("--visibility-timeout", "1", "--reclaim-interval", "0.2",
             "--dedup" if dedup else "--no-dedup")
     stale = spawn_worker(target, redis_url, *args)

@@ -1,7 +1,10 @@
 """Redlock over 5 private redis-server masters: quorum, validity, hygiene, fencing, faults.
 
-Covers RELIABILITY.md L2/L3/L5/L9 and fault classes 10 (quorum), 11 (crash-restart hazard)
-and 12 (clock jumps). Sleeps only wait for TTLs to run out; assertions are on Redis state.
+Covers fencing tokens on every grant (a quorum max+1 compare-and-set) and the fenced write
+that rejects lower tokens, validity tracked on a monotonic clock, acquisition hygiene
+(random values, jittered retries, a failed attempt releases everything), a lock granted
+only with a quorum, the crash-restart hazard (a master back empty) and clock jumps. Sleeps
+only wait for TTLs to run out; assertions are on Redis state.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from streamwork._worker.config import WorkerConfig
 from streamwork._worker.delivery import Delivery
 from streamwork._worker.leases import RedlockLease
 from streamwork.testing import Ledger, await_for, run_until_idle, wait_for
-from tests.workers_dedup import StagedLedgerWorker
+from tests.workers.dedup import StagedLedgerWorker
 
 STREAM = "jobs"
 
@@ -127,7 +127,7 @@ async def test_any_job_key_and_tagged_stream_work_with_redlock_leases(
     redis_url: str, r: redis.Redis, masters: list[Any]
 ) -> None:
     """Job keys with spaces, braces or 300 bytes, on a stream named like '{orders}:eu',
-    all run once with Redlock leases (issue 9 item 8: the resource name is a digest)."""
+    all run once with Redlock leases (the lock's resource name is a digest, so any key fits)."""
     stream = "{orders}:eu"
     keys = ["a b", "{x}", "k" * 300, "tab\there", "ünï"]
     sw.Producer.from_url(redis_url).send_many(stream, [{}] * len(keys), keys=keys)
@@ -145,7 +145,7 @@ async def test_jobs_wait_for_a_lock_quorum_instead_of_dying(
 ) -> None:
     """While two of three Redlock masters are down, jobs wait (pending, heartbeated, no
     attempt used up) for several visibility timeouts; once the quorum is back they run
-    once, and none is dead-lettered as max_deliveries (issue 9 item 6)."""
+    once, and none is dead-lettered as max_deliveries."""
     for m in masters[1:]:
         m.kill()
     keys = [f"q{i}" for i in range(20)]

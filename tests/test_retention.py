@@ -1,4 +1,4 @@
-"""Retention and hygiene (RELIABILITY.md fault class 15): upkeep trims only entries every
+"""Retention and hygiene: upkeep trims only entries every
 group has read and acknowledged; entries a foreign XTRIM deleted while pending become
 ``deleted_while_pending`` dead letters; only idle consumers that own nothing are reaped."""
 
@@ -16,7 +16,7 @@ from streamwork._wire.keys import StreamKeys
 from streamwork._worker.consumer import Consumer
 from streamwork._worker.loops.upkeep import upkeep_once
 from streamwork.testing import Ledger, await_for
-from tests.workers import LedgerWorker
+from tests.workers.ledger import LedgerWorker
 
 STREAM, GROUP, OTHER, LAGGARD = "jobs", "testers", "auditors", "laggards"
 KEYS = StreamKeys.for_stream(STREAM)

@@ -21,10 +21,10 @@ from streamwork._wire.keys import StreamKeys
 from streamwork._worker.consumer import Consumer
 from streamwork._worker.loops import upkeep
 from streamwork.testing import Ledger, await_for, run_until_idle
-from tests.cluster_util import local_cluster
+from tests.helpers.cluster_util import local_cluster
 from tests.test_cli_ops import cli, row
 from tests.test_deadletter import FIX, GROUP, KEYS, STREAM, _make_dead
-from tests.workers_recovery import RecordingWorker, calls
+from tests.workers.recording import RecordingWorker, calls
 
 N = 25  #: jobs dead-lettered, then replayed
 

@@ -1,4 +1,4 @@
-"""Periodic jobs (issue 15): `Every` / `Cron` schedules enqueue each tick once across all
+"""Periodic jobs: `Every` / `Cron` schedules enqueue each tick once across all
 workers (tick.lua + job records), even when a worker is SIGKILLed mid-run; catch_up decides
 what becomes of ticks missed while no worker ran; `streamwork schedules` lists them."""
 
@@ -29,8 +29,8 @@ from streamwork._wire.schedules import MAX_CATCH_UP, MISSED_AFTER_MS, plan, tick
 from streamwork._worker.config import WorkerConfig
 from streamwork._worker.loops.ticks import SCHEDULE_HEADER, TICK_HEADER, Scheduler
 from streamwork.testing import run_until_idle, wait_for
-from tests.slots import key_slot
-from tests.workers_schedules import LEDGER, STREAM, EverySecond, Ticker, Weekly
+from tests.helpers.slots import key_slot
+from tests.workers.schedules import LEDGER, STREAM, EverySecond, Ticker, Weekly
 
 WEEK_MS = 7 * 86_400_000
 UTC = dt.timezone.utc
@@ -222,7 +222,7 @@ def test_three_workers_one_sigkilled_enqueue_each_tick_exactly_once(
     """3 worker processes run an Every(0.5) schedule for about 5 s; one is SIGKILLed while
     it holds a tick mid-handler. The ledger holds every tick from the first to the last
     one decided, each exactly once."""
-    procs = [spawn_worker("tests.workers_schedules:Ticker", redis_url) for _ in range(3)]
+    procs = [spawn_worker("tests.workers.schedules:Ticker", redis_url) for _ in range(3)]
     wait_for(lambda: r.hlen(LEDGER) >= 1, 30, message="the first tick to be handled")
     victim = wait_for(lambda: _holding_pid(r, procs), 15,
                       message="a worker holding a tick mid-handler")

@@ -6,7 +6,7 @@ import redis
 
 from streamwork._redis import scripts
 from streamwork._wire.keys import StreamKeys
-from tests.slots import key_slot
+from tests.helpers.slots import key_slot
 
 
 def _held(r: redis.Redis, n: int, consumer: str = "me") -> list[bytes]:

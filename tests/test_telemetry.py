@@ -31,7 +31,7 @@ from streamwork._telemetry.api import DURATION_BUCKETS
 from streamwork._wire.keys import StreamKeys
 from streamwork._worker.loops import upkeep
 from streamwork.testing import await_for, run_until_idle, wait_for
-from tests.workers import LedgerWorker
+from tests.workers.ledger import LedgerWorker
 
 STREAM = "jobs"
 _SPANS = InMemorySpanExporter()
@@ -105,7 +105,7 @@ async def test_each_outcome_counts_and_the_duration_is_recorded(
     # bucket bounds in seconds, not OpenTelemetry's default (which suits milliseconds)
     assert all(tuple(p.explicit_bounds) == DURATION_BUCKETS
                for p in _points("streamwork.handler.duration"))
-    # the outcome attribute says how (issue 9: the README lists it)
+    # the outcome attribute says how (the README lists its values)
     assert _total("streamwork.messages.acked", stream=STREAM, outcome="success") >= 6
     assert _total("streamwork.messages.retried", stream=STREAM, outcome="error") >= 1
     assert _total("streamwork.messages.dead_lettered", stream=STREAM,
@@ -215,7 +215,7 @@ def test_worker_process_exports_spans_and_metrics_over_otlp(
     send = next(s for s in _SPANS.get_finished_spans() if s.name == f"send {STREAM}")
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver, "OTEL_BSP_SCHEDULE_DELAY": "100",
            "OTEL_METRIC_EXPORT_INTERVAL": "300", "OTEL_SERVICE_NAME": "sw-test"}
-    proc = spawn_worker("tests.workers:LedgerWorker", redis_url, "--otlp", env=env)
+    proc = spawn_worker("tests.workers.ledger:LedgerWorker", redis_url, "--otlp", env=env)
     wait_for(lambda: [s for s in _received_spans() if s.name == f"process {STREAM}"], 30,
              message="the consumer span at the receiver")
     span = next(s for s in _received_spans() if s.name == f"process {STREAM}")
@@ -233,7 +233,7 @@ def test_prometheus_endpoint_serves_the_counters(
 ) -> None:
     """`streamwork run --metrics-port` serves streamwork counters to a Prometheus scrape."""
     port = free_port()
-    spawn_worker("tests.workers:LedgerWorker", redis_url, "--metrics-port", str(port))
+    spawn_worker("tests.workers.ledger:LedgerWorker", redis_url, "--metrics-port", str(port))
     sw.Producer.from_url(redis_url).send_many(STREAM, [{}] * 10)
 
     def scrape() -> str:
@@ -254,7 +254,7 @@ def test_prometheus_endpoint_serves_the_counters(
 
 async def test_duplicates_count_as_deduplicated(redis_url: str, r: redis.Redis) -> None:
     """A job sent twice under one key with dedup on counts once as deduplicated."""
-    from tests.workers import DedupLedgerWorker
+    from tests.workers.ledger import DedupLedgerWorker
 
     before = _total("streamwork.messages.deduplicated", stream=STREAM)
     producer = sw.Producer.from_url(redis_url)

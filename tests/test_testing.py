@@ -12,7 +12,7 @@ import redis
 import streamwork as sw
 from streamwork._wire.keys import StreamKeys
 from streamwork.testing import Ledger, await_for, run_until_idle, stream_idle, wait_for
-from tests.workers import STREAM, LedgerWorker
+from tests.workers.ledger import STREAM, LedgerWorker
 
 
 class LoopWatchingClient:

@@ -1,5 +1,5 @@
-"""The per-job time limit (``timeout``, the seed's watchdog) and shutdown with a stuck
-sync handler (issue 9): a handler past its limit fails with reason ``timeout`` and follows
+"""The per-job time limit (``timeout``, kept by a watchdog) and shutdown with a stuck
+sync handler: a handler past its limit fails with reason ``timeout`` and follows
 backoff -> dead letter while other jobs flow; a job finishing in time is unaffected; a
 stuck plain ``def`` handler never keeps a stopped worker's process alive."""
 
@@ -19,7 +19,7 @@ import redis
 import streamwork as sw
 from streamwork._wire.keys import StreamKeys
 from streamwork.testing import Ledger, run_until_idle, wait_for
-from tests.workers import ClientWorker
+from tests.workers.ledger import ClientWorker
 
 STREAM = "limits"
 KEYS = StreamKeys.for_stream(STREAM)

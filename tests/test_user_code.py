@@ -31,8 +31,8 @@ from streamwork._telemetry.api import end_span
 from streamwork._wire.codec import BODY_FIELD, decode_fields
 from streamwork._wire.records import done_record, parse
 from streamwork.testing import await_for, run_until_idle, wait_for
-from tests.workers_usercode import STREAM as TYPED_STREAM
-from tests.workers_usercode import Line, Order, StartFails
+from tests.workers.usercode import STREAM as TYPED_STREAM
+from tests.workers.usercode import Line, Order, StartFails
 
 ROOT = Path(__file__).resolve().parent.parent
 STREAM, GROUP = "user-code", "users"
@@ -64,9 +64,9 @@ def _wait_settled(r: redis.Redis, procs: list[subprocess.Popen[bytes]], keys: li
 
 
 @pytest.mark.parametrize(("target", "bad", "error", "processes"), [
-    ("tests.workers_usercode:PydanticOrders", Order, "ZeroDivisionError: integer division or "
+    ("tests.workers.usercode:PydanticOrders", Order, "ZeroDivisionError: integer division or "
      "modulo by zero", 0),
-    ("tests.workers_usercode:DataclassLines", Line, "LookupError: no price list has item 0", 2),
+    ("tests.workers.usercode:DataclassLines", Line, "LookupError: no price list has item 0", 2),
 ], ids=["pydantic-two-runs", "dataclass-processes-2"])
 def test_a_validator_raising_anything_dead_letters_only_its_job(
         r: redis.Redis, redis_url: str, spawn_worker: Callable[..., subprocess.Popen[bytes]],
@@ -160,7 +160,7 @@ async def test_on_start_that_raises_fails_the_start_loudly(redis_url: str) -> No
 def test_on_start_that_raises_fails_streamwork_run_with_a_clear_error(redis_url: str) -> None:
     """`streamwork run` exits 1 and says which hook failed and why."""
     out = subprocess.run(
-        [sys.executable, "-m", "streamwork", "run", "tests.workers_usercode:StartFails",
+        [sys.executable, "-m", "streamwork", "run", "tests.workers.usercode:StartFails",
          "--url", redis_url], capture_output=True, text=True, cwd=ROOT, timeout=120,
         env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
     assert out.returncode == 1, out.stdout + out.stderr

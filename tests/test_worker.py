@@ -21,8 +21,8 @@ import streamwork as sw
 from streamwork._wire.codec import encode_body
 from streamwork._wire.keys import StreamKeys
 from streamwork.testing import Ledger, await_for, run_until_idle, stream_idle, wait_for
-from tests.workers import STREAM, LedgerWorker, SyncLedgerWorker
-from tests.workers_foundation import AsyncProbeWorker, FirstAttemptSlowWorker, SyncProbeWorker
+from tests.workers.ledger import STREAM, LedgerWorker, SyncLedgerWorker
+from tests.workers.probes import AsyncProbeWorker, FirstAttemptSlowWorker, SyncProbeWorker
 
 GROUP = LedgerWorker.group
 
@@ -296,7 +296,7 @@ def test_three_worker_processes_share_the_work(
         redis_url: str, r: redis.Redis,
         spawn_worker: Callable[..., subprocess.Popen[bytes]]) -> None:
     """3 `streamwork run` processes handle 3000 jobs once each, PEL empty; SIGTERM -> exit 0."""
-    procs = [spawn_worker("tests.workers:LedgerWorker", redis_url) for _ in range(3)]
+    procs = [spawn_worker("tests.workers.ledger:LedgerWorker", redis_url) for _ in range(3)]
     wait_for(lambda: blocked_readers(r) >= 3, 60, interval=0.1,
              message="3 worker processes waiting in XREADGROUP")
     keys = send_jobs(redis_url, 3000)
@@ -317,7 +317,7 @@ def test_three_worker_processes_share_the_work(
 async def test_lifecycle_hooks_run_once_around_serving(redis_url: str, r: Any) -> None:
     """on_start runs before the first job, on_stop after the drain, sync or async."""
     from streamwork.testing import run_until_idle
-    from tests.workers import LedgerWorker
+    from tests.workers.ledger import LedgerWorker
 
     events: list[str] = []
 
@@ -364,7 +364,7 @@ def test_sigterm_while_redis_down_exits_promptly(spawn_worker: Any, tmp_path: Pa
 
     log = tmp_path / "worker.log"
     with log.open("wb") as out:
-        proc = spawn_worker("tests.workers:LedgerWorker",
+        proc = spawn_worker("tests.workers.ledger:LedgerWorker",
                             f"redis://127.0.0.1:{free_port()}/0", stdout=out)
         wait_for(lambda: b"redis unavailable, retrying" in log.read_bytes(), timeout=30,
                  message="the worker to back off from the unreachable Redis")

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Final, Generic, TypeAlias, TypeVar
 
 from streamwork._redis import scripts
+from streamwork._redis.replies import LockReply
 from streamwork._wire.keys import check_name, redlock_fence_key, redlock_key
 from streamwork.errors import ConfigError, LockLost, LockNotAcquired
 
@@ -229,7 +230,7 @@ class Core:
         try:
             replies = yield Round(scripts.redlock_acquire(key, fence, value, ttl_ms))
             answered = [p for p in map(pair, replies) if p is not None]
-            granted = sum(1 for flag, _ in answered if flag == 1)
+            granted = sum(1 for flag, _ in answered if flag == LockReply.GRANTED)
             if granted >= self.quorum and self.clock() < deadline:
                 proposal = 1 + max(counter for _, counter in answered)
                 token = yield from self._next_token(fence, proposal)
@@ -250,7 +251,7 @@ class Core:
         for _ in range(_FENCE_ROUNDS):
             replies = yield Round(scripts.redlock_fence(fence, proposal))
             answered = [p for p in map(pair, replies) if p is not None]
-            if sum(1 for flag, _ in answered if flag == 1) >= self.quorum:
+            if sum(1 for flag, _ in answered if flag == LockReply.GRANTED) >= self.quorum:
                 return proposal
             if len(answered) < self.quorum:
                 return None
@@ -266,7 +267,7 @@ class Core:
         sent = self.clock()  # the new deadline counts from when the extension is sent
         if sent < grant.deadline:
             replies = yield Round(scripts.redlock_extend(grant.key, grant.value, ttl_ms))
-            extended = sum(1 for r in replies if as_int(r) == 1)
+            extended = sum(1 for r in replies if as_int(r) == LockReply.GRANTED)
             deadline = sent + validity(ttl_ms / 1000, 0.0, self.drift_factor)
             if extended >= self.quorum and self.clock() < deadline:
                 grant.deadline = deadline
@@ -290,6 +291,6 @@ class Core:
             return False
         grant.state = RELEASED
         replies = yield Round(scripts.redlock_release(grant.key, grant.value))
-        return sum(1 for r in replies if as_int(r) == 1) >= self.quorum
+        return sum(1 for r in replies if as_int(r) == LockReply.GRANTED) >= self.quorum
 
 

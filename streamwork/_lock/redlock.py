@@ -74,6 +74,7 @@ from streamwork._lock.core import (
 )
 from streamwork._lock.held import AsyncHeldLock, AsyncRun, HeldLock
 from streamwork._redis import scripts
+from streamwork._redis.replies import LockReply
 from streamwork.errors import ConfigError
 
 __all__ = [
@@ -366,7 +367,7 @@ def fenced_set(client: redis.Redis, key: str, token: int, value: scripts.Arg) ->
     WHERE id = :id AND last_token <= :t`` and checking the row count.
     """
     _check_fenced(key, token)
-    return as_int(scripts.SyncScripts(client).run(scripts.fenced_set(key, token, value))) == 1
+    return as_int(scripts.SyncScripts(client).run(scripts.fenced_set(key, token, value))) == LockReply.GRANTED
 
 
 async def async_fenced_set(
@@ -375,4 +376,4 @@ async def async_fenced_set(
     """As `fenced_set`, for redis.asyncio clients."""
     _check_fenced(key, token)
     reply = await scripts.AsyncScripts(client).run(scripts.fenced_set(key, token, value))
-    return as_int(reply) == 1
+    return as_int(reply) == LockReply.GRANTED

@@ -4,7 +4,7 @@ letters."""
 
 from __future__ import annotations
 
-import enum  # noqa: F401  (the sections below fill in)
+import enum
 
 # ---- the worker's scripts (claim, start, heartbeat, complete, fail, reclaim) ----------
 
@@ -13,3 +13,12 @@ import enum  # noqa: F401  (the sections below fill in)
 
 
 # ---- the lock's scripts (redlock_*) ----------------------------------------------------
+
+
+class LockReply(enum.IntEnum):
+    """What each redlock script answers on one master (alone, or as the flag of its
+    ``{flag, number}`` pair): acquire granted the lock, fence took the proposed token,
+    extend reset our lock's TTL, release deleted our lock, fenced_set stored the value."""
+
+    REFUSED = 0
+    GRANTED = 1

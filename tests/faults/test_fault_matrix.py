@@ -1,7 +1,7 @@
 """Fault matrix: one test per class of error Redis can return, each against a real
 redis-server put in that state while a worker runs under load.
 
-The rule (DESIGN.md, "A worker is whole, or it exits"): transient errors (connection
+The rule (a worker is whole, or it exits): transient errors (connection
 loss, timeouts, LOADING, BUSY, TRYAGAIN, CLUSTERDOWN, MASTERDOWN, READONLY, OOM) -> back
 off and retry; a vanished group or stream (FLUSHALL, a server back empty) -> recreate the
 group and go on; anything else -> the worker stops loudly: ``serve()`` raises
@@ -18,13 +18,12 @@ runs in a thread: the event loop, and the worker on it, keeps going meanwhile.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import subprocess
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,11 +36,12 @@ from streamwork._redis.server import RedisServer
 from streamwork._wire.keys import StreamKeys
 from streamwork.errors import WorkerFailed
 from streamwork.testing import Ledger, await_for, stream_idle, wait_for
-from tests.workers_faults import LEDGER, STREAM, FaultLedgerWorker
+from tests.helpers.serving import serving
+from tests.workers.faults import LEDGER, STREAM, FaultLedgerWorker
 
 GROUP = FaultLedgerWorker.group
 KEYS = StreamKeys.for_stream(STREAM)
-TARGET = "tests.workers_faults:FaultLedgerWorker"
+TARGET = "tests.workers.faults:FaultLedgerWorker"
 
 FAULT_SECONDS = 2.0  #: how long a stalled or refusing server stays that way
 PROGRESS_TIMEOUT = 45.0  #: s to wait for the next sign of progress (a loaded 2-core CI box)
@@ -187,23 +187,6 @@ class Watched:
             raise AssertionError(f"half-alive worker: {health()}")
 
 
-@contextlib.asynccontextmanager
-async def _serving(worker: FaultLedgerWorker) -> AsyncIterator[Watched]:
-    """Serve ``worker`` in this loop; stop it (and never leak its task) on the way out."""
-    task = asyncio.create_task(worker.serve(), name="fault-matrix-serve")
-    try:
-        yield Watched(worker, task)
-    finally:
-        worker.stop()
-        done, _ = await asyncio.wait({task}, timeout=EXIT_TIMEOUT)
-        if not done:
-            task.cancel()
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await task
-        elif not task.cancelled():
-            task.exception()  # retrieved; the test body reports what matters
-
-
 def _safe(fn: Callable[[], Any]) -> Any:
     """A look at a server that may be down or refusing: False while it is."""
     try:
@@ -309,7 +292,8 @@ async def _ride_out(url: str, inject: Callable[[], Awaitable[None]], r: redis.Re
     """Jobs flow to a worker, ``inject`` puts the server in a fault and returns once the
     fault is over; more jobs flow; then every sent job must be applied exactly once."""
     worker = FaultLedgerWorker.from_url(url)
-    async with _serving(worker) as w:
+    async with serving(worker, exit_timeout=EXIT_TIMEOUT) as task:
+        w = Watched(worker, task)
         await _until(w, "the worker reading", lambda: _reading(r))
         w.note_tasks()
         feeder = Feeder(url, "job", payload).start()
@@ -335,7 +319,8 @@ async def _data_vanishes(url: str, inject: Callable[[], Awaitable[None]],
     server's data. Jobs sent before are gone with it; the worker must recreate its group by
     itself, then handle every job sent afterwards exactly once, and report what vanished."""
     worker = FaultLedgerWorker.from_url(url)
-    async with _serving(worker) as w:
+    async with serving(worker, exit_timeout=EXIT_TIMEOUT) as task:
+        w = Watched(worker, task)
         await _until(w, "the worker reading", lambda: _reading(r))
         w.note_tasks()
         with sw.Producer.from_url(url) as producer:
@@ -486,7 +471,8 @@ async def test_readonly_replica_is_ridden_out_until_promoted(
              interval=0.05, message="the replica in sync with its master")
 
     worker = FaultLedgerWorker.from_url(replica.url)
-    async with _serving(worker) as w:
+    async with serving(worker, exit_timeout=EXIT_TIMEOUT) as task:
+        w = Watched(worker, task)
         await _until(w, "the worker refused with READONLY",
                      lambda: _errors(rr, "READONLY") > 0)
         feeder = Feeder(master.url, "job", JOB).start()
@@ -565,7 +551,8 @@ async def test_wrongtype_stops_serve_with_worker_failed(
     server = make_server()
     r = connect(server.url)
     worker = FaultLedgerWorker.from_url(server.url)
-    async with _serving(worker) as w:
+    async with serving(worker, exit_timeout=EXIT_TIMEOUT) as task:
+        w = Watched(worker, task)
         await _until(w, "the worker reading", lambda: _reading(r))
         w.note_tasks()
         with sw.Producer.from_url(server.url) as producer:

@@ -1,7 +1,7 @@
-"""Jobs a worker holds keep their promise through odd server states (issue 9, items 4, 6,
-7, 10 and 13): an entry deleted while its handler runs, a duplicate waiting behind a long
-first copy, a blocking read as long as the lease, batches larger than Lua's unpack limit,
-and staged writes refused while Redis is out of memory."""
+"""Jobs a worker holds keep their promise through odd server states: an entry deleted while
+its handler runs, a duplicate waiting behind a long first copy, a blocking read as long as
+the lease, batches larger than Lua's unpack limit, and staged writes refused while Redis is
+out of memory."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import redis
 import streamwork as sw
 from streamwork._wire.keys import StreamKeys
 from streamwork.testing import Ledger, await_for, run_until_idle, stream_idle
-from tests.workers import ClientWorker
+from tests.workers.ledger import ClientWorker
 
 STREAM = "held"
 KEYS = StreamKeys.for_stream(STREAM)

@@ -1,6 +1,6 @@
 """Nemesis: a seeded, randomized fault campaign (Jepsen-style) against running workers.
 
-Three ``streamwork run tests.workers_nemesis:NemesisWorker`` processes serve a stream under a
+Three ``streamwork run tests.workers.nemesis:NemesisWorker`` processes serve a stream under a
 steady producer load with bursts (a ``send_many`` of BURST quick jobs now and then) while a
 nemesis thread, driven by ``random.Random(seed)``, keeps doing one of: SIGKILL a worker (a
 small supervisor restarts dead workers), SIGSTOP a worker for longer than its visibility
@@ -68,7 +68,7 @@ from streamwork._wire.schedules import tick_key
 from streamwork._worker.limits import BURST_SECONDS
 from streamwork.errors import DecodeError
 from streamwork.testing import Ledger, wait_for
-from tests.nemesis_kit import (
+from tests.helpers.nemesis_kit import (
     Action,
     Call,
     Faults,
@@ -82,7 +82,7 @@ from tests.nemesis_kit import (
     run_nemesis,
     safe,
 )
-from tests.workers_nemesis import (
+from tests.workers.nemesis import (
     GROUP,
     LEDGER,
     PER_KEY,
@@ -93,7 +93,7 @@ from tests.workers_nemesis import (
     NemesisWorker,
 )
 
-TARGET = "tests.workers_nemesis:NemesisWorker"
+TARGET = "tests.workers.nemesis:NemesisWorker"
 KEYS = StreamKeys.for_stream(STREAM)
 SEED = int(os.environ.get("STREAMWORK_NEMESIS_SEED", "20250611"))
 SECONDS = float(os.environ.get("STREAMWORK_NEMESIS_SECONDS", "35"))

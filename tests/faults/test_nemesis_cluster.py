@@ -1,7 +1,7 @@
 """Nemesis on a Redis Cluster: ordered mode (``ordered = True``, 6 partitions) on 3 masters
 with a replica each, under a seeded randomized campaign.
 
-Three ``streamwork run tests.workers_nemesis:NemesisOrdered`` processes serve a partitioned
+Three ``streamwork run tests.workers.nemesis:NemesisOrdered`` processes serve a partitioned
 stream while a producer thread sends jobs (single sends and ``send_many`` batches) for 12
 order keys, each key's jobs numbered 0, 1, 2, ... in the order they are sent; 1 job in 20
 fails its first attempt (a retry in place, which the key's later jobs must wait for). Each
@@ -21,7 +21,7 @@ PAUSE WRITE), waits until the replica has the master's whole replication stream,
 SIGKILLs it; so the expected loss is 0, and the test asserts it. The verdict (CHECKS):
 
 * once: per order key, every job the producer was told stored took effect exactly once
-  (`tests.ordered_campaign.check_order`); nothing else took effect;
+  (`tests.helpers.ordered_campaign.check_order`); nothing else took effect;
 * order: ... in the order sent (see STRICT_ORDER for a run where only this fails);
 * failover loss: every told-stored job's entry (or its done record) is still there, 0 lost;
 * drained: every partition read and acknowledged, nothing waiting;
@@ -60,15 +60,15 @@ from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names, partition_of
 from streamwork.errors import DecodeError
 from streamwork.testing import wait_for
-from tests.cluster_util import LocalCluster, kill_master_in_sync, local_cluster, rejoin
-from tests.nemesis_kit import Action, Faults, Supervisor, publish, run_nemesis
-from tests.ordered_campaign import OrderVerdict, check_order
-from tests.workers_nemesis import ORDERED_GROUP, ORDERED_STREAM, NemesisOrdered
-from tests.workers_ordered import log_key
+from tests.helpers.cluster_util import LocalCluster, kill_master_in_sync, local_cluster, rejoin
+from tests.helpers.nemesis_kit import Action, Faults, Supervisor, publish, run_nemesis
+from tests.helpers.ordered_campaign import OrderVerdict, check_order
+from tests.workers.nemesis import ORDERED_GROUP, ORDERED_STREAM, NemesisOrdered
+from tests.workers.ordered import log_key
 
 pytestmark = pytest.mark.cluster
 
-TARGET = "tests.workers_nemesis:NemesisOrdered"
+TARGET = "tests.workers.nemesis:NemesisOrdered"
 PARTITIONS = NemesisOrdered.partitions
 NAMES = partition_names(ORDERED_STREAM, PARTITIONS)
 SEED = int(os.environ.get("STREAMWORK_NEMESIS_SEED", "20250611"))

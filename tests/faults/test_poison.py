@@ -1,4 +1,4 @@
-"""Poison jobs (RELIABILITY.md fault class 14): jobs that always raise or always kill their
+"""Poison jobs: jobs that always raise or always kill their
 process end in ``{S}:dead`` after exactly ``max_deliveries`` attempts, while other jobs
 keep flowing; ``Retry`` and ``DeadLetter`` raised by handlers behave as documented."""
 
@@ -14,7 +14,7 @@ import redis
 from streamwork import Producer
 from streamwork._wire.keys import StreamKeys
 from streamwork.testing import Ledger, run_until_idle, wait_for
-from tests.workers_recovery import RecordingWorker, calls
+from tests.workers.recording import RecordingWorker, calls
 
 STREAM, GROUP = "jobs", "testers"
 KEYS = StreamKeys.for_stream(STREAM)
@@ -63,7 +63,7 @@ def test_job_that_kills_its_process_is_dead_lettered_after_max_deliveries(
     max_deliveries = 3
     args = ("--max-deliveries", str(max_deliveries), "--visibility-timeout", "1",
             "--reclaim-interval", "0.2", "--read-block", "0.1", "--concurrency", "1")
-    target = "tests.workers_recovery:RecordingWorker"
+    target = "tests.workers.recording:RecordingWorker"
     with Producer.from_url(redis_url) as p:
         p.send(STREAM, {"exit": True}, key="suicide")
     proc = spawn_worker(target, redis_url, *args)
@@ -129,11 +129,11 @@ def test_process_killing_poison_costs_only_itself(
 ) -> None:
     """concurrency=1, max_deliveries=3: a job that kills its process, with 20 good jobs
     sent behind it, and a supervisor that restarts the worker each time it dies. Only the
-    killer is dead-lettered; the 20 others run once (issue 9 item 5): deliveries read but
+    killer is dead-lettered; the 20 others run once: deliveries read but
     never started do not use up attempts, and reclaimed suspects run alone."""
     args = ("--max-deliveries", "3", "--visibility-timeout", "1", "--reclaim-interval", "0.2",
             "--read-block", "0.1", "--concurrency", "1")
-    target = "tests.workers_recovery:RecordingWorker"
+    target = "tests.workers.recording:RecordingWorker"
     good = [f"good-{i}" for i in range(20)]
     with Producer.from_url(redis_url) as p:
         p.send(STREAM, {"exit": True}, key="killer")

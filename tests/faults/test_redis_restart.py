@@ -1,6 +1,6 @@
 """Fault: the redis-server under running workers is SIGKILLed and restarted, twice.
 
-RELIABILITY.md fault class 7 in small: appendfsync always, a producer sending throughout,
+A broker crash in small: appendfsync always, a producer sending throughout,
 three `streamwork run` processes (LedgerWorker, dedup off: plain at-least-once). Nothing
 acknowledged to the producer is lost, the PEL ends empty, the same worker processes are
 still alive and reconnected, and duplicates stay within what was in flight at the kills.
@@ -23,7 +23,7 @@ import streamwork as sw
 from streamwork._wire.keys import StreamKeys
 from streamwork._worker.consumer import max_held
 from streamwork.testing import Ledger, stream_idle, wait_for
-from tests.workers import STREAM, LedgerWorker
+from tests.workers.ledger import STREAM, LedgerWorker
 
 WORKERS = 3
 JOBS = 2400
@@ -58,7 +58,8 @@ def test_workers_and_producer_survive_two_redis_crashes(
     server = make_server(appendfsync="always")
     r = redis.Redis.from_url(server.url, socket_timeout=5)
     logs = [(tmp_path / f"worker-{i}.log").open("wb") for i in range(WORKERS)]
-    procs = [spawn_worker("tests.workers:LedgerWorker", server.url, stdout=log) for log in logs]
+    procs = [spawn_worker("tests.workers.ledger:LedgerWorker", server.url, stdout=log)
+             for log in logs]
     pids = {p.pid for p in procs}
     wait_for(lambda: _blocked_readers(r) >= WORKERS, 60, interval=0.1,
              message="worker processes reading")

@@ -1,4 +1,4 @@
-"""SIGKILL chaos (RELIABILITY.md fault class 2): worker processes are killed at random
+"""SIGKILL chaos: worker processes are killed at random
 while a backlog drains; nothing may be lost, and duplicates stay within what the killed
 processes held.
 
@@ -23,8 +23,8 @@ from streamwork._wire.keys import StreamKeys
 from streamwork._worker.consumer import max_held
 from streamwork.testing import Ledger, stream_idle, wait_for
 
-STREAM, GROUP = "jobs", "testers"  # tests.workers.LedgerWorker's defaults
-WORKER = "tests.workers:LedgerWorker"
+STREAM, GROUP = "jobs", "testers"  # tests.workers.ledger.LedgerWorker's defaults
+WORKER = "tests.workers.ledger:LedgerWorker"
 PROCESSES = 3
 CONCURRENCY = 3
 BATCH = 3  # small batches keep the bound on in-flight (so on duplicate) work tight

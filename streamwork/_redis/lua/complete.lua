@@ -95,11 +95,7 @@ for i, id in ipairs(ids) do
     if dedup and not lease_here then redis.call('SET', key, dones[i], 'PX', ARGV[4]) end
   end
   if res[i] == 1 or res[i] == 2 or res[i] == 3 or res[i] == 5 then
-    if member ~= '' then
-      redis.call('ZREM', retries, member)
-    else
-      add_ack(acks, src, id)
-    end
+    let_go(acks, retries, member, src, id)
   end
 end
 ack_by_src(streams, group, acks)

@@ -99,11 +99,7 @@ for i, f in ipairs(batch) do
       end
       res[i] = 2
     end
-    if member ~= '' then
-      redis.call('ZREM', retries, member)
-    else
-      add_ack(acks, src, id)
-    end
+    let_go(acks, retries, member, src, id)
   end
 end
 ack_by_src(streams, group, acks)

@@ -90,6 +90,16 @@ local function add_ack(acks, src, id)
   acks[src][#acks[src] + 1] = id
 end
 
+-- let go of a delivery that ended: an adopted one (its ``member`` in the retry ZSET stands
+-- for ownership) leaves the ZSET now; any other joins ``acks``, for one ack_by_src at the end
+local function let_go(acks, retries, member, src, id)
+  if member ~= '' then
+    redis.call('ZREM', retries, member)
+  else
+    add_ack(acks, src, id)
+  end
+end
+
 -- Job records (one per group and job key; see _records.py). The first byte is the state:
 -- H held ("H<lease>|<attempt>|<since ms>[|W<due ms>]": the lease of a delivery a worker
 -- has read but whose handler has not started; |W: waiting for an in-place retry), R running

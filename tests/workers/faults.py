@@ -1,5 +1,5 @@
 """The worker of the fault matrix (tests/faults/test_fault_matrix.py), in-process or as
-``streamwork run tests.workers_faults:FaultLedgerWorker``.
+``streamwork run tests.workers.faults:FaultLedgerWorker``.
 
 Its only effect is a staged ``HINCRBY {faults}:ledger <job key> 1``, applied by Redis in
 the same script that acknowledges the job and writes its done record: with ``dedup`` on,

@@ -1,5 +1,5 @@
 """Function workers (``@sw.worker``) the tests run as `streamwork run
-tests.workers_function:NAME`; each returns what it did, read back with ``p.result``."""
+tests.workers.function:NAME`; each returns what it did, read back with ``p.result``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The workers of the nemesis campaigns (tests/faults/test_nemesis.py), run as
-``streamwork run tests.workers_nemesis:NemesisWorker`` (one server) and
-``tests.workers_nemesis:NemesisOrdered`` (ordered, partitioned, on a cluster).
+``streamwork run tests.workers.nemesis:NemesisWorker`` (one server) and
+``tests.workers.nemesis:NemesisOrdered`` (ordered, partitioned, on a cluster).
 
 Dedup on; a handler's only effect on Redis is a staged write, applied atomically with the
 acknowledgement, so every effect is exactly once by construction. It writes nothing to Redis
@@ -28,7 +28,7 @@ import sys
 import time
 
 import streamwork as sw
-from tests.workers_ordered import log_key
+from tests.workers.ordered import log_key
 
 STREAM = GROUP = "nemesis"
 LEDGER = "{nemesis}:ledger"  #: job key -> times applied (staged, same hash tag as STREAM)

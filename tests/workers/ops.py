@@ -1,5 +1,5 @@
 """Workers of the operations tests (tests/test_processes.py, tests/test_health.py), run as
-``streamwork run tests.workers_ops:OpsWorker [tests.workers_ops:OtherOpsWorker]``.
+``streamwork run tests.workers.ops:OpsWorker [tests.workers.ops:OtherOpsWorker]``.
 
 Dedup on; a handler's only effect is a staged ``HINCRBY`` on its stream's ledger
 (``{<stream>}:ledger``, the stream's hash tag, so the staged write may touch it), applied

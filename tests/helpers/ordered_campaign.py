@@ -17,7 +17,7 @@ import streamwork as sw
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names, partition_of
 from streamwork.testing import wait_for
-from tests.workers_ordered import OrderLog, log_key
+from tests.workers.ordered import OrderLog, log_key
 
 KEYS = 12  #: order keys
 PER_KEY = 25  #: jobs per order key
@@ -47,7 +47,7 @@ def run_campaign(url: str, client: Any,
     producer = sw.Producer.from_url(url, partitions=parts)
     jobs = [(k, s) for s in range(PER_KEY) for k in range(KEYS)]  # interleaved keys
     half = len(jobs) // 2
-    procs = [spawn_worker("tests.workers_ordered:OrderLog", url) for _ in range(3)]
+    procs = [spawn_worker("tests.workers.ordered:OrderLog", url) for _ in range(3)]
 
     def logged() -> int:
         return sum(client.llen(log_key(names[partition_of(f"o{k}", parts)], f"o{k}"))

@@ -1,5 +1,5 @@
 """Workers for the job-record tests (tests/test_job_records.py), in-process or as
-``streamwork run tests.workers_records:RecordsWorker``.
+``streamwork run tests.workers.records:RecordsWorker``.
 
 Every run of a handler is recorded per group: ``runs:<group>:<key>`` gets the attempt
 number (RPUSH, before the behaviour steps), and ``ledger:<group>`` counts the runs that
@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 import streamwork as sw
-from tests.workers import ClientWorker
+from tests.workers.ledger import ClientWorker
 
 STREAM = os.environ.get("SW_TEST_STREAM", "orders")
 

@@ -7,7 +7,7 @@ import os
 
 import streamwork as sw
 from streamwork._lock.redlock import fenced_set
-from tests.workers import ClientWorker
+from tests.workers.ledger import ClientWorker
 
 STREAM = os.environ.get("SW_TEST_STREAM", "jobs")
 

@@ -1,4 +1,4 @@
-"""The worker tests/test_alerts.py runs as `streamwork run tests.workers_alerts:AlertsWorker`:
+"""The worker tests/test_alerts.py runs as `streamwork run tests.workers.alerts:AlertsWorker`:
 every outcome the alert rules look at, quickly. Payload keys: ``fail_until`` (raise while
 attempt < it: retried, then acked), ``dead`` (raise DeadLetter), ``always_fail`` (retried
 until max_deliveries, then dead-lettered). A short visibility timeout makes a delivery

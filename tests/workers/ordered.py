@@ -1,5 +1,5 @@
 """Workers of the partition and ordered-mode tests, also run as ``streamwork run
-tests.workers_ordered:OrderLog`` in child processes.
+tests.workers.ordered:OrderLog`` in child processes.
 
 The handler's only effect is a staged ``RPUSH`` of the job's sequence number onto a list per
 order key, under the partition's hash tag, applied atomically with the acknowledgement: the

@@ -1,4 +1,4 @@
-"""Workers of tests/test_cancel_faults.py (``streamwork run tests.workers_cancel:Slow``).
+"""Workers of tests/test_cancel_faults.py (``streamwork run tests.workers.cancel:Slow``).
 Every handler start is recorded in a Redis list before the handler does anything else:
 the ledger that tells how many times each job started."""
 

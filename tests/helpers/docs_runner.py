@@ -1,6 +1,6 @@
 """Run the ```python blocks of one Markdown document, in order, in one namespace.
 
-``python -m tests.docs_runner DOC NAME STATUS [BLOCK_TIMEOUT]``: DOC is the document's path,
+``python -m tests.helpers.docs_runner DOC NAME STATUS [BLOCK_TIMEOUT]``: DOC is the document's path,
 NAME how messages call it (its path in the repository), STATUS a file that gets one line
 ``start <line>`` before each block and ``done`` at the end, so that whoever started this
 process knows which block it was in when it failed or hung. The blocks share the namespace
@@ -9,7 +9,7 @@ A block that raises ends the run with exit status 1 and a traceback whose frames
 document and its lines; one that runs longer than BLOCK_TIMEOUT seconds (default 30) ends
 it too, after every thread's stack is printed.
 
-``python -m tests.docs_runner --serve`` is how tests/test_docs.py uses it: it imports what
+``python -m tests.helpers.docs_runner --serve`` is how tests/test_docs.py uses it: it imports what
 documents use (streamwork, redis, asyncio) once, then for each request line (JSON: the
 arguments above, the files for the document's output, its working directory and
 environment) forks a process that runs that document, and answers with a line giving the
@@ -30,7 +30,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-_HOOKS = Path(__file__).resolve().parent.parent / "docs" / "hooks" / "mdblocks.py"
+_HOOKS = Path(__file__).resolve().parents[2] / "docs" / "hooks" / "mdblocks.py"
 
 
 def load_mdblocks() -> types.ModuleType:

@@ -1,4 +1,4 @@
-"""Worker classes the tests run, in-process or as `streamwork run tests.workers:NAME`.
+"""Worker classes the tests run, in-process or as `streamwork run tests.workers.ledger:NAME`.
 
 Each records its effect in the ``ledger`` hash of the Redis it serves (HINCRBY key 1), so
 tests can check nothing was lost and nothing applied twice. Payload keys steer behaviour:

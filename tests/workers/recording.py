@@ -1,5 +1,5 @@
 """Extra workers for the recovery, poison and dead-letter tests (in-process or
-`streamwork run tests.workers_recovery:NAME`), and ``calls`` to read what they recorded.
+`streamwork run tests.workers.recording:NAME`), and ``calls`` to read what they recorded.
 
 ``RecordingWorker`` pushes ``"<attempt>:<unix time>"`` to ``calls:<key>`` and the fencing
 token (0 without dedup) to ``tokens:<key>`` as soon as a handler starts (before any
@@ -24,7 +24,7 @@ from typing import Any
 
 import streamwork as sw
 from streamwork.testing import await_for
-from tests.workers import LedgerWorker
+from tests.workers.ledger import LedgerWorker
 
 GATE_TIMEOUT = 120.0  #: s a gated attempt waits for its gate (longer than any test using it)
 LOSS_NOTICE = 10.0  #: s a first_sleep attempt waits for msg.lock_lost (many heartbeats)

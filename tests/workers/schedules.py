@@ -1,5 +1,5 @@
 """Workers with schedules, for tests/test_schedules.py (in-process, or as
-`streamwork run tests.workers_schedules:NAME`).
+`streamwork run tests.workers.schedules:NAME`).
 
 Each handler stages ``HINCRBY {S}:ledger <job key> 1``, so the ledger is written in the
 same script as the job's done record and ack: exactly once per job key, crashes included.

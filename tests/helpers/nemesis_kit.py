@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from tests.workers_nemesis import EVENTS_ENV, POISON_EXIT
+from tests.workers.nemesis import EVENTS_ENV, POISON_EXIT
 
 T = TypeVar("T")
 
@@ -235,7 +235,7 @@ def run_nemesis(actions: dict[str, tuple[int, Action]], seed: int, seconds: floa
 def diagnose(pid: int, log: Path | None) -> str:
     """What a live worker that stopped serving is doing: its scheduler state and kernel wait
     channel, then the stacks of its threads (SIGUSR1) and of its event loop's tasks
-    (SIGUSR2), which tests/workers_nemesis.py prints to its log; the log's last lines."""
+    (SIGUSR2), which tests/workers/nemesis.py prints to its log; the log's last lines."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
         state = next((line for line in status.splitlines() if line.startswith("State:")), "?")

@@ -1,4 +1,4 @@
-"""Workers of tests/test_limits.py (run as ``streamwork run tests.workers_limits:Paced``)."""
+"""Workers of tests/test_limits.py (run as ``streamwork run tests.workers.limits:Paced``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The worker of the cluster failover test (tests/test_cluster_failover.py), run as
-``streamwork run tests.workers_cluster:FailoverLedger --partitions 6``.
+``streamwork run tests.workers.failover:FailoverLedger --partitions 6``.
 
 Dedup on; the handler's only effect is a staged write (``HINCRBY`` on a ledger under the
 partition's hash tag), applied atomically with the acknowledgement on the partition's

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import streamwork as sw
-from tests.workers import LedgerWorker
+from tests.workers.ledger import LedgerWorker
 
 
 class AsyncProbeWorker(LedgerWorker):

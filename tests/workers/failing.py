@@ -1,5 +1,5 @@
 """Workers of the failure-log tests, also run as ``streamwork run
-tests.workers_logs:Failing`` in child processes.
+tests.workers.failing:Failing`` in child processes.
 
 Every handler fails; the payload's ``raise`` says how: ``type`` (TypeError naming
 ``order``), ``long`` (ValueError of ``n`` characters), ``unprintable`` (an exception whose

@@ -1,5 +1,5 @@
 """Workers whose user code raises what nobody expects, for tests/test_user_code.py (run
-as `streamwork run tests.workers_usercode:NAME`).
+as `streamwork run tests.workers.usercode:NAME`).
 
 Each typed handler records its run in the ``ledger`` hash (HINCRBY <job key> 1, straight
 from the handler, so a job run twice shows 2). A payload with ``n == 0`` makes the
@@ -15,7 +15,7 @@ from typing import Any
 import pydantic
 
 import streamwork as sw
-from tests.workers import ClientWorker
+from tests.workers.ledger import ClientWorker
 
 STREAM = "typed-jobs"
 
