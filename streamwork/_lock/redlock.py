@@ -367,7 +367,8 @@ def fenced_set(client: redis.Redis, key: str, token: int, value: scripts.Arg) ->
     WHERE id = :id AND last_token <= :t`` and checking the row count.
     """
     _check_fenced(key, token)
-    return as_int(scripts.SyncScripts(client).run(scripts.fenced_set(key, token, value))) == LockReply.GRANTED
+    reply = scripts.SyncScripts(client).run(scripts.fenced_set(key, token, value))
+    return as_int(reply) == LockReply.GRANTED
 
 
 async def async_fenced_set(
