@@ -12,7 +12,7 @@ import redis
 
 import streamwork as sw
 from streamwork._ops.stats import compute_rates, discover_streams, sample, stream_stats
-from streamwork._producer.producer import Producer
+from streamwork._producer.shells import Producer
 from streamwork._redis import connection
 from streamwork._wire.keys import StreamKeys, is_dead_letter_stream
 from streamwork.errors import StreamNotFound

@@ -43,7 +43,7 @@ from streamwork._cli.common import (
 )
 from streamwork._ops import stats
 from streamwork._ops.stats import GroupStats, PartitionStats, StreamRates, StreamStats
-from streamwork._producer.producer import Producer
+from streamwork._producer.shells import Producer
 from streamwork._redis import connection
 from streamwork._wire.extensions import to_json
 from streamwork._wire.partitions import partition_of
