@@ -334,10 +334,11 @@ class Core:
             groups = {}
             for i, o in enumerate(job_keys if orders is None else orders):
                 groups.setdefault(names[partition_of(o, count)], []).append(i)
-        whole = len(groups) == 1
-        return [Batch(target, bodies if whole else [bodies[i] for i in at_],
-                      None if whole else at_, maxlen, due,
-                      () if due is None else job_keys if whole else [job_keys[i] for i in at_])
+        if len(groups) == 1:  # one stream: the lists as they are
+            [target] = groups
+            return [Batch(target, bodies, None, maxlen, due, () if due is None else job_keys)]
+        return [Batch(target, [bodies[i] for i in at_], at_, maxlen, due,
+                      () if due is None else [job_keys[i] for i in at_])
                 for target, at_ in groups.items()]
 
 
