@@ -10,8 +10,8 @@ import msgpack
 import pytest
 import redis
 
-from streamwork._producer import jobs
 from streamwork._producer.core import SEND_CHUNK, Core, ids, new_key
+from streamwork._producer.jobs import Jobs
 from streamwork._producer.rounds import (
     Get,
     Groups,
@@ -94,7 +94,7 @@ def test_a_partitioned_send_records_the_count_and_refuses_another() -> None:
     assert result == "1-0"
     assert seen[0] == SetIfMissing(StreamKeys.for_stream("orders").partitions, 2)
     assert isinstance(seen[1], Xadd)
-    assert seen[1].stream == core.target("orders", "k", "acct-1")
+    assert seen[1].stream == core._target("orders", "k", "acct-1")
     assert seen[1].stream in partition_names("orders", 2)
     with pytest.raises(ConfigError, match="split into 3 partitions"):
         drive(send(Core(None, partitions=2), "orders", 1), lambda r: b"3")
@@ -172,7 +172,7 @@ def test_send_many_on_partitions_puts_the_ids_back_in_order() -> None:
     result, _ = drive(send_many(core, "orders", list(range(30)), keys=keys), produce)
     assert [r.split("/")[1] for r in result] == keys
     assert {r.split("/")[0] for r in result} == set(partition_names("orders", 3))
-    assert all(r.split("/")[0] == core.target("orders", k, None)
+    assert all(r.split("/")[0] == core._target("orders", k, None)
                for r, k in zip(result, keys, strict=True))
 
 
@@ -189,17 +189,17 @@ def test_new_key_is_a_uuid4_hex() -> None:
 
 
 def test_cancel_asks_every_partition_and_answers_the_telling_state() -> None:
-    core = Core(None, partitions=3)
+    core = Jobs(None, partitions=3)
     answers = iter([b"unknown", b"running", b"unknown"])
 
     def answer(request: Request) -> Any:
         return [{"name": b"g"}] if isinstance(request, Groups) else next(answers)
 
-    result, seen = drive(jobs.cancel(core, "orders", "k", "g", "", None, 60.0), answer)
+    result, seen = drive(core._cancel_steps("orders", "k", "g", "", None, 60.0), answer)
     assert result == "running" and type(result) is str
     assert [r.call.script for r in seen if isinstance(r, Script)] == ["cancel"] * 3
     with pytest.raises(ConfigError, match="ttl"):
-        drive(jobs.cancel(core, "orders", "k", "g", "", None, 0), lambda r: None)
+        drive(core._cancel_steps("orders", "k", "g", "", None, 0), lambda r: None)
 
 
 def test_status_without_a_group_needs_a_stream() -> None:
@@ -208,11 +208,11 @@ def test_status_without_a_group_needs_a_stream() -> None:
         raise redis.ResponseError("ERR no such key")
 
     with pytest.raises(StreamNotFound):
-        drive(jobs.status(Core(None), "orders", "k", None, None), missing)
+        drive(Jobs(None)._status_steps("orders", "k", None, None), missing)
 
 
 def test_result_pauses_between_looks_and_gives_up_at_its_timeout() -> None:
-    steps = jobs.result(Core(None), "orders", "k", "g", 60.0, None)
+    steps = Jobs(None)._result_steps("orders", "k", "g", 60.0, None)
     assert isinstance(advance(steps, None, None), Get)
     # the group was named, so a missing record makes it look the group up once
     groups = advance(steps, None, None)
@@ -221,5 +221,5 @@ def test_result_pauses_between_looks_and_gives_up_at_its_timeout() -> None:
     assert pause == Sleep(0.005)
     steps.close()
     with pytest.raises(TimeoutError, match="did not finish"):
-        drive(jobs.result(Core(None), "orders", "k", "g", 0, None),
+        drive(Jobs(None)._result_steps("orders", "k", "g", 0, None),
               lambda r: [{"name": b"g"}] if isinstance(r, Groups) else None)

@@ -209,14 +209,14 @@ class Core:
         self.retry_timeout = retry_timeout
         self.partitions = _check_partition_option(partitions)
         self._recorded: set[str] = set()  # partitioned streams whose count was checked
-        self.groups_seen: set[tuple[str, str]] = set()  # (stream, group) found to exist
+        self._groups_seen: set[tuple[str, str]] = set()  # (stream, group) found to exist
 
     def partitions_of(self, stream: str) -> int:
         """How many partitions ``stream`` is split into (the ``partitions`` option)."""
         p = self.partitions
         return p if isinstance(p, int) else p.get(stream, 1)
 
-    def target(self, stream: str, key: str, order_key: str | None) -> str:
+    def _target(self, stream: str, key: str, order_key: str | None) -> str:
         """The stream (partition) a job with this key and order key goes to."""
         count = self.partitions_of(stream)
         if count == 1:
@@ -224,11 +224,11 @@ class Core:
         names = partition_names(stream, count)
         return names[partition_of(key if order_key is None else order_key, count)]
 
-    def streams(self, stream: str) -> tuple[str, ...]:
+    def _streams(self, stream: str) -> tuple[str, ...]:
         """Every partition of ``stream`` (just ``stream`` when it is not partitioned)."""
         return partition_names(stream, self.partitions_of(stream))
 
-    def io(self, what: str, request: Command) -> Steps[Any]:
+    def _io(self, what: str, request: Command) -> Steps[Any]:
         """One round trip, retried while Redis is unreachable (``what`` names it then)."""
         return attempt(request, what, self.url, self.retry_timeout)
 
@@ -241,9 +241,9 @@ class Core:
         count = self.partitions_of(stream)
         key = keys_of(stream).partitions
         if count == 1:
-            reply = yield from self.io(f"check the partitions of {stream!r}", Get(key))
+            reply = yield from self._io(f"check the partitions of {stream!r}", Get(key))
         else:
-            reply = yield from self.io(f"record the partitions of {stream!r}",
+            reply = yield from self._io(f"record the partitions of {stream!r}",
                                        SetIfMissing(key, count))
         check_recorded(stream, reply, count, "producer")
         if len(self._recorded) >= 10_000:  # a producer of very many streams: check again
@@ -259,7 +259,7 @@ class Core:
             single = self._plan_send(stream, payload, key, headers, delay, at, timeout,
                                      maxlen, order_key)
             yield from self._check_recorded(stream)
-            reply = yield from self.io(f"send to {stream!r}", single.request)
+            reply = yield from self._io(f"send to {stream!r}", single.request)
             result = single.key if single.key is not None else ids([reply])[0]
         telemetry.count("produced", 1, stream)
         return result
@@ -275,7 +275,7 @@ class Core:
         job_key = new_key() if key is None else key
         if order_key is not None and check_order_key(order_key) != job_key:
             hdrs[ORDER_KEY_HEADER] = order_key
-        target = self.target(stream, job_key, order_key)
+        target = self._target(stream, job_key, order_key)
         body = pack_body(job_key, to_plain(payload, self.codec), hdrs, int(time.time() * 1000),
                          self.max_payload_bytes, time_limit_ms(timeout), self.codec)
         if due is not None:
@@ -299,7 +299,7 @@ class Core:
         for batch in batches:
             got: list[str] = []
             for chunk in _chunks(batch):
-                reply = yield from self.io(what, Script(chunk.call))
+                reply = yield from self._io(what, Script(chunk.call))
                 got += list(chunk.keys) if chunk.keys else ids(reply)
                 telemetry.count("produced", chunk.count, stream)
             results.append(got)

@@ -17,9 +17,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
-from streamwork._producer import jobs
-from streamwork._producer.core import Core
-from streamwork._producer.jobs import CANCEL_TTL
+from streamwork._producer.jobs import CANCEL_TTL, Jobs
 from streamwork._producer.rounds import Result, Sleep, Steps, advance
 from streamwork._redis import connection, scripts
 from streamwork._wire.codec import Payload
@@ -30,7 +28,7 @@ __all__ = ["AsyncProducer", "Producer"]
 T = TypeVar("T")
 
 
-class Producer(Core):
+class Producer(Jobs):
     """Enqueue jobs from synchronous code; one instance is safe to share between threads."""
 
     def __init__(self, client: Any, **options: Any) -> None:
@@ -106,7 +104,7 @@ class Producer(Core):
         then, unless ``order_key`` was given, in the others. A ``group`` the stream does
         not have (while it has others) raises `GroupNotFound`, checked when no record is
         found."""
-        return self._run(jobs.status(self, stream, key, group, order_key))
+        return self._run(self._status_steps(stream, key, group, order_key))
 
     def cancel(self, stream: str, key: str, *, group: str | None = None, reason: str = "",
                order_key: str | None = None, ttl: float = CANCEL_TTL) -> str:
@@ -123,7 +121,7 @@ class Producer(Core):
         whose workers run with ``dedup`` off answers "ignored" (nothing can be done). A
         ``group`` the stream does not have (while it has others) raises `GroupNotFound` and
         cancels nothing."""
-        return self._run(jobs.cancel(self, stream, key, group, reason, order_key, ttl))
+        return self._run(self._cancel_steps(stream, key, group, reason, order_key, ttl))
 
     def result(self, stream: str, key: str, *, group: str | None = None,
                timeout: float | None = 30.0, order_key: str | None = None) -> Any:
@@ -134,7 +132,7 @@ class Producer(Core):
         `GroupNotFound` as `status` does, and `DecodeError` (``result:invalid``) if the
         producer's codec fails to decode the result. Looks
         at the record with a growing pause (5 ms up to 0.5 s), not in a busy loop."""
-        return self._run(jobs.result(self, stream, key, group, timeout, order_key))
+        return self._run(self._result_steps(stream, key, group, timeout, order_key))
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -165,7 +163,7 @@ class Producer(Core):
         return step.value
 
 
-class AsyncProducer(Core):
+class AsyncProducer(Jobs):
     """Enqueue jobs from asyncio code (FastAPI, aiohttp, ...); use ``async with``."""
 
     def __init__(self, client: Any, **options: Any) -> None:
@@ -215,18 +213,18 @@ class AsyncProducer(Core):
     async def status(self, stream: str, key: str, *, group: str | None = None,
                      order_key: str | None = None) -> JobStatus:
         """As `Producer.status`, awaiting."""
-        return await self._run(jobs.status(self, stream, key, group, order_key))
+        return await self._run(self._status_steps(stream, key, group, order_key))
 
     async def cancel(self, stream: str, key: str, *, group: str | None = None,
                      reason: str = "", order_key: str | None = None,
                      ttl: float = CANCEL_TTL) -> str:
         """As `Producer.cancel`, awaiting."""
-        return await self._run(jobs.cancel(self, stream, key, group, reason, order_key, ttl))
+        return await self._run(self._cancel_steps(stream, key, group, reason, order_key, ttl))
 
     async def result(self, stream: str, key: str, *, group: str | None = None,
                      timeout: float | None = 30.0, order_key: str | None = None) -> Any:
         """As `Producer.result`, awaiting (other tasks run while it waits)."""
-        return await self._run(jobs.result(self, stream, key, group, timeout, order_key))
+        return await self._run(self._result_steps(stream, key, group, timeout, order_key))
 
     async def aclose(self) -> None:
         """Close the connection pool."""
