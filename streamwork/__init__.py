@@ -39,7 +39,7 @@ if TYPE_CHECKING:
         async_fenced_set,
         fenced_set,
     )
-    from streamwork._producer.producer import AsyncProducer, Producer
+    from streamwork._producer.shells import AsyncProducer, Producer
     from streamwork._wire.extensions import Codec
     from streamwork._wire.message import Message
     from streamwork._wire.records import JobStatus
@@ -54,8 +54,8 @@ _LAZY = {
     "AsyncHeldLock": "_lock.redlock", "AsyncRedlock": "_lock.redlock",
     "HeldLock": "_lock.redlock", "Redlock": "_lock.redlock",
     "async_fenced_set": "_lock.redlock", "fenced_set": "_lock.redlock",
-    "Message": "_wire.message", "AsyncProducer": "_producer.producer",
-    "Producer": "_producer.producer", "Health": "_worker.worker",
+    "Message": "_wire.message", "AsyncProducer": "_producer.shells",
+    "Producer": "_producer.shells", "Health": "_worker.worker",
     "StreamWorker": "_worker.worker", "JobStatus": "_wire.records",
     "Cron": "_wire.schedules", "Every": "_wire.schedules", "worker": "_worker.function",
     "Codec": "_wire.extensions",

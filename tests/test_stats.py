@@ -13,7 +13,7 @@ import redis
 import streamwork as sw
 from streamwork._ops.rates import compute_rates
 from streamwork._ops.stats import discover_streams, sample, stream_stats
-from streamwork._producer.producer import Producer
+from streamwork._producer.shells import Producer
 from streamwork._redis import connection
 from streamwork._wire.keys import StreamKeys, is_dead_letter_stream
 from streamwork.errors import StreamNotFound

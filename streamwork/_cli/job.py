@@ -18,7 +18,7 @@ from streamwork._cli.common import (
     partition_streams,
 )
 from streamwork._cli.views import redis_errors
-from streamwork._producer.producer import Producer
+from streamwork._producer.shells import Producer
 from streamwork._redis import connection
 from streamwork._wire.extensions import to_json
 from streamwork._wire.partitions import partition_of

@@ -29,7 +29,8 @@ from streamwork._cli.common import detect_partitions, fail, partitions_option, u
 from streamwork._hosting import processes as processes_mod
 from streamwork._hosting.health import DEFAULT_HEALTH_HOST
 from streamwork._hosting.multi import serve_all
-from streamwork._producer.producer import Producer, new_key
+from streamwork._producer.core import new_key
+from streamwork._producer.shells import Producer
 from streamwork._redis import connection
 from streamwork._telemetry import logs
 from streamwork._telemetry import sdk as otel

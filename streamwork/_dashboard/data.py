@@ -21,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from streamwork._ops import deadletter, partitioned, stats
 from streamwork._ops.stats import StreamStats
-from streamwork._producer.producer import Producer
+from streamwork._producer.shells import Producer
 from streamwork._wire.partitions import partition_names
 from streamwork._wire.records import JobStatus
 from streamwork.errors import ConfigError, StreamworkError

@@ -12,6 +12,36 @@ import enum
 # ---- the producer's scripts (produce, cancel, replay) ---------------------------------
 
 
+class ProduceReply(enum.IntEnum):
+    """Where produce.lua's short reply ``{first id, count}`` holds its parts. It answers
+    so when its ids share one millisecond and run on consecutively (the usual case), else
+    with every id; an integer in the second place tells the short form apart."""
+
+    FIRST_ID = 0
+    COUNT = 1
+
+
+class CancelAnswer(enum.Enum):
+    """What cancel.lua answers: the state the job was in (``CANCEL_EFFECTS`` says what
+    the cancel did in each)."""
+
+    UNKNOWN = "unknown"  #: no record: queued in Redis, delayed or never sent
+    QUEUED = "queued"  #: read ahead by a worker, not started
+    WAITING = "waiting"  #: a retry is due
+    DEAD = "dead"
+    RUNNING = "running"
+    DONE = "done"
+    CANCELLED = "cancelled"
+    IGNORED = "ignored"  #: the group keeps no job records (dedup off): nothing was done
+
+
+class ReplayReply(enum.IntEnum):
+    """Where replay.lua's reply ``{replayed, skipped}`` holds its two counts."""
+
+    REPLAYED = 0
+    SKIPPED = 1
+
+
 # ---- the lock's scripts (redlock_*) ----------------------------------------------------
 
 

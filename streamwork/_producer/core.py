@@ -1,0 +1,376 @@
+"""Sending, without I/O: the producer's options, and `send` / `send_many` as steps
+(generators yielding the round trips they need, see `rounds`) that check and encode the
+jobs, choose each one's partition, and read the replies. The shells in `shells` perform
+the round trips.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from streamwork._producer.rounds import Command, Get, Script, SetIfMissing, Steps, Xadd, attempt
+from streamwork._redis import scripts
+from streamwork._redis.replies import ProduceReply
+from streamwork._telemetry import api as telemetry
+from streamwork._wire.codec import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    Payload,
+    check_headers,
+    pack_bodies,
+    pack_body,
+    time_limit_ms,
+)
+from streamwork._wire.extensions import Codec, check_codec
+from streamwork._wire.keys import StreamKeys
+from streamwork._wire.partitions import (
+    ORDER_KEY_HEADER,
+    check_order_key,
+    check_partitions,
+    check_recorded,
+    partition_names,
+    partition_of,
+)
+from streamwork._wire.payloads import PLAIN, to_plain
+from streamwork.errors import ConfigError
+
+DEFAULT_RETRY_TIMEOUT: Final = 10.0  #: seconds a send keeps retrying while Redis is unreachable
+#: most jobs one produce.lua call adds (send_many): one atomic call stays well under 2 ms of
+#: Redis time (about 1 us per XADD inside Lua); or this many bytes of bodies
+SEND_CHUNK: Final = 1000
+SEND_CHUNK_BYTES: Final = 4 * 1024 * 1024
+
+
+@functools.lru_cache(maxsize=1024)
+def keys_of(stream: str) -> StreamKeys:
+    """The keys of ``stream`` (checking its name), cached: a producer sends to few streams."""
+    return StreamKeys.for_stream(stream)
+
+
+def new_key() -> str:
+    """A random uuid4 as 32 hex digits (what ``uuid.uuid4().hex`` gives, without building
+    a UUID object: this runs once per job)."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
+    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
+    return raw.hex()
+
+
+def _headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """The caller's headers, checked, plus the current trace context (once per send or
+    batch: every job of a batch carries the same context)."""
+    hdrs = check_headers(headers)
+    telemetry.inject(hdrs)
+    return hdrs
+
+
+def _due(delay: float | None, at: dt.datetime | None) -> tuple[str, str] | None:
+    """Args for schedule.lua: (relative delay ms, absolute ms), or None when not delayed."""
+    if delay is not None and at is not None:
+        raise ConfigError("delay", "give either delay= or at=, not both")
+    if delay is not None:
+        if (not isinstance(delay, (int, float)) or isinstance(delay, bool)
+                or not math.isfinite(delay) or delay < 0):
+            raise ConfigError("delay", f"must be a finite number of seconds >= 0, got {delay!r}")
+        return (str(round(delay * 1000)), "")
+    if at is not None:
+        if not isinstance(at, dt.datetime) or at.tzinfo is None:
+            raise ConfigError("at", "must be a timezone-aware datetime, e.g. with tz=UTC")
+        return ("", str(round(at.timestamp() * 1000)))
+    return None
+
+
+def _member(body: bytes) -> bytes:
+    """The delayed ZSET member of a job: a random prefix keeps equal bodies apart."""
+    return b"0:" + new_key().encode() + b":" + body
+
+
+def _check_maxlen(maxlen: object) -> None:
+    if maxlen is not None and (not isinstance(maxlen, int) or isinstance(maxlen, bool)
+                               or maxlen < 1):
+        raise ConfigError("maxlen", f"must be None or an int >= 1 (entries kept, about), "
+                                    f"got {maxlen!r}")
+
+
+def _check_keys(payloads: Sequence[Payload], keys: Sequence[str] | None) -> list[str | None]:
+    if keys is None:
+        return [None] * len(payloads)
+    if len(keys) != len(payloads):
+        raise ConfigError("keys", f"has {len(keys)} keys for {len(payloads)} payloads")
+    return list(keys)
+
+
+def _check_options(max_payload_bytes: int, retry_timeout: float) -> None:
+    if not isinstance(max_payload_bytes, int) or max_payload_bytes < 64:
+        raise ConfigError("max_payload_bytes", f"must be an int >= 64, got {max_payload_bytes!r}")
+    if not isinstance(retry_timeout, (int, float)) or retry_timeout < 0:
+        raise ConfigError("retry_timeout", f"must be seconds >= 0, got {retry_timeout!r}")
+
+
+def _check_partition_option(value: object) -> int | Mapping[str, int]:
+    """``partitions``: an int for every stream, or a mapping stream -> count (others: 1)."""
+    if isinstance(value, Mapping):
+        for stream, count in value.items():
+            check_partitions(count)
+            partition_names(stream, count)  # checks the name suits partitioning
+        return dict(value)
+    return check_partitions(value)
+
+
+def _check_order_keys(order_keys: Sequence[str] | None,
+                      keys: list[str]) -> list[str] | None:
+    """send_many's ``order_keys``, checked; None when not given."""
+    if order_keys is None:
+        return None
+    if len(order_keys) != len(keys):
+        raise ConfigError("order_keys", f"has {len(order_keys)} order keys for {len(keys)} jobs")
+    return [check_order_key(o) for o in order_keys]
+
+
+def ids(raw: Iterable[Any]) -> list[str]:
+    """The entry ids in an XADD or produce.lua reply, as str."""
+    got = list(raw)
+    if len(got) == len(ProduceReply) and type(got[ProduceReply.COUNT]) is int:
+        return _consecutive(got[ProduceReply.FIRST_ID], got[ProduceReply.COUNT])
+    if got and type(got[0]) is bytes:  # one reply: all bytes, or all str
+        # one join, decode and split for a batch (ids are ASCII, never hold a space)
+        return b" ".join(got).decode().split(" ")
+    return [r.decode() if isinstance(r, bytes) else str(r) for r in got]
+
+
+def _consecutive(first: bytes | str, count: int) -> list[str]:
+    """The ``count`` ids from ``first`` on, in one millisecond with consecutive sequence
+    numbers: what produce.lua's XADDs made (a script's clock stands still)."""
+    ms, seq = (first.decode() if isinstance(first, bytes) else first).split("-")
+    start = int(seq)
+    return [f"{ms}-{n}" for n in range(start, start + count)]
+
+
+@dataclass(frozen=True, slots=True)
+class Single:
+    """A send's one round trip (an XADD, or schedule.lua when delayed) and, when delayed,
+    the key it returns (its entry id is assigned only when it falls due)."""
+
+    request: Xadd | Script
+    key: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """The jobs of a send_many going to one stream (partition): their encoded bodies, their
+    places in the caller's list (None: all of them, in order), and for delayed jobs
+    schedule.lua's timing args and the keys returned."""
+
+    stream: str
+    bodies: Sequence[bytes]
+    positions: list[int] | None
+    maxlen: int | None
+    due: tuple[str, str] | None
+    keys: Sequence[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One atomic script call of a batch: ``count`` jobs; ``keys`` is what it returns when
+    the jobs are delayed (empty: their ids, from the reply)."""
+
+    call: scripts.Call
+    count: int
+    keys: Sequence[str]
+
+
+class Core:
+    """What the sync and async producers share: the options, the state learned from Redis,
+    and the steps of sending."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        url: str = "",
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
+        partitions: int | Mapping[str, int] = 1,
+        codec: Codec | None = None,
+    ) -> None:
+        _check_options(max_payload_bytes, retry_timeout)
+        #: the producer's own ext types (payloads it sends, results it reads); None: the
+        #: built-in ones only (Decimal, UUID, date, aware datetime)
+        self.codec = check_codec(codec)
+        self._redis = client
+        self.url = url
+        self.max_payload_bytes = max_payload_bytes
+        self.retry_timeout = retry_timeout
+        self.partitions = _check_partition_option(partitions)
+        self._recorded: set[str] = set()  # partitioned streams whose count was checked
+        self._groups_seen: set[tuple[str, str]] = set()  # (stream, group) found to exist
+
+    def partitions_of(self, stream: str) -> int:
+        """How many partitions ``stream`` is split into (the ``partitions`` option)."""
+        p = self.partitions
+        return p if isinstance(p, int) else p.get(stream, 1)
+
+    def _target(self, stream: str, key: str, order_key: str | None) -> str:
+        """The stream (partition) a job with this key and order key goes to."""
+        count = self.partitions_of(stream)
+        if count == 1:
+            return stream
+        names = partition_names(stream, count)
+        return names[partition_of(key if order_key is None else order_key, count)]
+
+    def _streams(self, stream: str) -> tuple[str, ...]:
+        """Every partition of ``stream`` (just ``stream`` when it is not partitioned)."""
+        return partition_names(stream, self.partitions_of(stream))
+
+    def _io(self, what: str, request: Command) -> Steps[Any]:
+        """One round trip, retried while Redis is unreachable (``what`` names it then)."""
+        return attempt(request, what, self.url, self.retry_timeout)
+
+    def _check_recorded(self, stream: str) -> Steps[None]:
+        """A stream's first send from this producer: a partitioned stream records its
+        partition count (or finds it recorded), an unpartitioned one checks none is
+        recorded; a different count is refused. Nothing when already checked."""
+        if stream in self._recorded:
+            return
+        count = self.partitions_of(stream)
+        key = keys_of(stream).partitions
+        if count == 1:
+            reply = yield from self._io(f"check the partitions of {stream!r}", Get(key))
+        else:
+            reply = yield from self._io(f"record the partitions of {stream!r}",
+                                       SetIfMissing(key, count))
+        check_recorded(stream, reply, count, "producer")
+        if len(self._recorded) >= 10_000:  # a producer of very many streams: check again
+            self._recorded.clear()
+        self._recorded.add(stream)
+
+    def _send_steps(self, stream: str, payload: Payload, key: str | None,
+                    headers: Mapping[str, str] | None, delay: float | None,
+                    at: dt.datetime | None, timeout: float | None, maxlen: int | None,
+                    order_key: str | None) -> Steps[str]:
+        """`send`: one job, its entry id (its key when delayed)."""
+        with telemetry.producer_span(stream):
+            single = self._plan_send(stream, payload, key, headers, delay, at, timeout,
+                                     maxlen, order_key)
+            yield from self._check_recorded(stream)
+            reply = yield from self._io(f"send to {stream!r}", single.request)
+            result = single.key if single.key is not None else ids([reply])[0]
+        telemetry.count("produced", 1, stream)
+        return result
+
+    def _plan_send(self, stream: str, payload: Payload, key: str | None,
+                   headers: Mapping[str, str] | None, delay: float | None,
+                   at: dt.datetime | None, timeout: float | None,
+                   maxlen: int | None, order_key: str | None) -> Single:
+        keys_of(stream)
+        due = _due(delay, at)
+        _check_maxlen(maxlen)
+        hdrs = _headers(headers)
+        job_key = new_key() if key is None else key
+        if order_key is not None and check_order_key(order_key) != job_key:
+            hdrs[ORDER_KEY_HEADER] = order_key
+        target = self._target(stream, job_key, order_key)
+        body = pack_body(job_key, to_plain(payload, self.codec), hdrs, int(time.time() * 1000),
+                         self.max_payload_bytes, time_limit_ms(timeout), self.codec)
+        if due is not None:
+            return Single(Script(scripts.schedule(keys_of(target), *due, [_member(body)])),
+                          job_key)
+        return Single(Xadd(target, body, maxlen), None)
+
+    def _send_many_steps(self, stream: str, payloads: Sequence[Payload],
+                         keys: Sequence[str] | None, headers: Mapping[str, str] | None,
+                         timeout: float | None, delay: float | None, at: dt.datetime | None,
+                         maxlen: int | None, order_keys: Sequence[str] | None
+                         ) -> Steps[list[str]]:
+        """`send_many`: each partition's jobs in chunks, one atomic script call each; the
+        ids (keys when delayed) in the order the jobs were given."""
+        with telemetry.producer_span(stream, len(payloads)):
+            batches = self._plan_send_many(stream, payloads, keys, headers, timeout, delay,
+                                           at, maxlen, order_keys)
+        yield from self._check_recorded(stream)
+        what = f"send_many to {stream!r}"
+        results = []
+        for batch in batches:
+            got: list[str] = []
+            for chunk in _chunks(batch):
+                reply = yield from self._io(what, Script(chunk.call))
+                got += list(chunk.keys) if chunk.keys else ids(reply)
+                telemetry.count("produced", chunk.count, stream)
+            results.append(got)
+        return _place(batches, results, len(payloads))
+
+    def _plan_send_many(self, stream: str, payloads: Sequence[Payload],
+                        keys: Sequence[str] | None, headers: Mapping[str, str] | None,
+                        timeout: float | None, delay: float | None, at: dt.datetime | None,
+                        maxlen: int | None, order_keys: Sequence[str] | None) -> list[Batch]:
+        """One batch per partition the jobs go to (one for an unpartitioned stream)."""
+        keys_of(stream)
+        due = _due(delay, at)
+        _check_maxlen(maxlen)
+        hdrs, now_ms = _headers(headers), int(time.time() * 1000)
+        limit_ms = time_limit_ms(timeout)
+        job_keys = [new_key() if k is None else k for k in _check_keys(payloads, keys)]
+        orders = _check_order_keys(order_keys, job_keys)
+        if not all(type(p) in PLAIN for p in payloads):  # instances of typed payloads
+            payloads = [to_plain(p, self.codec) for p in payloads]
+        count = self.partitions_of(stream)
+        if orders is None:
+            bodies = pack_bodies(job_keys, payloads, hdrs, now_ms, self.max_payload_bytes,
+                                 limit_ms, self.codec)
+        else:  # a job whose order key is not its key carries it in a header
+            bodies = [pack_bodies([k], [p], hdrs if o == k else {**hdrs, ORDER_KEY_HEADER: o},
+                                  now_ms, self.max_payload_bytes, limit_ms, self.codec)[0]
+                      for k, p, o in zip(job_keys, payloads, orders, strict=True)]
+        if count == 1:
+            groups: dict[str, list[int]] = {stream: list(range(len(bodies)))}
+        else:
+            names = partition_names(stream, count)
+            groups = {}
+            for i, o in enumerate(job_keys if orders is None else orders):
+                groups.setdefault(names[partition_of(o, count)], []).append(i)
+        if len(groups) == 1:  # one stream: the lists as they are
+            [target] = groups
+            return [Batch(target, bodies, None, maxlen, due, () if due is None else job_keys)]
+        return [Batch(target, [bodies[i] for i in at_], at_, maxlen, due,
+                      () if due is None else [job_keys[i] for i in at_])
+                for target, at_ in groups.items()]
+
+
+def _chunks(batch: Batch) -> list[Chunk]:
+    """``batch``'s bodies as script calls of at most SEND_CHUNK jobs (or about
+    SEND_CHUNK_BYTES): each one atomic, and short enough not to hold Redis up."""
+    keys, bodies = keys_of(batch.stream), batch.bodies
+    if sum(map(len, bodies)) < SEND_CHUNK_BYTES:  # the usual case: cut by count alone
+        bounds = [(i, min(i + SEND_CHUNK, len(bodies)))
+                  for i in range(0, len(bodies), SEND_CHUNK)]
+    else:
+        bounds, start, size = [], 0, 0
+        for i, body in enumerate(bodies):
+            size += len(body)
+            if i + 1 - start >= SEND_CHUNK or size >= SEND_CHUNK_BYTES or i + 1 == len(bodies):
+                bounds.append((start, i + 1))
+                start, size = i + 1, 0
+    if batch.due is not None:
+        return [Chunk(scripts.schedule(keys, *batch.due, [_member(b) for b in bodies[start:end]]),
+                      end - start, batch.keys[start:end])
+                for start, end in bounds]
+    return [Chunk(scripts.produce(keys, bodies[start:end], batch.maxlen), end - start, ())
+            for start, end in bounds]
+
+
+def _place(batches: list[Batch], results: list[list[str]], n: int) -> list[str]:
+    """The ids (or keys) of each batch's jobs put back in the order the jobs were given."""
+    if len(batches) == 1:
+        return results[0]
+    out = [""] * n
+    for batch, got in zip(batches, results, strict=True):
+        assert batch.positions is not None
+        for i, value in zip(batch.positions, got, strict=True):
+            out[i] = value
+    return out

@@ -1,0 +1,131 @@
+"""The round trips the producer's steps ask for, and how the steps are driven.
+
+The steps (`core`, `jobs`) are generators that do no I/O: each yields a request, receives
+its reply (or has its error thrown in) and finally returns what the public method returns.
+The shells (`shells`) perform the requests, the sync one blocking, the async one awaiting.
+A transport failure is retried here, once for both shells (`attempt`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeAlias, TypeVar
+
+from streamwork._redis import connection, scripts
+from streamwork._redis.faults import is_transient
+from streamwork._wire.codec import BODY_FIELD
+from streamwork.errors import RedisUnavailable
+
+T = TypeVar("T")
+
+
+# Each command's ``issue`` makes its call on a redis-py client (and its script registry):
+# the reply from a sync client, an awaitable of it from an asyncio one.
+
+
+@dataclass(frozen=True, slots=True)
+class Xadd:
+    """XADD one encoded job; ``maxlen``: trim the stream to about that many entries."""
+
+    stream: str
+    body: bytes
+    maxlen: int | None
+
+    def issue(self, client: Any, runner: Any) -> Any:
+        return client.xadd(self.stream, {BODY_FIELD: self.body}, maxlen=self.maxlen,
+                           approximate=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """One script call (produce, schedule, cancel)."""
+
+    call: scripts.Call
+
+    def issue(self, client: Any, runner: Any) -> Any:
+        return runner.run(self.call)
+
+
+@dataclass(frozen=True, slots=True)
+class Get:
+    """GET one key (a job record, or a stream's recorded partition count)."""
+
+    key: str
+
+    def issue(self, client: Any, runner: Any) -> Any:
+        return client.get(self.key)
+
+
+@dataclass(frozen=True, slots=True)
+class SetIfMissing:
+    """SET NX GET: store ``value`` unless the key exists; the reply is what was there."""
+
+    key: str
+    value: int
+
+    def issue(self, client: Any, runner: Any) -> Any:
+        return client.set(self.key, self.value, nx=True, get=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Groups:
+    """XINFO GROUPS of one stream (a missing stream is a ResponseError)."""
+
+    stream: str
+
+    def issue(self, client: Any, runner: Any) -> Any:
+        return client.xinfo_groups(self.stream)
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """Wait ``seconds`` (a retry's backoff, or `result`'s pause); the reply is None."""
+
+    seconds: float
+
+
+Command: TypeAlias = "Xadd | Script | Get | SetIfMissing | Groups"
+Request: TypeAlias = "Command | Sleep"
+Steps: TypeAlias = Generator[Request, Any, T]
+
+
+@dataclass(frozen=True, slots=True)
+class Result(Generic[T]):
+    """What the steps returned: the public method's result."""
+
+    value: T
+
+
+def advance(steps: Steps[T], reply: Any, error: BaseException | None) -> Request | Result[T]:
+    """Feed the steps the outcome of their last request (``error`` is thrown in); get their
+    next request or their result."""
+    try:
+        if error is not None:
+            return steps.throw(error)
+        return steps.send(reply)
+    except StopIteration as stop:
+        return Result(stop.value)
+
+
+def attempt(request: Command, what: str, url: str, retry_timeout: float) -> Steps[Any]:
+    """The reply to ``request``, retried while its errors are transient: at once, then
+    after a backoff (50 ms doubling to 2 s, jittered), until ``retry_timeout`` seconds have
+    passed since the retries began; then RedisUnavailable (``what`` says what failed)."""
+    try:
+        return (yield request)  # the usual case: no retry state built at all
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+    started, failures = time.monotonic(), 0
+    while True:
+        try:
+            return (yield request)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            failures += 1
+            if time.monotonic() - started >= retry_timeout:
+                raise RedisUnavailable(what, url, exc) from exc
+        yield Sleep(connection.reconnect_delay(failures))

@@ -1,0 +1,255 @@
+"""Producer (sync, thread-safe) and AsyncProducer: enqueue jobs onto a stream.
+
+Both are thin I/O shells over steps that do no I/O (`core` for sending, `jobs` for a
+job's status, cancel and result): each public method runs its steps with the shell's one
+`_run`, which performs the round trips they yield, the sync one blocking, the async one
+awaiting. A transport failure is retried with backoff for ``retry_timeout`` seconds, then
+raised as RedisUnavailable. A send retried after a lost reply may enqueue the job twice:
+give jobs a ``key`` and run the worker with ``dedup`` to make that harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+from streamwork._producer.jobs import CANCEL_TTL, Jobs
+from streamwork._producer.rounds import Result, Sleep, Steps, advance
+from streamwork._redis import connection, scripts
+from streamwork._wire.codec import Payload
+from streamwork._wire.records import JobStatus
+
+__all__ = ["AsyncProducer", "Producer"]
+
+T = TypeVar("T")
+
+
+class Producer(Jobs):
+    """Enqueue jobs from synchronous code; one instance is safe to share between threads."""
+
+    def __init__(self, client: Any, **options: Any) -> None:
+        super().__init__(client, **options)
+        self._scripts = scripts.SyncScripts(client)
+
+    @classmethod
+    def from_url(cls, url: str | None = None, **options: Any) -> Producer:
+        """A producer for ``url`` (default ``$REDIS_URL``, else redis://127.0.0.1:6379/0);
+        ``options``: ``max_payload_bytes``, ``retry_timeout``, ``partitions`` and ``codec``
+        (a `Codec`: your own types in the payloads it sends and the results it reads)."""
+        resolved = connection.resolve_url(url)
+        return cls(connection.sync_client(resolved), url=resolved, **options)
+
+    def send(
+        self,
+        stream: str,
+        payload: Payload,
+        *,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        delay: float | None = None,
+        at: dt.datetime | None = None,
+        timeout: float | None = None,
+        maxlen: int | None = None,
+        order_key: str | None = None,
+    ) -> str:
+        """Enqueue one job and return its stream entry id.
+
+        ``key`` is the job's identity for dedup (default: a new uuid4 hex). With ``delay``
+        (seconds) or ``at`` (aware datetime) the job waits in ``{S}:delayed`` and the
+        return value is its key, since its entry id is only assigned when it falls due.
+        ``timeout`` (seconds) is this job's time limit, overriding the worker's ``timeout``.
+        ``maxlen`` caps the stream near that many entries (``XADD MAXLEN ~``): entries
+        trimmed before every group read them are lost, so prefer the workers'
+        ``retention``, which trims only what all groups acknowledged. ``order_key`` picks
+        the partition of a partitioned stream and orders the job among those sharing it
+        in ``ordered`` mode (default: ``key``); send a key always with the same one.
+        """
+        return self._run(self._send_steps(stream, payload, key, headers, delay, at, timeout,
+                                            maxlen, order_key))
+
+    def send_many(
+        self,
+        stream: str,
+        payloads: Sequence[Payload],
+        keys: Sequence[str] | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        delay: float | None = None,
+        at: dt.datetime | None = None,
+        maxlen: int | None = None,
+        order_keys: Sequence[str] | None = None,
+    ) -> list[str]:
+        """Enqueue many jobs; returns their entry ids in order. Each chunk of up to
+        SEND_CHUNK (1000) jobs is ONE script call that adds all of them or none (a pipeline
+        could fail half way); a longer list is sent chunk after chunk, so a failure there
+        leaves the chunks before it enqueued (their ids are lost with the exception).
+        ``delay``/``at`` delay them all (one script call per chunk too) and return their
+        keys instead of ids; ``maxlen`` and ``order_keys`` (one per job) as for `send`.
+        On a partitioned stream each partition's jobs are sent as above, partition after
+        partition: atomic per partition, in order within each."""
+        return self._run(self._send_many_steps(stream, payloads, keys, headers, timeout,
+                                                 delay, at, maxlen, order_keys))
+
+    def status(self, stream: str, key: str, *, group: str | None = None,
+               order_key: str | None = None) -> JobStatus:
+        """What ``group`` knows of job ``key`` (one GET of its job record). ``group`` may be
+        left out when the stream has exactly one consumer group. With dedup off no record
+        is written and the state is always "unknown". On a partitioned stream the record
+        is looked for in the key's partition (by ``order_key``, default the key) first,
+        then, unless ``order_key`` was given, in the others. A ``group`` the stream does
+        not have (while it has others) raises `GroupNotFound`, checked when no record is
+        found."""
+        return self._run(self._status_steps(stream, key, group, order_key))
+
+    def cancel(self, stream: str, key: str, *, group: str | None = None, reason: str = "",
+               order_key: str | None = None, ttl: float = CANCEL_TTL) -> str:
+        """Cancel job ``key`` for ``group`` (left out: the stream's only group) and return
+        the state it was in, which says what the cancel did (``CANCEL_EFFECTS``): a job
+        whose handler has not started ("unknown": still in the stream, delayed or not sent
+        yet; "queued": read ahead by a worker; "waiting": for a retry) will not run: its
+        deliveries are acknowledged without running and its status says "cancelled"; a
+        "running" one sees ``msg.cancelled`` at its worker's next heartbeat (and is
+        cancelled there with ``cancel_running``) and ends cancelled whatever its handler
+        does next (no retry; staged writes dropped), even if its worker dies; a "done" job
+        is left alone. The cancellation is kept ``ttl`` seconds (default 7 days): a copy
+        of the key arriving later is cancelled too. It lives in the job record, so a group
+        whose workers run with ``dedup`` off answers "ignored" (nothing can be done). A
+        ``group`` the stream does not have (while it has others) raises `GroupNotFound` and
+        cancels nothing."""
+        return self._run(self._cancel_steps(stream, key, group, reason, order_key, ttl))
+
+    def result(self, stream: str, key: str, *, group: str | None = None,
+               timeout: float | None = 30.0, order_key: str | None = None) -> Any:
+        """Wait until ``group`` has finished job ``key`` and return what ``handle()``
+        returned (None if it returned nothing, or the result was too large to keep:
+        `status` says why). Raises `JobFailed` if the job is dead, `TimeoutError`
+        if it is not finished within ``timeout`` seconds (None: wait for ever) and
+        `GroupNotFound` as `status` does, and `DecodeError` (``result:invalid``) if the
+        producer's codec fails to decode the result. Looks
+        at the record with a growing pause (5 ms up to 0.5 s), not in a busy loop."""
+        return self._run(self._result_steps(stream, key, group, timeout, order_key))
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._redis.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _run(self, steps: Steps[T]) -> T:
+        """Perform the round trips ``steps`` yields, blocking; return what they return."""
+        step = advance(steps, None, None)
+        while not isinstance(step, Result):
+            reply: Any = None
+            error: BaseException | None = None
+            try:
+                if isinstance(step, Sleep):
+                    time.sleep(step.seconds)
+                else:
+                    reply = step.issue(self._redis, self._scripts)
+            except BaseException as exc:
+                error = exc
+            step = advance(steps, reply, error)
+        return step.value
+
+
+class AsyncProducer(Jobs):
+    """Enqueue jobs from asyncio code (FastAPI, aiohttp, ...); use ``async with``."""
+
+    def __init__(self, client: Any, **options: Any) -> None:
+        super().__init__(client, **options)
+        self._scripts = scripts.AsyncScripts(client)
+
+    @classmethod
+    def from_url(cls, url: str | None = None, **options: Any) -> AsyncProducer:
+        """An async producer for ``url`` (default ``$REDIS_URL``, else the local default)."""
+        resolved = connection.resolve_url(url)
+        return cls(connection.async_client(resolved), url=resolved, **options)
+
+    async def send(
+        self,
+        stream: str,
+        payload: Payload,
+        *,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        delay: float | None = None,
+        at: dt.datetime | None = None,
+        timeout: float | None = None,
+        maxlen: int | None = None,
+        order_key: str | None = None,
+    ) -> str:
+        """Enqueue one job; same arguments and result as ``Producer.send``."""
+        return await self._run(self._send_steps(stream, payload, key, headers, delay, at,
+                                                timeout, maxlen, order_key))
+
+    async def send_many(
+        self,
+        stream: str,
+        payloads: Sequence[Payload],
+        keys: Sequence[str] | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        delay: float | None = None,
+        at: dt.datetime | None = None,
+        maxlen: int | None = None,
+        order_keys: Sequence[str] | None = None,
+    ) -> list[str]:
+        """As `Producer.send_many`, awaiting: one atomic script call per chunk of jobs."""
+        return await self._run(self._send_many_steps(stream, payloads, keys, headers,
+                                                     timeout, delay, at, maxlen, order_keys))
+
+    async def status(self, stream: str, key: str, *, group: str | None = None,
+                     order_key: str | None = None) -> JobStatus:
+        """As `Producer.status`, awaiting."""
+        return await self._run(self._status_steps(stream, key, group, order_key))
+
+    async def cancel(self, stream: str, key: str, *, group: str | None = None,
+                     reason: str = "", order_key: str | None = None,
+                     ttl: float = CANCEL_TTL) -> str:
+        """As `Producer.cancel`, awaiting."""
+        return await self._run(self._cancel_steps(stream, key, group, reason, order_key, ttl))
+
+    async def result(self, stream: str, key: str, *, group: str | None = None,
+                     timeout: float | None = 30.0, order_key: str | None = None) -> Any:
+        """As `Producer.result`, awaiting (other tasks run while it waits)."""
+        return await self._run(self._result_steps(stream, key, group, timeout, order_key))
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._redis.aclose()
+
+    async def __aenter__(self) -> AsyncProducer:
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def _run(self, steps: Steps[T]) -> T:
+        """Perform the round trips ``steps`` yields, awaiting; return what they return."""
+        step = advance(steps, None, None)
+        while not isinstance(step, Result):
+            reply: Any = None
+            error: BaseException | None = None
+            try:
+                if isinstance(step, Sleep):
+                    await asyncio.sleep(step.seconds)
+                else:
+                    reply = await step.issue(self._redis, self._scripts)
+            except BaseException as exc:
+                error = exc
+            step = advance(steps, reply, error)
+        return step.value
