@@ -35,13 +35,6 @@ class CancelAnswer(enum.Enum):
     IGNORED = "ignored"  #: the group keeps no job records (dedup off): nothing was done
 
 
-class ReplayReply(enum.IntEnum):
-    """Where replay.lua's reply ``{replayed, skipped}`` holds its two counts."""
-
-    REPLAYED = 0
-    SKIPPED = 1
-
-
 # ---- the lock's scripts (redlock_*) ----------------------------------------------------
 
 
