@@ -278,6 +278,33 @@ async def test_result_across_processes(
     producer.close()
 
 
+async def test_result_without_group_waits_for_the_first_worker(redis_url: str,
+                                                                r: redis.Redis) -> None:
+    """result() without group= on a stream that has no consumer group yet (the job was sent
+    before any worker started) waits for the group within its timeout, then for the job;
+    with no worker at all it ends in a TimeoutError that says what is missing."""
+    async with sw.AsyncProducer.from_url(redis_url) as producer:
+        await producer.send(S, {}, key="before-any-worker")
+        with pytest.raises(TimeoutError, match="no consumer group") as late:
+            await producer.result(S, "before-any-worker", timeout=0.2)
+        assert "start one, or pass group=" in str(late.value)
+        with pytest.raises(TimeoutError, match="no consumer group"):
+            await producer.result("never-sent-to", "k", timeout=0.2)
+        def groups_asked() -> int:
+            stats = r.info("commandstats")
+            return int(stats.get("cmdstat_xinfo|groups", {}).get("calls", 0))
+
+        asked = groups_asked()
+        waiting = asyncio.create_task(producer.result(S, "before-any-worker", timeout=60))
+        # it asks for the groups again and again while there is none
+        await await_for(lambda: groups_asked() >= asked + 3, 30)
+        assert not waiting.done()
+        worker = RecordsWorker.from_url(redis_url)
+        async with serving(worker):
+            value = await waiting
+        assert value["key"] == "before-any-worker" and value["group"] == "billing"
+
+
 # ---- 4. max_result_bytes ---------------------------------------------------------------
 
 async def test_result_over_max_result_bytes_completes_without_keeping_it(

@@ -4,9 +4,10 @@ inherit them."""
 
 from __future__ import annotations
 
+import functools
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import redis
@@ -66,16 +67,31 @@ class Jobs(Core):
     def _result_steps(self, stream: str, key: str, group: str | None, timeout: float | None,
                       order_key: str | None) -> Steps[Any]:
         """`result`: the job's status, again after a growing pause, until it is finished."""
-        if group is None:
-            group = _only_group(stream, (yield from self._groups(stream)))
         waits = _Waits(timeout)
+        if group is None:
+            group = yield from self._awaited_group(stream, waits)
         while True:
             st = yield from self._status_steps(stream, key, group, order_key)
             if st.state == "done":
                 return st.result
             if st.state in ("dead", "cancelled"):
                 raise JobFailed(st)
-            yield Sleep(waits.next(st))
+            yield Sleep(waits.next(functools.partial(_unfinished, st, waits.timeout)))
+
+    def _awaited_group(self, stream: str, waits: _Waits) -> Steps[str]:
+        """`result` without ``group=``: the stream's one consumer group, waited for while
+        there is none (the job was sent before any worker started and created it)."""
+        while True:
+            try:
+                groups = yield from self._groups(stream)
+            except StreamNotFound:
+                groups = []
+            if groups:
+                return _only_group(stream, groups)
+            yield Sleep(waits.next(lambda: (
+                f"stream {stream!r} got no consumer group within {waits.timeout} s: no "
+                f"worker has started on it (is the stream name right?); start one, or pass "
+                f"group=... to wait for a group that does not exist yet")))
 
     def _plan_status(self, stream: str, key: str, group: str,
                      order_key: str | None) -> list[Get]:
@@ -194,6 +210,13 @@ def _only_group(stream: str, groups: Iterable[Any]) -> str:
                                f"command line)")
 
 
+def _unfinished(st: JobStatus, timeout: float | None) -> str:
+    """What `result` says when job ``st`` did not finish in time."""
+    return (f"job {st.key!r} of group {st.group!r} on {st.stream!r} did not finish within "
+            f"{timeout} s (it is {st.state}); look with "
+            f"`streamwork job {st.stream} {st.key} --group {st.group}`")
+
+
 class _Waits:
     """The pauses of `result()`: 5 ms doubling up to 0.5 s (or to the retry's due time),
     never past the deadline, which raises TimeoutError."""
@@ -203,14 +226,12 @@ class _Waits:
         self.timeout = timeout
         self.pause = 0.005
 
-    def next(self, st: JobStatus) -> float:
+    def next(self, late: Callable[[], str]) -> float:
+        """The next pause; TimeoutError(``late()``) once the deadline has passed."""
         pause, self.pause = self.pause, min(self.pause * 2, 0.5)
         if self.deadline is None:
             return pause
         left = self.deadline - time.monotonic()
         if left <= 0:
-            raise TimeoutError(
-                f"job {st.key!r} of group {st.group!r} on {st.stream!r} did not finish "
-                f"within {self.timeout} s (it is {st.state}); look with "
-                f"`streamwork job {st.stream} {st.key} --group {st.group}`")
+            raise TimeoutError(late())
         return min(pause, left)

@@ -130,8 +130,10 @@ class Producer(Jobs):
         `status` says why). Raises `JobFailed` if the job is dead, `TimeoutError`
         if it is not finished within ``timeout`` seconds (None: wait for ever) and
         `GroupNotFound` as `status` does, and `DecodeError` (``result:invalid``) if the
-        producer's codec fails to decode the result. Looks
-        at the record with a growing pause (5 ms up to 0.5 s), not in a busy loop."""
+        producer's codec fails to decode the result. Without ``group``, a stream that has
+        no consumer group yet (its worker has not started) is waited for too, within the
+        same ``timeout``. Looks at the record with a growing pause (5 ms up to 0.5 s),
+        not in a busy loop."""
         return self._run(self._result_steps(stream, key, group, timeout, order_key))
 
     def close(self) -> None:
