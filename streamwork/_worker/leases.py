@@ -9,7 +9,6 @@ and the background loops only ask it.
 from __future__ import annotations
 
 import asyncio
-import enum
 import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -19,6 +18,7 @@ from streamwork._lock.core import drift_allowance
 from streamwork._lock.redlock import AsyncHeldLock, AsyncRedlock
 from streamwork._redis import scripts
 from streamwork._redis.faults import Fault, classify
+from streamwork._redis.replies import Claim, LeaseMode
 from streamwork._wire.keys import GroupKeys, redlock_resource
 from streamwork.errors import LockError
 
@@ -31,25 +31,6 @@ T = TypeVar("T")
 REDLOCK_PARALLEL: Final = 16  #: Redlock acquire/extend/release calls in flight per worker
 
 
-class Claim(enum.IntEnum):
-    """What claim.lua (and a strategy's ``take``) says of a delivery, besides a fencing
-    token (> 0) when the lease was taken."""
-
-    GO = 0  #: may run without a lease (dedup off) / checked only (Redlock mode)
-    DUPLICATE = -1  #: its job record says done: acknowledged, skip it
-    BUSY = -2  #: another holder has the lease: keep waiting
-    NOT_OURS = -3  #: reclaimed by another consumer meanwhile
-    CANCELLED = -4  #: its job record says cancelled: acknowledged, skip it
-
-
-class LeaseMode(enum.IntEnum):
-    """complete.lua's mode: where the lease lives (and whether the script checks it)."""
-
-    NONE = 0
-    REDIS = 1
-    REDLOCK = 2
-
-
 def lease_deadline(sent: float, ttl: float) -> float:
     """Monotonic time until which a lease of ``ttl`` s requested at ``sent`` is safe to rely
     on: the TTL minus the clock-drift allowance, counted from the request (the Redlock
@@ -58,12 +39,13 @@ def lease_deadline(sent: float, ttl: float) -> float:
     return sent + ttl - float(drift_allowance(ttl))
 
 
-class Lease:
-    """No lease (dedup off): deliveries run at once; nothing to extend or release."""
+class LeaseStrategy:
+    """How this worker leases its jobs; this base takes no lease (dedup off): deliveries
+    run at once, nothing to extend or release."""
 
     mode = LeaseMode.NONE
     claims = False  #: deliveries need ``take`` before they may run
-    held_outside = False  #: ``spent`` may be true: leases are also held outside Redis
+    outside_redis = False  #: ``spent`` may be true: the leases live outside the stream's Redis
 
     def __init__(self, run: scripts.AsyncScripts, keys: GroupKeys, cfg: WorkerConfig,
                  consumer: str, owner: str) -> None:
@@ -109,10 +91,10 @@ class Lease:
         return list(await self._run.run(scripts.claim(
             self.keys, self.consumer, self.cfg.visibility_ms, self.owner, mode,
             [[d.entry_id for d in batch], [d.src for d in batch], [d.msg.key for d in batch],
-             [d.msg.attempt for d in batch], [d.lease for d in batch]])))
+             [d.msg.attempt for d in batch], [d.lease_id for d in batch]])))
 
 
-class RedisLease(Lease):
+class RedisLease(LeaseStrategy):
     """The lease is the job's record in the stream's Redis (one key per group and job key),
     taken by claim.lua with a fencing token from ``{S}:fence``, extended by heartbeat.lua,
     checked and turned into the done (or waiting, dead) record by complete.lua / fail.lua
@@ -127,12 +109,12 @@ class RedisLease(Lease):
         owner, deadline = self.owner, lease_deadline(sent, self.cfg.visibility_timeout)
         for d, token in zip(batch, res, strict=True):
             if token > 0:
-                d.lease = f"{owner}:{token}"
+                d.lease_id = f"{owner}:{token}"
                 d.deadline = deadline
         return res
 
     def value(self, d: Delivery) -> str:
-        return d.lease
+        return d.lease_id
 
     def expired(self, d: Delivery, now: float) -> bool:
         return now >= d.deadline
@@ -143,13 +125,14 @@ class RedisLease(Lease):
             d.deadline = deadline
 
 
-class RedlockLease(Lease):
+class RedlockLease(LeaseStrategy):
     """The lease lives in a Redlock quorum over ``lock_urls`` (the job record and the ack
     stay on the stream's Redis). The done-check runs again once the lease is held
     (double-checked), so a copy that waited for the first holder sees its done record."""
 
     mode = LeaseMode.REDLOCK
     claims = True
+    outside_redis = True
 
     def __init__(self, run: scripts.AsyncScripts, keys: GroupKeys, cfg: WorkerConfig,
                  consumer: str, owner: str) -> None:
@@ -182,18 +165,18 @@ class RedlockLease(Lease):
         # time before the whole batch was taken (that would count the wait twice)
         now = time.monotonic()
         granted = []
-        for i, held in zip(go, results, strict=True):
-            if isinstance(held, AsyncHeldLock):
-                batch[i].held = held
-                batch[i].deadline = now + held.valid_for
-                batch[i].lease = f"{self.owner}:{held.fencing_token}"
-                out[i] = held.fencing_token
+        for i, grant in zip(go, results, strict=True):
+            if isinstance(grant, AsyncHeldLock):
+                batch[i].grant = grant
+                batch[i].deadline = now + grant.valid_for
+                batch[i].lease_id = f"{self.owner}:{grant.fencing_token}"
+                out[i] = grant.fencing_token
                 granted.append(i)
-            elif isinstance(held, LockError) or (
-                    isinstance(held, Exception) and classify(held) is not Fault.FATAL):
+            elif isinstance(grant, LockError) or (
+                    isinstance(grant, Exception) and classify(grant) is not Fault.FATAL):
                 out[i] = Claim.BUSY
             else:
-                raise held
+                raise grant
         if granted:  # look again, now holding them, and mark their records running
             again = await self._claim([batch[i] for i in granted], "mark")
             late = [batch[i] for i, code in zip(granted, again, strict=True) if code != Claim.GO]
@@ -204,20 +187,18 @@ class RedlockLease(Lease):
         return out
 
     def marked(self, d: Delivery) -> str:
-        return d.lease
+        return d.lease_id
 
     def expired(self, d: Delivery, now: float) -> bool:
         return now >= d.deadline or self.spent(d)
 
-    held_outside = True
-
     def spent(self, d: Delivery) -> bool:
-        return d.held is not None and d.held.valid_for <= 0
+        return d.grant is not None and d.grant.valid_for <= 0
 
     async def extended(self, kept: Sequence[Delivery], sent: float) -> None:
-        ds = [d for d in kept if d.held is not None]
+        ds = [d for d in kept if d.grant is not None]
         results = await asyncio.gather(
-            *(self._bounded(d.held.extend) for d in ds if d.held is not None),
+            *(self._bounded(d.grant.extend) for d in ds if d.grant is not None),
             return_exceptions=True)
         now = time.monotonic()  # as in take: the validity returned counts from now
         for d, validity in zip(ds, results, strict=True):
@@ -225,12 +206,12 @@ class RedlockLease(Lease):
                 d.deadline = now + validity
 
     async def release(self, ds: Sequence[Delivery]) -> None:
-        held = [d.held for d in ds if d.held is not None]
+        grants = [d.grant for d in ds if d.grant is not None]
         for d in ds:
-            d.held = None
-        if held:  # shielded: a stopping worker must not leave leases behind half-released
+            d.grant = None
+        if grants:  # shielded: a stopping worker must not leave leases behind half-released
             releasing = asyncio.gather(
-                *(self._bounded(h.release) for h in held), return_exceptions=True)
+                *(self._bounded(g.release) for g in grants), return_exceptions=True)
             self._releasing.add(releasing)
             releasing.add_done_callback(self._releasing.discard)
             await asyncio.shield(releasing)
@@ -245,7 +226,7 @@ class RedlockLease(Lease):
 
 
 def choose(run: scripts.AsyncScripts, keys: GroupKeys, cfg: WorkerConfig, consumer: str,
-           owner: str) -> Lease:
+           owner: str) -> LeaseStrategy:
     """The strategy the options ask for."""
-    kind = Lease if not cfg.dedup else RedlockLease if cfg.lock_urls else RedisLease
+    kind = LeaseStrategy if not cfg.dedup else RedlockLease if cfg.lock_urls else RedisLease
     return kind(run, keys, cfg, consumer, owner)
