@@ -40,22 +40,15 @@ from streamwork._redis.faults import Fault, classify
 from streamwork._redis.replies import Claim
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER, fields
-from streamwork._wire.codec import (
-    ATTEMPTS_FIELD,
-    BODY_FIELD,
-    InvalidExt,
-    decode_fields,
-    parse_attempts,
-)
 from streamwork._wire.extensions import Codec
 from streamwork._wire.keys import GroupKeys, StreamKeys
 from streamwork._wire.message import Message
 from streamwork._wire.partitions import check_recorded
-from streamwork._wire.payloads import InvalidPayload
 from streamwork._worker import leases
+from streamwork._worker.arrival import Arrival
 from streamwork._worker.config import WorkerConfig, parse_rate
 from streamwork._worker.context import Context, Tally
-from streamwork._worker.delivery import MAIN, RETRY, Delivery, Entry, State
+from streamwork._worker.delivery import MAIN, RETRY, Delivery, Entry, State, ref
 from streamwork._worker.done_cache import KeyCache, local_cache
 from streamwork._worker.holdings import Holdings
 from streamwork._worker.limits import Limits, hold_ms
@@ -72,7 +65,6 @@ from streamwork._worker.supervisor import (
     cancel,
     uninterrupted,
 )
-from streamwork.errors import DecodeError
 
 log = logging.getLogger(WORKER_LOGGER)
 
@@ -118,8 +110,6 @@ class Consumer:
         # one `Link` (what they know of Redis being up)
         self.own_client = client is None
         self.redis: Any = connection.async_client(url) if client is None else client
-        self.convert = convert  # the worker's payload_type, as a converter
-        self.codec = codec  # the worker's own ext types (payloads read, results written)
         self.scripts = scripts.AsyncScripts(self.redis, flags=False)
         self.limits: Limits | None = None
         if cfg.rate_limit is not None or key_of is not None:
@@ -133,6 +123,10 @@ class Consumer:
             cache = None
         elif isinstance(cache, str):
             cache = local_cache(None, cfg.local_cache_size, cfg.local_cache_ttl)
+        # what is read is decoded with the worker's own ext types (``codec``), converted to
+        # its payload_type (``convert``) and skipped if the done-cache knows its job
+        self.arrival = Arrival(cfg, name, State.WAITING if self.leases.claims else State.QUEUED,
+                               codec, convert, cache)
         self.tally = Tally(cfg.stream, cfg.group)
         self.ctx = Context(cfg, name, worker_name or name, keys, gkeys, self.redis,
                            self.scripts, self.leases, cache, self.tally)
@@ -347,75 +341,28 @@ class Consumer:
         """Decode, vet and lease a batch of deliveries from the stream (``src`` MAIN) or the
         group's retry stream (RETRY), then queue what may run. ``deliveries``: each entry's
         delivery count (None: all first deliveries)."""
-        cfg, h = self.cfg, self.holdings
-        inflight, loose, cache, convert = h.inflight, h.loose, self.ctx.cache, self.convert
-        codec, reject, count = self.codec, h.reject, self.tally.count
-        max_payload, max_deliveries = cfg.max_payload_bytes, cfg.max_deliveries
-        stream, group, consumer, timeout = cfg.stream, cfg.group, self.name, cfg.timeout
-        retry = src != MAIN
+        h, vet, count = self.holdings, self.arrival.vet, self.tally.count
+        inflight, loose = h.inflight, h.loose
         fresh: list[Delivery] = []
-        claims = self.leases.claims  # a lease must be taken first: they start WAITING
-        initial = State.WAITING if claims else State.QUEUED
         for i, (entry_id, values) in enumerate(entries):
-            key = b"r" + entry_id if retry else entry_id  # ref(src, entry_id)
+            key = ref(src, entry_id)
             if key in inflight or key in loose:
                 continue
-            n = 1 if deliveries is None else deliveries[i]
-            if values is None:
-                reject(entry_id, src, n, "deleted_while_pending", "",
-                       "the entry was deleted from the stream while pending")
-                continue
-            body: bytes | None
-            used: bytes | None
-            if len(values) == 2 and values[0] == BODY_FIELD:  # what producers write
-                body, used = values[1], None
-            else:
-                found = dict(zip(values[::2], values[1::2], strict=False))
-                body, used = found.get(BODY_FIELD), found.get(ATTEMPTS_FIELD)
-            try:
-                job_key, enqueued_ms, headers, payload, limit_ms = decode_fields(
-                    body, max_payload, codec)
-            except InvalidExt as exc:  # an ext value (a codec's type) did not decode
-                assert body is not None
-                reject(entry_id, src, parse_attempts(used) + n, "payload:invalid",
-                       "InvalidPayload", exc.detail, exc.key, body)
-                count("invalid_payload", 1)
-                continue
-            except DecodeError as exc:  # logged once dead-lettered (see Outcomes)
-                reject(entry_id, src, n, exc.reason, "DecodeError", exc.detail)
-                count("undecodable", 1)
-                continue
-            assert body is not None
-            attempt = parse_attempts(used) + n if used else n
-            if attempt > max_deliveries:
-                reject(
-                    entry_id, src, attempt - 1, "max_deliveries", "DeliveryLimit",
-                    f"delivered {attempt} times, over max_deliveries={max_deliveries}; the "
-                    "process handling it died or stalled each time", job_key, body)
-                continue
-            if cache is not None and job_key in cache:
+            got = vet(entry_id, values, src, 1 if deliveries is None else deliveries[i])
+            if isinstance(got, Delivery):
+                inflight[key] = got
+                fresh.append(got)
+            elif got is None:
                 h.ack_known(entry_id, src)
-                continue
-            if convert is not None:
-                try:
-                    payload = convert(payload)
-                except InvalidPayload as exc:  # logged once dead-lettered (see Outcomes)
-                    reject(entry_id, src, attempt, "payload:invalid", "InvalidPayload",
-                           str(exc), job_key, body)
-                    count("invalid_payload", 1)
-                    continue
-            msg = Message(entry_id.decode(), stream, job_key, payload, attempt,
-                          enqueued_ms / 1000, headers, None, group, consumer)
-            d = Delivery(entry_id, src, msg, body,
-                         timeout if limit_ms is None else limit_ms / 1000, key, "", 0.0,
-                         initial)
-            inflight[key] = d
-            fresh.append(d)
+            else:
+                h.reject(entry_id, src, got)
+                if got.counter:
+                    count(got.counter, 1)
         if not fresh:
             return
         if self.gate is not None:
             self.gate.join(fresh)
-        if not claims:  # built QUEUED: they may run at once
+        if not self.leases.claims:  # built QUEUED: they may run at once
             self._enqueue(fresh)
             count("consumed", len(fresh))
             return

@@ -16,6 +16,7 @@ from streamwork._redis.replies import FailAction
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER, describe, error_fields
 from streamwork._wire.message import revoke
+from streamwork._worker.arrival import Unfit
 from streamwork._worker.context import Context
 from streamwork._worker.delivery import Delivery, Failure, State, ref
 from streamwork._worker.outbox import Outbox
@@ -81,12 +82,12 @@ class Holdings:
         self.loose[ref(src, entry_id)] = (entry_id, src)
         self.outbox.add_ack(entry_id, src)
 
-    def reject(self, entry_id: bytes, src: int, attempts: int, reason: str, etype: str,
-               detail: str, job_key: str = "", body: bytes = b"") -> None:
+    def reject(self, entry_id: bytes, src: int, unfit: Unfit) -> None:
         """A delivery that will never run: straight to the dead letters (via the flusher)."""
         self.loose[ref(src, entry_id)] = (entry_id, src)
-        self.outbox.add_failure(Failure(None, entry_id, src, FailAction.DEAD, 0, attempts,
-                                        reason, etype, detail, job_key, body))
+        self.outbox.add_failure(Failure(
+            None, entry_id, src, FailAction.DEAD, 0, unfit.attempts, unfit.reason,
+            unfit.error_type, unfit.detail, unfit.job_key, unfit.body))
 
     def cancelled_unstarted(self, d: Delivery) -> None:
         """start.lua or the heartbeat found the job cancelled before its handler started:
