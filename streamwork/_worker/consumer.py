@@ -41,15 +41,14 @@ from streamwork._redis.replies import Claim
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER, fields
 from streamwork._wire.extensions import Codec
-from streamwork._wire.keys import GroupKeys, StreamKeys
+from streamwork._wire.keys import GroupKeys
 from streamwork._wire.message import Message
 from streamwork._wire.partitions import check_recorded
-from streamwork._worker import leases
+from streamwork._worker import context
 from streamwork._worker.arrival import Arrival
 from streamwork._worker.config import WorkerConfig, parse_rate
-from streamwork._worker.context import Context, Tally
 from streamwork._worker.delivery import MAIN, RETRY, Delivery, Entry, State, ref
-from streamwork._worker.done_cache import KeyCache, local_cache
+from streamwork._worker.done_cache import KeyCache
 from streamwork._worker.holdings import Holdings
 from streamwork._worker.limits import Limits, hold_ms
 from streamwork._worker.loops import gauges, heartbeat, reclaim, upkeep
@@ -104,37 +103,27 @@ class Consumer:
                  codec: Codec | None = None) -> None:
         self.cfg = cfg
         self.name = name
-        keys = StreamKeys.for_stream(cfg.stream)
-        gkeys = keys.group(cfg.group)
         # a partitioned worker's consumers share one client, one pool of handler slots and
         # one `Link` (what they know of Redis being up)
         self.own_client = client is None
         self.redis: Any = connection.async_client(url) if client is None else client
-        self.scripts = scripts.AsyncScripts(self.redis, flags=False)
+        self.ctx = ctx = context.build(cfg, self.redis, name, worker_name or name, cache)
+        self.scripts, self.leases, self.tally = ctx.scripts, ctx.leases, ctx.tally
         self.limits: Limits | None = None
         if cfg.rate_limit is not None or key_of is not None:
             self.limits = Limits(
-                self.scripts.run, limit_keys or gkeys, name,
+                self.scripts.run, limit_keys or ctx.gkeys, name,
                 None if cfg.rate_limit is None else parse_rate(cfg.rate_limit), key_of,
                 cfg.concurrency_per_key, hold_ms(cfg.visibility_timeout))
-        self.leases = leases.choose(self.scripts, gkeys, cfg, name,
-                                    f"{name}:{secrets.token_hex(10)}")
-        if not cfg.dedup:
-            cache = None
-        elif isinstance(cache, str):
-            cache = local_cache(None, cfg.local_cache_size, cfg.local_cache_ttl)
         # what is read is decoded with the worker's own ext types (``codec``), converted to
         # its payload_type (``convert``) and skipped if the done-cache knows its job
         self.arrival = Arrival(cfg, name, State.WAITING if self.leases.claims else State.QUEUED,
-                               codec, convert, cache)
-        self.tally = Tally(cfg.stream, cfg.group)
-        self.ctx = Context(cfg, name, worker_name or name, keys, gkeys, self.redis,
-                           self.scripts, self.leases, cache, self.tally)
+                               codec, convert, ctx.cache)
         queue = RunQueue(eager=self.leases.claims)
         self.holdings = Holdings(self.ctx, queue)
         # with job records, a handler starts only once start.lua has checked its record
         self.starter: Starter | None = (
-            Starter(self.scripts, gkeys, name, self.leases.mode, cfg.visibility_ms, queue)
+            Starter(self.scripts, ctx.gkeys, name, self.leases.mode, cfg.visibility_ms, queue)
             if self.leases.claims else None)
         # ordered mode: the head of each order key's line alone may run
         self.gate = OrderedGate(self.holdings, self.starter) if cfg.ordered else None
@@ -147,7 +136,7 @@ class Consumer:
         self.stopped = False
         self.tally.refresh()
         # one XREADGROUP reads the stream and the group's retry stream (both from ">")
-        self._read_args = (cfg.stream, gkeys.retry, ">", ">")
+        self._read_args = (cfg.stream, ctx.gkeys.retry, ">", ">")
         _raw_reply(self.redis, "XREADGROUP")
         self._main = cfg.stream.encode()
         self._wait_pause = WAIT_RETRY

@@ -3,6 +3,7 @@ client, scripts, lease strategy and done-cache, and the counters they all bump."
 
 from __future__ import annotations
 
+import secrets
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,8 +12,9 @@ from streamwork._redis.scripts import AsyncScripts
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import fields
 from streamwork._wire.keys import GroupKeys, StreamKeys
+from streamwork._worker import leases
 from streamwork._worker.config import WorkerConfig
-from streamwork._worker.done_cache import KeyCache
+from streamwork._worker.done_cache import KeyCache, local_cache
 from streamwork._worker.leases import LeaseStrategy
 
 
@@ -66,3 +68,20 @@ class Context:
         ``more``."""
         return fields(**{"stream": self.cfg.stream, "group": self.cfg.group,
                          "consumer": self.name, **more})
+
+
+def build(cfg: WorkerConfig, client: Any, name: str, worker_name: str,
+          cache: KeyCache | str | None) -> Context:
+    """The context of consumer ``name`` talking to Redis through ``client``: its scripts
+    (told later whether the server takes script flags), the lease strategy the options ask
+    for, and with dedup on the done-cache given (a string: a built-in local one)."""
+    keys = StreamKeys.for_stream(cfg.stream)
+    gkeys = keys.group(cfg.group)
+    run = AsyncScripts(client, flags=False)
+    if not cfg.dedup:
+        cache = None
+    elif isinstance(cache, str):
+        cache = local_cache(None, cfg.local_cache_size, cfg.local_cache_ttl)
+    return Context(cfg, name, worker_name, keys, gkeys, client, run, leases.choose(
+        run, gkeys, cfg, name, f"{name}:{secrets.token_hex(10)}"), cache,
+        Tally(cfg.stream, cfg.group))

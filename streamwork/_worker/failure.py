@@ -1,15 +1,16 @@
 """What becomes of a failed job: retried (after a backoff), dead-lettered or cancelled.
-Pure: the runner decides with it and the flusher writes what it decided."""
+Pure: the runner decides with it, the flusher writes what it decided and logs it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from streamwork._redis.replies import FailAction
-from streamwork._telemetry.logs import error_message, traceback_text
+from streamwork._telemetry.logs import cap, error_message, traceback_text
 from streamwork._text import text
 from streamwork._wire.message import Message
+from streamwork._wire.records import record_error
 from streamwork._worker.config import WorkerConfig
 from streamwork._worker.delivery import Delivery, Failure
 from streamwork._worker.retry import retry_delay_for
@@ -59,3 +60,30 @@ def failure(d: Delivery, exc: Exception, verdict: Verdict, took_ms: float) -> Fa
     return Failure(d, d.entry_id, d.src, verdict.action, round(verdict.delay * 1000), m.attempt,
                    verdict.reason, type(exc).__name__, f"{error_message(exc, None)}\n{tb}",
                    m.key, d.body, exc, took_ms=took_ms, traceback=tb)
+
+
+def fail_row(f: Failure) -> list[Any]:
+    """``f`` as fail.lua reads it (one row of its MessagePack argument)."""
+    d = f.delivery
+    return [f.entry_id, f.src, f.action.value, f.delay_ms, f.attempts, f.job_key,
+            d.lease_id if d else "", d.member if d else b"", f.reason, f.error_type,
+            f.detail, f.body, record_error(f.error_type, f.detail) if f.job_key else ""]
+
+
+def message(f: Failure) -> str:
+    """The failure's message, capped: the exception's, or the detail of a delivery that
+    never ran (undecodable, invalid payload, over max_deliveries on arrival)."""
+    return error_message(f.error) if f.error is not None else cap(f.detail)
+
+
+def described(f: Failure) -> str:
+    """``"TypeError: unsupported operand ..."`` for a failure's log line."""
+    said = message(f)
+    return f"{f.error_type}: {said}" if said else f.error_type
+
+
+def log_fields(f: Failure) -> dict[str, Any]:
+    """The structured fields of a failure's log line (besides stream, group, consumer)."""
+    return {"key": f.job_key or None, "entry_id": f.entry_id.decode(), "attempt": f.attempts,
+            "duration_ms": f.took_ms, "error_type": f.error_type, "error": message(f),
+            "reason": f.reason}

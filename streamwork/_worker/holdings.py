@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from streamwork._redis.replies import FailAction
 from streamwork._telemetry import api as telemetry
@@ -49,12 +49,6 @@ class Holdings:
     def held(self) -> int:
         """Deliveries this process holds (the PEL entries it owns)."""
         return len(self.inflight) + len(self.loose)
-
-    def held_deliveries(self) -> Iterable[Delivery]:
-        return self.inflight.values()
-
-    def loose_ids(self) -> Iterable[tuple[bytes, int]]:
-        return self.loose.values()
 
     def wake_reader(self) -> None:
         """Let a reader that waits for room (or for isolation to end) look again."""

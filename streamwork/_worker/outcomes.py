@@ -16,11 +16,12 @@ from typing import Any, Final
 from streamwork._redis import scripts
 from streamwork._redis.replies import Done, Failed
 from streamwork._telemetry import api as telemetry
-from streamwork._telemetry.logs import WORKER_LOGGER, cap, error_message, seconds
+from streamwork._telemetry.logs import WORKER_LOGGER, seconds
 from streamwork._wire.extensions import Codec, packer
-from streamwork._wire.records import done_record, record_error
+from streamwork._wire.records import done_record
 from streamwork._worker.context import Context
 from streamwork._worker.delivery import Delivery, Failure, ref
+from streamwork._worker.failure import described, fail_row, log_fields
 from streamwork._worker.holdings import Holdings
 from streamwork._worker.outbox import staged_ops
 from streamwork._worker.start import CANCELLED_QUEUED
@@ -164,14 +165,9 @@ class Outcomes:
     async def _send_failures(self, failed: list[Failure]) -> None:
         ctx = self.ctx
         live = failed
-        entries = [[f.entry_id, f.src, f.action.value, f.delay_ms, f.attempts, f.job_key,
-                    f.delivery.lease_id if f.delivery else "",
-                    f.delivery.member if f.delivery else b"",
-                    f.reason, f.error_type, f.detail, f.body,
-                    record_error(f.error_type, f.detail) if f.job_key else ""] for f in live]
         res = await ctx.scripts.run(scripts.fail(
             ctx.gkeys, ctx.name, ctx.worker_name, ctx.leases.mode,
-            round(ctx.cfg.dedup_window * 1000), entries)) if live else []
+            round(ctx.cfg.dedup_window * 1000), [fail_row(f) for f in live])) if live else []
         for f, code in zip(live, res, strict=True):
             self._failed(f, code)
         await ctx.leases.release([f.delivery for f in failed if f.delivery is not None])
@@ -183,19 +179,20 @@ class Outcomes:
         if code == Failed.RETRIED:
             ctx.count("retried", 1, "timeout" if f.reason == "timeout" else "error")
             log.warning("job failed: retrying in %s s: %s", seconds(f.delay_ms / 1000),
-                        _described(f), extra=self._fields(f, delay_ms=f.delay_ms))
+                        described(f), extra=ctx.fields(**log_fields(f), delay_ms=f.delay_ms))
         elif code == Failed.DEAD:
             ctx.count("dead_lettered", 1, f.reason.split(":", 1)[0])
             log.error("job dead-lettered (%s) after %d attempt%s: %s", f.reason, f.attempts,
-                      "" if f.attempts == 1 else "s", _described(f),
-                      extra=self._fields(f, traceback=f.traceback or None))
+                      "" if f.attempts == 1 else "s", described(f),
+                      extra=ctx.fields(**log_fields(f), traceback=f.traceback or None))
         elif code == Failed.CANCELLED and f.reason == CANCELLED_QUEUED:
             ctx.count("cancelled", 1, "queued")
             log.info("job cancelled before it started", extra=ctx.fields(
                 key=f.job_key, entry_id=f.entry_id.decode(), attempt=f.attempts))
         elif code == Failed.CANCELLED:
             ctx.count("cancelled", 1, "running")
-            log.warning("job cancelled while it ran: %s", _described(f), extra=self._fields(f))
+            log.warning("job cancelled while it ran: %s", described(f),
+                        extra=ctx.fields(**log_fields(f)))
         elif d is not None and code == Failed.VANISHED:
             h.vanish(d, f.error)
         elif d is not None:
@@ -208,22 +205,3 @@ class Outcomes:
             telemetry.end_span(d.span, outcome, f.error)
             d.span = None
         h.forget(d, outcome)
-
-    def _fields(self, f: Failure, **more: Any) -> dict[str, Any]:
-        """The structured fields of a failure's log line."""
-        return self.ctx.fields(key=f.job_key or None, entry_id=f.entry_id.decode(),
-                               attempt=f.attempts, duration_ms=f.took_ms,
-                               error_type=f.error_type, error=_message(f), reason=f.reason,
-                               **more)
-
-
-def _message(f: Failure) -> str:
-    """The failure's message, capped: the exception's, or the detail of a delivery that
-    never ran (undecodable, invalid payload, over max_deliveries on arrival)."""
-    return error_message(f.error) if f.error is not None else cap(f.detail)
-
-
-def _described(f: Failure) -> str:
-    """``"TypeError: unsupported operand ..."`` for a failure's log line."""
-    message = _message(f)
-    return f"{f.error_type}: {message}" if message else f.error_type

@@ -37,14 +37,14 @@ async def beat(ctx: Context, h: Holdings) -> bool:
     lease = ctx.leases
     now = time.monotonic()
     alive: list[Delivery] = []
-    for d in list(h.held_deliveries()):
+    for d in list(h.inflight.values()):
         if d.dropped:
             continue
         if d.state in (State.QUEUED, State.RUNNING) and lease.expired(d, now):
             h.lose(d, "no heartbeat was confirmed before the lease deadline")
         else:
             alive.append(d)
-    loose = list(h.loose_ids())
+    loose = list(h.loose.values())
     if not alive and not loose:
         return False
     batch: list[list[Any]] = [[d.entry_id for d in alive] + [e for e, _ in loose],
@@ -59,7 +59,7 @@ async def beat(ctx: Context, h: Holdings) -> bool:
     sent = time.monotonic()
     res = await ctx.scripts.run(scripts.heartbeat(ctx.gkeys, ctx.name, ctx.cfg.visibility_ms,
                                                   batch))
-    still = set(h.held_deliveries())
+    still = set(h.inflight.values())
     kept, deleted = [], []
     for d, was_claiming, code in zip(alive, claiming, res, strict=False):
         if d.dropped or d not in still:  # let go meanwhile: its outcome is settled

@@ -75,7 +75,7 @@ async def wait_alone(h: Holdings, patience: float) -> bool:
     are waited for ``patience`` seconds at most; returns whether it got there."""
     since = time.monotonic()
     while h.held():
-        if any(d.state != State.WAITING for d in h.held_deliveries()) or any(h.loose_ids()):
+        if any(d.state != State.WAITING for d in h.inflight.values()) or h.loose:
             since = time.monotonic()
         elif time.monotonic() - since > patience:
             return False
@@ -98,9 +98,8 @@ async def _reclaim_one(ctx: Context, h: Holdings, admit: Admit, stream: str, src
                     extra=ctx.fields(consumer=None))
     claimed: list[Entry] = []
     claimed_counts: list[int] = []
-    held = {d.ref for d in h.held_deliveries()}
-    for (eid, flat), n in zip(got.entries, got.counts, strict=True):
-        if ref(src, eid) in held:
+        for (eid, flat), n in zip(got.entries, got.counts, strict=True):
+        if ref(src, eid) in h.inflight:
             continue
         claimed.append((eid, list(flat) if flat else None))
         claimed_counts.append(int(n))
