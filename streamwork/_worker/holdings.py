@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from streamwork._redis.replies import FailAction
+from streamwork._redis.replies import FailAction, Start
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER, describe, error_fields
 from streamwork._wire.message import revoke
@@ -160,20 +160,38 @@ class Holdings:
         if not self.inflight and not self.loose:
             self.empty.set()
 
-    def lose(self, d: Delivery, why: str, error: BaseException | None = None) -> None:
+    def lose(self, d: Delivery, why: str, error: BaseException | None = None, *,
+             leave: bool = False) -> None:
         """Mark a delivery's lease lost: its outcome will never be written by us. ``error``:
-        the handler's exception, when the lease was found lost recording its failure."""
+        the handler's exception, when the lease was found lost recording its failure;
+        ``leave``: it leaves now (else when its runner is done with it)."""
         if self._drop(d, "lost"):
             self._report(d, "lock_lost", f"lease lost: {why}; the job will be completed "
                          "elsewhere", error)
+        if leave:
+            self.forget(d, "lost")
 
-    def vanish(self, d: Delivery, error: BaseException | None = None) -> None:
+    def vanish(self, d: Delivery, error: BaseException | None = None, *,
+               leave: bool = False) -> None:
         """The server no longer knows a delivery we hold (it came back empty, or the group
-        was deleted): say so loudly; its outcome cannot be recorded. ``error``: the
-        handler's exception, when it was found recording its failure."""
+        was deleted): say so loudly; its outcome cannot be recorded. ``error`` and
+        ``leave``: as for `lose`."""
         if self._drop(d, "vanished"):
             self._report(d, "vanished", "job vanished from Redis while held (the server "
                          "lost its data?); its outcome cannot be recorded", error)
+        if leave:
+            self.forget(d, "vanished")
+
+    def not_started(self, d: Delivery, code: int, why: str, *, leave: bool = False) -> None:
+        """start.lua did not let ``d`` start (``code``, a `Start` other than GO): its job
+        was cancelled (acknowledged without running), it vanished, or another worker took
+        it (``why``)."""
+        if code == Start.CANCELLED:
+            self.cancelled_unstarted(d)
+        elif code == Start.VANISHED:
+            self.vanish(d, leave=leave)
+        else:
+            self.lose(d, why, leave=leave)
 
     def _drop(self, d: Delivery, outcome: str) -> bool:
         """Give up a delivery's outcome for good (its handler, if running, is told through

@@ -87,12 +87,8 @@ class OrderedGate:
         if d.dropped or h.inflight.get(d.ref) is not d or d.state != State.QUEUED:
             return
         code = fut.result()
-        if code == Start.CANCELLED:
-            h.cancelled_unstarted(d)
-        elif code == Start.VANISHED:
-            h.vanish(d)
-        elif code == Start.LOST:
-            h.lose(d, "another worker took the job while it waited for its retry")
+        if code != Start.GO:
+            h.not_started(d, code, "another worker took the job while it waited for its retry")
 
     def let_go_unstarted(self) -> None:
         """Stopping or no longer the owner: deliveries that have not started (queued,

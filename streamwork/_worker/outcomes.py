@@ -103,8 +103,7 @@ class Outcomes:
             live = []
             for d in done:
                 if lease.spent(d):  # a lease held outside Redis ran out: another may run it
-                    h.lose(d, "the Redlock lease expired before completion")
-                    h.forget(d)
+                    h.lose(d, "the Redlock lease expired before completion", leave=True)
                     spent.append(d)
                 else:
                     live.append(d)
@@ -146,8 +145,7 @@ class Outcomes:
                               extra=ctx.fields(key=d.msg.key, entry_id=d.msg.id))
                 h.forget(d, "acked")
             elif code == Done.VANISHED:
-                h.vanish(d)
-                h.forget(d, "vanished")
+                h.vanish(d, leave=True)
             elif code == Done.CANCELLED:
                 ctx.count("cancelled", 1, "running")
                 log.warning("job cancelled while it ran: its handler returned, the job ends "
@@ -155,8 +153,8 @@ class Outcomes:
                                 key=d.msg.key, entry_id=d.msg.id, attempt=d.msg.attempt))
                 h.forget(d, "cancelled")
             else:
-                h.lose(d, "not the owner at completion (reclaimed by another worker)")
-                h.forget(d, "lost")
+                h.lose(d, "not the owner at completion (reclaimed by another worker)",
+                       leave=True)
         h.forget_acked(finished)
         ctx.count("acked", acked, "success")
         await lease.release(live)

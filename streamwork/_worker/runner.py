@@ -190,8 +190,7 @@ class Runner:
         if d.state != State.QUEUED:  # decided meanwhile (cancelled before it started)
             return False
         if self.ctx.leases.expired(d, time.monotonic()):
-            h.lose(d, "its lease ran out before the handler started")
-            h.forget(d)
+            h.lose(d, "its lease ran out before the handler started", leave=True)
             return False
         if self._starter is None:
             return True
@@ -212,14 +211,9 @@ class Runner:
             return True
         if dropped:
             h.forget(d)
-        elif code == Start.CANCELLED:
-            h.cancelled_unstarted(d)
-        elif code == Start.VANISHED:
-            h.vanish(d)
-            h.forget(d, "vanished")
         else:
-            h.lose(d, "another worker took the job before its handler started")
-            h.forget(d)
+            h.not_started(d, code, "another worker took the job before its handler started",
+                          leave=True)
         return False
 
     async def _call_sync(self, msg: Message) -> Any:

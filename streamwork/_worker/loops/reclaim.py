@@ -98,7 +98,7 @@ async def _reclaim_one(ctx: Context, h: Holdings, admit: Admit, stream: str, src
                     extra=ctx.fields(consumer=None))
     claimed: list[Entry] = []
     claimed_counts: list[int] = []
-        for (eid, flat), n in zip(got.entries, got.counts, strict=True):
+    for (eid, flat), n in zip(got.entries, got.counts, strict=True):
         if ref(src, eid) in h.inflight:
             continue
         claimed.append((eid, list(flat) if flat else None))
