@@ -12,10 +12,10 @@ from streamwork._redis.scripts import AsyncScripts
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import fields
 from streamwork._wire.keys import GroupKeys, StreamKeys
-from streamwork._worker import leases
 from streamwork._worker.config import WorkerConfig
 from streamwork._worker.done_cache import KeyCache, local_cache
-from streamwork._worker.leases import LeaseStrategy
+from streamwork._worker.leases import LeaseStrategy, RedisLease
+from streamwork._worker.redlock_lease import RedlockLease
 
 
 @dataclass(slots=True)
@@ -82,6 +82,7 @@ def build(cfg: WorkerConfig, client: Any, name: str, worker_name: str,
         cache = None
     elif isinstance(cache, str):
         cache = local_cache(None, cfg.local_cache_size, cfg.local_cache_ttl)
-    return Context(cfg, name, worker_name, keys, gkeys, client, run, leases.choose(
-        run, gkeys, cfg, name, f"{name}:{secrets.token_hex(10)}"), cache,
-        Tally(cfg.stream, cfg.group))
+    kind = LeaseStrategy if not cfg.dedup else RedlockLease if cfg.lock_urls else RedisLease
+    return Context(cfg, name, worker_name, keys, gkeys, client, run,
+                   kind(run, gkeys, cfg, name, f"{name}:{secrets.token_hex(10)}"), cache,
+                   Tally(cfg.stream, cfg.group))
