@@ -32,8 +32,6 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, Final
 
-import redis.exceptions
-
 from streamwork._redis import connection, scripts
 from streamwork._redis.connection import reconnect_delay
 from streamwork._redis.faults import Fault, classify
@@ -43,12 +41,12 @@ from streamwork._telemetry.logs import WORKER_LOGGER, fields
 from streamwork._wire.extensions import Codec
 from streamwork._wire.keys import GroupKeys
 from streamwork._wire.message import Message
-from streamwork._wire.partitions import check_recorded
 from streamwork._worker import context
 from streamwork._worker.arrival import Arrival
 from streamwork._worker.config import WorkerConfig, parse_rate
 from streamwork._worker.delivery import MAIN, RETRY, Delivery, Entry, State, ref
 from streamwork._worker.done_cache import KeyCache
+from streamwork._worker.group import ensure_group
 from streamwork._worker.holdings import Holdings
 from streamwork._worker.limits import Limits, hold_ms
 from streamwork._worker.loops import gauges, heartbeat, reclaim, upkeep
@@ -70,6 +68,10 @@ log = logging.getLogger(WORKER_LOGGER)
 WAIT_RETRY: Final = 0.2  #: s before a waiting delivery's lease is tried again (first time)
 WAIT_RETRY_MAX: Final = 2.0  #: s, cap of that pause while nothing gets leased
 FINAL_FLUSH: Final = 2.0  #: s a stopping worker keeps trying to write its last outcomes
+#: what claim.lua's refusals count (counter, outcome) and how the delivery leaves
+GONE: Final[dict[int, tuple[str, str | None, str]]] = {
+    Claim.DUPLICATE: ("deduplicated", "duplicate", "deduplicated"),
+    Claim.CANCELLED: ("cancelled", "queued", "cancelled")}
 #: the outcome counters the "worker stopped" line reports, each on its own
 STOP_COUNTS: Final = ("acked", "retried", "dead_lettered", "deduplicated", "cancelled")
 
@@ -166,7 +168,7 @@ class Consumer:
         try:
             flags = await sup.until_ok("start", lambda: scripts.supports_flags(self.redis))
             self.scripts.use_flags(flags)
-            await sup.until_ok("start", self.ensure_group)
+            await sup.until_ok("start", lambda: ensure_group(ctx))
             if self.gate is not None:  # the partition is ours now: its pending jobs first
                 gate = self.gate
                 await sup.until_ok("start", lambda: gate.take_over(self.admit))
@@ -174,14 +176,13 @@ class Consumer:
         except StoppedBeforeStart:
             await self._close()
             self.stopped = True
-            log.info("worker stopped before it started (Redis did not answer)", extra=fields(
-                stream=self.cfg.stream, group=self.cfg.group, consumer=self.name))
+            log.info("worker stopped before it started (Redis did not answer)",
+                     extra=ctx.fields())
             return
         except BaseException:
             await self._close()
             raise
-        log.info("worker started", extra=fields(
-            stream=self.cfg.stream, group=self.cfg.group, consumer=self.name))
+        log.info("worker started", extra=ctx.fields())
         if self.tally.metering:
             telemetry.start_counting(self.cfg.stream, self.cfg.group)
         background = [
@@ -190,13 +191,14 @@ class Consumer:
                 ctx, h, self.admit, lambda: sup.stopping)),
             sup.loop("promoter", lambda: upkeep.promote_once(ctx)),
             sup.loop("upkeep", lambda: upkeep.upkeep_step(ctx)),
-            sup.loop("gauges", self._gauges_step),
+            sup.loop("gauges", lambda: gauges.gauges_step(ctx)),
         ]
         runners = [sup.spawn("runner", self.runner.loop()) for _ in range(self.cfg.concurrency)]
         runners.append(sup.loop("leaser", self._lease_waiting_once))
         keepers = [sup.loop("flusher", self.outcomes.step)]
-        if self.limits is not None and self.limits.key_of is not None:
-            keepers.append(sup.loop("limits", self._keep_holds))
+        if (limits := self.limits) is not None and limits.key_of is not None:
+            every = self.cfg.heartbeat_interval
+            keepers.append(sup.loop("limits", lambda: limits.keep_step(every)))
         if self.cfg.heartbeat:
             keepers.append(sup.loop("heartbeat", lambda: heartbeat.beat_once(ctx, h)))
         try:
@@ -210,8 +212,7 @@ class Consumer:
             await cancel(keepers)
             await self._close()
             self.stopped = True
-            log.info("worker stopped", extra=fields(
-                stream=self.cfg.stream, group=self.cfg.group, consumer=self.name,
+            log.info("worker stopped", extra=ctx.fields(
                 **{what: self.counts[what] for what in STOP_COUNTS}, left_pending=left))
         if sup.fatal is not None:
             raise sup.fatal
@@ -233,29 +234,6 @@ class Consumer:
         alive = self.sup.alive() and not self.stopped
         return alive, alive and self.joined and not self.sup.failures and not self.stopping
 
-    async def _gauges_step(self) -> bool:
-        self.tally.refresh()  # an OpenTelemetry SDK may have been installed meanwhile
-        return await gauges.gauges_step(self.ctx, self.tally.metering)
-
-    async def _keep_holds(self) -> bool:
-        await asyncio.sleep(self.cfg.heartbeat_interval)
-        return self.limits is not None and await self.limits.keep_all()
-
-    async def ensure_group(self) -> None:
-        """Create the consumer group at id 0 (so earlier jobs are delivered) if missing, on
-        the stream and on the group's own retry stream."""
-        ctx = self.ctx
-        # a stream split into partitions is served by partitioned workers only
-        check_recorded(self.cfg.stream, await self.redis.get(ctx.keys.partitions), 1, "worker")
-        # what a cancel can do depends on it: without job records, nothing
-        await self.redis.hset(ctx.gkeys.settings, "dedup", "1" if self.cfg.dedup else "0")
-        for stream in (self.cfg.stream, ctx.gkeys.retry):
-            try:
-                await self.redis.xgroup_create(stream, self.cfg.group, id="0", mkstream=True)
-            except redis.exceptions.ResponseError as exc:
-                if not str(exc).startswith("BUSYGROUP"):
-                    raise
-
     def _distrust_cache(self) -> None:
         """Redis failed or came back: completions we cached may not have survived it (a
         failover loses what the replica had not received; a restart without persistence
@@ -268,7 +246,7 @@ class Consumer:
         create it again. Deliveries held meanwhile are reported by the heartbeat."""
         self._distrust_cache()
         self.tally.count("group_recreated")
-        await self.ensure_group()
+        await ensure_group(self.ctx)
 
     def let_go_unstarted(self) -> None:
         """Ordered mode, stopping or no longer the partition's owner: see `OrderedGate`."""
@@ -391,18 +369,13 @@ class Consumer:
                     count("lock_contended", 1)
                     log.info("job lease held elsewhere; claiming again shortly", extra=fields(
                         stream=self.cfg.stream, key=d.msg.key, entry_id=d.msg.id))
-            else:
+            else:  # acknowledged by claim.lua (done or cancelled), or not ours any more
                 waiting.pop(d.ref, None)
+                counter, outcome, left = GONE.get(token, ("not_ours", None, "lost"))
+                count(counter, 1, outcome)
                 if token == Claim.DUPLICATE:
-                    count("deduplicated", 1, "duplicate")
                     h.remember_done(d.msg.key)
-                    h.forget(d, "deduplicated")
-                elif token == Claim.CANCELLED:
-                    count("cancelled", 1, "queued")
-                    h.forget(d, "cancelled")
-                else:
-                    count("not_ours", 1)
-                    h.forget(d, "lost")
+                h.forget(d, left)
         if ready:
             self._enqueue(ready)
             count("consumed", len(ready))

@@ -145,6 +145,11 @@ class Limits:
             if classify(exc) is Fault.FATAL:
                 raise
 
+    async def keep_step(self, interval: float) -> bool:
+        """Sleep ``interval``, then `keep_all` (one turn of the loop that keeps holds)."""
+        await asyncio.sleep(interval)
+        return await self.keep_all()
+
     def _member(self, d: Delivery) -> str:
         return self._holder + ":" + d.ref.hex()
 

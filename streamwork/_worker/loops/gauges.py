@@ -20,12 +20,13 @@ from streamwork.errors import ConfigError
 GAUGE_INTERVAL: Final = 5.0  #: s between reads of lag/pending/delayed/dead for the gauges
 
 
-async def gauges_step(ctx: Context, metering: bool) -> bool:
+async def gauges_step(ctx: Context) -> bool:
     """Refresh the stream gauges (lag, pending, delayed, dead), then wait a few seconds.
     Returns whether Redis answered: gauges are best effort, so an error is swallowed here,
     and a step that swallowed one (or did not ask) must not count as Redis answering."""
     reached = False
-    if metering:
+    ctx.tally.refresh()  # an OpenTelemetry SDK may have been installed meanwhile
+    if ctx.tally.metering:
         with contextlib.suppress(redis.exceptions.RedisError, OSError):
             await read_gauges(ctx)
             reached = True
