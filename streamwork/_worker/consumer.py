@@ -218,7 +218,7 @@ class Consumer:
             raise sup.fatal
 
     async def _close(self) -> None:
-        self.runner.close()
+        self.runner.calls.close()
         if self.starter is not None:
             await self.starter.close()
         if self.own_client:

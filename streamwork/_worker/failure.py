@@ -27,6 +27,14 @@ class JobCancelled(Exception):
     """The job was cancelled (``producer.cancel``) while its handler ran."""
 
 
+def overran(limit: float | None, cancelled: bool) -> HandlerTimeout:
+    """The error of a job past its time limit: its async handler ``cancelled``, or its
+    thread abandoned."""
+    return HandlerTimeout(
+        f"the handler ran longer than its time limit of {limit or 0:g} s (timeout) and was "
+        f"{'cancelled' if cancelled else 'abandoned; its late outcome is dropped'}")
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """A failed job's fate: what fail.lua is asked to do, why, and after how long (s)."""

@@ -4,9 +4,7 @@ waiting for the flusher (outcomes.py) to send them in batches."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-from streamwork._redis import scripts
 from streamwork._worker.delivery import Delivery, Failure
 
 
@@ -61,17 +59,3 @@ class Outbox:
         self.done[:0] = [d for d in done if not d.dropped]
         self.failed[:0] = failed
         self.needed.set()
-
-
-def staged_ops(live: list[Delivery], staged_keys: list[str | bytes], first_key: int) -> bytes:
-    """Encode the staged writes of a batch for complete.lua, collecting the keys they touch
-    into ``staged_keys`` (which the script gets as KEYS[first_key..])."""
-    ops: dict[int, list[list[Any]]] = {}
-    for i, d in enumerate(live, start=1):
-        for command, cmd_keys, cmd_args in d.msg.staged:
-            index = []
-            for key in cmd_keys:
-                staged_keys.append(key)
-                index.append(first_key + len(staged_keys) - 1)
-            ops.setdefault(i, []).append([command, index, list(cmd_args)])
-    return scripts.pack(ops) if ops else b""

@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Final
+from typing import Final
 
 from streamwork._redis import scripts
 from streamwork._redis.replies import Done, Failed
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER, seconds
 from streamwork._wire.extensions import Codec, packer
-from streamwork._wire.records import done_record
+from streamwork._worker.batches import done_columns, staged_ops
 from streamwork._worker.context import Context
 from streamwork._worker.delivery import Delivery, Failure, ref
 from streamwork._worker.failure import described, fail_row, log_fields
 from streamwork._worker.holdings import Holdings
-from streamwork._worker.outbox import staged_ops
 from streamwork._worker.start import CANCELLED_QUEUED
 from streamwork._worker.supervisor import uninterrupted
 
@@ -113,17 +112,10 @@ class Outcomes:
         cfg = ctx.cfg
         staged_keys: list[str | bytes] = []
         staged = staged_ops(live, staged_keys, first_key=4)
-        batch: list[list[Any]] = [[d.entry_id for d in live], [d.src for d in live]]
-        if cfg.dedup:
-            batch += [[d.msg.key for d in live], [lease.value(d) for d in live],
-                      [d.member for d in live],
-                      [done_record(d.msg.fencing_token, d.msg.attempt, d.result,
-                                   cfg.max_result_bytes, self._pack) for d in live]]
-        elif any(d.member for d in live):
-            batch += [[], [], [d.member for d in live]]
         res = await ctx.scripts.run(scripts.complete(
             ctx.gkeys, ctx.name, lease.mode, round(cfg.dedup_window * 1000), staged,
-            staged_keys, batch, oom_ok=not cfg.dedup and not staged,
+            staged_keys, done_columns(live, cfg, lease, self._pack),
+            oom_ok=not cfg.dedup and not staged,
             lease_ttl_ms=cfg.visibility_ms))
         acked = 0
         finished: list[Delivery] = []

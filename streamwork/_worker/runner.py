@@ -10,8 +10,6 @@ dropped. Either way the job fails with reason ``timeout``.
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -26,11 +24,11 @@ from streamwork._telemetry.logs import WORKER_LOGGER, describe, error_message, f
 from streamwork._wire.message import Message, revoke
 from streamwork._worker.context import Context
 from streamwork._worker.delivery import Delivery, State
-from streamwork._worker.failure import HandlerTimeout, JobCancelled, decide, failure
+from streamwork._worker.failure import JobCancelled, decide, failure, overran
 from streamwork._worker.holdings import Holdings
 from streamwork._worker.limits import Limits, retry_key_after
 from streamwork._worker.ordered import OrderedGate
-from streamwork._worker.pool import DaemonPool
+from streamwork._worker.pool import Calls
 from streamwork._worker.start import Starter
 from streamwork._worker.timelimit import TimeLimit
 
@@ -49,19 +47,12 @@ class Runner:
                  slots: asyncio.Semaphore | None = None, gate: OrderedGate | None = None) -> None:
         self.ctx = ctx
         self.holdings = holdings
-        self._handle = handle
         self._starter = starter  # with job records: start.lua checks each start
         self._limits = limits if limits is not None and limits.on else None
         self._slots = slots  # shared by the consumers of a partitioned worker
         self._gate = gate  # ordered mode: failed jobs retry in place
-        self._is_async = inspect.iscoroutinefunction(handle)
-        cfg = ctx.cfg
-        self._pool = None if self._is_async else DaemonPool(cfg.concurrency, f"sw-{cfg.stream}")
-
-    def close(self) -> None:
-        """Stop idle pool threads (busy ones end with their job; they never block exit)."""
-        if self._pool is not None:
-            self._pool.shutdown()
+        self.calls = Calls(handle, ctx.cfg.concurrency, f"sw-{ctx.cfg.stream}",
+                           lambda: ctx.tally.tracing)
 
     async def loop(self) -> None:
         """One runner: take queued deliveries and run their handlers, one at a time."""
@@ -73,12 +64,12 @@ class Runner:
         ready = queue.ready
         debug = log.isEnabledFor(logging.DEBUG)
         watch: TimeLimit[Delivery] = TimeLimit(loop, lambda d: self._time_out(d, runner))
-        call = self._handle if self._pool is None else self._call_sync
+        call = self.calls.call
         clock = loop.time  # the loop's clock: what its timers (the time limit) run on
         running = State.RUNNING
         finish = self._succeeded
         slots, limits = self._slots, self._limits
-        cancellable = cfg.cancel_running and self._is_async
+        cancellable = cfg.cancel_running and self.calls.is_async
         try:
             while True:
                 # take a ready delivery without a round trip through the loop
@@ -216,15 +207,6 @@ class Runner:
                           leave=True)
         return False
 
-    async def _call_sync(self, msg: Message) -> Any:
-        """Run a plain ``def`` handler on a pool thread (an async one runs on the loop)."""
-        assert self._pool is not None
-        if self.ctx.tally.tracing:
-            ctx = contextvars.copy_context()
-            return await asyncio.wrap_future(self._pool.submit(ctx.run, self._handle, msg))
-        else:
-            return await asyncio.wrap_future(self._pool.submit(self._handle, msg))
-
     def _time_out(self, d: Delivery, runner: asyncio.Task[None]) -> None:
         """The job's time limit passed: cancel its handler (an async one stops at its next
         await; a sync one's thread cannot be stopped, so its delivery is let go)."""
@@ -234,13 +216,10 @@ class Runner:
             runner.cancel()
 
     def _timed_out(self, d: Delivery, debug: bool) -> None:
-        if self._pool is not None:
-            self._pool.abandon()  # its thread may still run: keep the pool's size for others
+        self.calls.abandon()
         self._finished(d, "timeout", debug)
         self.ctx.count("timed_out", 1)
-        self._failed(d, HandlerTimeout(
-            f"the handler ran longer than its time limit of {d.limit or 0:g} s (timeout) and "
-            f"was {'cancelled' if self._is_async else 'abandoned; its late outcome is dropped'}"))
+        self._failed(d, overran(d.limit, self.calls.is_async))
 
     def _finished(self, d: Delivery, result: str, debug: bool) -> None:
         metering = self.ctx.tally.metering

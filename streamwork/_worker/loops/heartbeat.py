@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 
 from streamwork._redis import scripts
 from streamwork._redis.replies import Beat
 from streamwork._telemetry.logs import WORKER_LOGGER
+from streamwork._worker.batches import beat_columns
 from streamwork._worker.context import Context
 from streamwork._worker.delivery import Delivery, State
 from streamwork._worker.holdings import Holdings
@@ -47,18 +47,12 @@ async def beat(ctx: Context, h: Holdings) -> bool:
     loose = list(h.loose.values())
     if not alive and not loose:
         return False
-    batch: list[list[Any]] = [[d.entry_id for d in alive] + [e for e, _ in loose],
-                              [d.src for d in alive] + [s for _, s in loose],
-                              [d.msg.key for d in alive] + [""] * len(loose),
-                              [lease.value(d) for d in alive] + [""] * len(loose),
-                              [d.member for d in alive] + [b""] * len(loose),
-                              [lease.marked(d) for d in alive] + [""] * len(loose)]
     # a claim under way for a waiting delivery may acknowledge it (a duplicate) before this
     # beat runs in Redis: that claim, not the beat, says what became of it
     claiming = [d.leasing for d in alive]
     sent = time.monotonic()
     res = await ctx.scripts.run(scripts.heartbeat(ctx.gkeys, ctx.name, ctx.cfg.visibility_ms,
-                                                  batch))
+                                                  beat_columns(alive, loose, lease)))
     still = set(h.inflight.values())
     kept, deleted = [], []
     for d, was_claiming, code in zip(alive, claiming, res, strict=False):
