@@ -24,9 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import secrets
-import socket
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -86,11 +83,6 @@ def _raw_reply(client: Any, command: str) -> None:
     """Have ``client`` (the consumer's own) return ``command``'s reply as Redis sent it:
     redis-py would build a dict per stream entry, which the consumer does not need."""
     client.set_response_callback(command, lambda response, **options: response)
-
-
-def consumer_name() -> str:
-    """A unique consumer name: host-pid-random."""
-    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 class Consumer:

@@ -3,20 +3,25 @@ Pure: the runner decides with it, the flusher writes what it decided and logs it
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Final
 
-from streamwork._redis.replies import FailAction
-from streamwork._telemetry.logs import cap, error_message, traceback_text
+from streamwork._redis.replies import FailAction, Failed
+from streamwork._telemetry.logs import WORKER_LOGGER, cap, error_message, seconds, traceback_text
 from streamwork._text import text
 from streamwork._wire.message import Message
 from streamwork._wire.records import record_error
 from streamwork._worker.config import WorkerConfig
+from streamwork._worker.context import Context
 from streamwork._worker.delivery import Delivery, Failure
 from streamwork._worker.retry import retry_delay_for
 from streamwork.errors import DeadLetter, Retry
 
+log = logging.getLogger(WORKER_LOGGER)
+
 TRACEBACK_LIMIT: Final = 2000  #: characters of traceback kept in a dead letter
+CANCELLED_QUEUED: Final = "cancelled:queued"  #: a Failure's reason: cancelled, never started
 
 
 class HandlerTimeout(Exception):
@@ -95,3 +100,25 @@ def log_fields(f: Failure) -> dict[str, Any]:
     return {"key": f.job_key or None, "entry_id": f.entry_id.decode(), "attempt": f.attempts,
             "duration_ms": f.took_ms, "error_type": f.error_type, "error": message(f),
             "reason": f.reason}
+
+
+def report(ctx: Context, f: Failure, code: int) -> None:
+    """fail.lua answered ``code`` (a `Failed`) for ``f``: count it and log its one line
+    (retried, dead-lettered, cancelled) now that the outcome is known."""
+    if code == Failed.RETRIED:
+        ctx.count("retried", 1, "timeout" if f.reason == "timeout" else "error")
+        log.warning("job failed: retrying in %s s: %s", seconds(f.delay_ms / 1000),
+                    described(f), extra=ctx.fields(**log_fields(f), delay_ms=f.delay_ms))
+    elif code == Failed.DEAD:
+        ctx.count("dead_lettered", 1, f.reason.split(":", 1)[0])
+        log.error("job dead-lettered (%s) after %d attempt%s: %s", f.reason, f.attempts,
+                  "" if f.attempts == 1 else "s", described(f),
+                  extra=ctx.fields(**log_fields(f), traceback=f.traceback or None))
+    elif code == Failed.CANCELLED and f.reason == CANCELLED_QUEUED:
+        ctx.count("cancelled", 1, "queued")
+        log.info("job cancelled before it started", extra=ctx.fields(
+            key=f.job_key, entry_id=f.entry_id.decode(), attempt=f.attempts))
+    elif code == Failed.CANCELLED:
+        ctx.count("cancelled", 1, "running")
+        log.warning("job cancelled while it ran: %s", described(f),
+                    extra=ctx.fields(**log_fields(f)))

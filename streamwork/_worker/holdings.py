@@ -19,9 +19,9 @@ from streamwork._wire.message import revoke
 from streamwork._worker.arrival import Unfit
 from streamwork._worker.context import Context
 from streamwork._worker.delivery import Delivery, Failure, State, ref
+from streamwork._worker.failure import CANCELLED_QUEUED
 from streamwork._worker.outbox import Outbox
 from streamwork._worker.runqueue import RunQueue
-from streamwork._worker.start import CANCELLED_QUEUED
 
 log = logging.getLogger(WORKER_LOGGER)
 
@@ -128,25 +128,17 @@ class Holdings:
 
     def forget(self, d: Delivery, outcome: str = "lost") -> None:
         """Drop a delivery from what this process holds, without touching Redis."""
-        if self.on_leave is not None:
-            self.on_leave(d)
-        if d.span is not None:
-            telemetry.end_span(d.span, outcome)
-            d.span = None
-        if self.inflight.get(d.ref) is d:
-            del self.inflight[d.ref]
-            if d.state == State.FINISHING:
-                self.finishing -= 1
-            self._released()
+        self.forget_all([d], outcome)
 
-    def forget_acked(self, ds: list[Delivery]) -> None:
-        """`forget` for a batch whose outcomes Redis now has (the hot path: one pass)."""
+    def forget_all(self, ds: list[Delivery], outcome: str) -> None:
+        """`forget` for a batch (the hot path: outcomes Redis now has), in one pass;
+        ``outcome`` ends their spans."""
         inflight, finishing, leave = self.inflight, 0, self.on_leave
         for d in ds:
             if leave is not None:
                 leave(d)
             if d.span is not None:
-                telemetry.end_span(d.span, "acked")
+                telemetry.end_span(d.span, outcome)
                 d.span = None
             if inflight.get(d.ref) is d:
                 del inflight[d.ref]

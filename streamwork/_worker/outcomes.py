@@ -16,14 +16,13 @@ from typing import Final
 from streamwork._redis import scripts
 from streamwork._redis.replies import Done, Failed
 from streamwork._telemetry import api as telemetry
-from streamwork._telemetry.logs import WORKER_LOGGER, seconds
+from streamwork._telemetry.logs import WORKER_LOGGER
 from streamwork._wire.extensions import Codec, packer
 from streamwork._worker.batches import done_columns, staged_ops
 from streamwork._worker.context import Context
 from streamwork._worker.delivery import Delivery, Failure, ref
-from streamwork._worker.failure import described, fail_row, log_fields
+from streamwork._worker.failure import fail_row, report
 from streamwork._worker.holdings import Holdings
-from streamwork._worker.start import CANCELLED_QUEUED
 from streamwork._worker.supervisor import uninterrupted
 
 log = logging.getLogger(WORKER_LOGGER)
@@ -147,7 +146,7 @@ class Outcomes:
             else:
                 h.lose(d, "not the owner at completion (reclaimed by another worker)",
                        leave=True)
-        h.forget_acked(finished)
+        h.forget_all(finished, "acked")
         ctx.count("acked", acked, "success")
         await lease.release(live)
         return True
@@ -163,29 +162,13 @@ class Outcomes:
         await ctx.leases.release([f.delivery for f in failed if f.delivery is not None])
 
     def _failed(self, f: Failure, code: int) -> None:
-        """fail.lua answered for ``f``: count it and log its one line (retry, dead letter,
-        cancelled, lease lost), now that the outcome is known."""
-        ctx, h, d = self.ctx, self.holdings, f.delivery
-        if code == Failed.RETRIED:
-            ctx.count("retried", 1, "timeout" if f.reason == "timeout" else "error")
-            log.warning("job failed: retrying in %s s: %s", seconds(f.delay_ms / 1000),
-                        described(f), extra=ctx.fields(**log_fields(f), delay_ms=f.delay_ms))
-        elif code == Failed.DEAD:
-            ctx.count("dead_lettered", 1, f.reason.split(":", 1)[0])
-            log.error("job dead-lettered (%s) after %d attempt%s: %s", f.reason, f.attempts,
-                      "" if f.attempts == 1 else "s", described(f),
-                      extra=ctx.fields(**log_fields(f), traceback=f.traceback or None))
-        elif code == Failed.CANCELLED and f.reason == CANCELLED_QUEUED:
-            ctx.count("cancelled", 1, "queued")
-            log.info("job cancelled before it started", extra=ctx.fields(
-                key=f.job_key, entry_id=f.entry_id.decode(), attempt=f.attempts))
-        elif code == Failed.CANCELLED:
-            ctx.count("cancelled", 1, "running")
-            log.warning("job cancelled while it ran: %s", described(f),
-                        extra=ctx.fields(**log_fields(f)))
-        elif d is not None and code == Failed.VANISHED:
+        """fail.lua answered for ``f``: report it (a lost or vanished one is reported by
+        the holdings, which give it up) and let it go, now that the outcome is known."""
+        h, d = self.holdings, f.delivery
+        report(self.ctx, f, code)
+        if d is not None and code == Failed.VANISHED:
             h.vanish(d, f.error)
-        elif d is not None:
+        elif d is not None and code == Failed.LOST:
             h.lose(d, "not the owner when recording a failure", f.error)
         if d is None:
             h.release_loose(ref(f.src, f.entry_id))

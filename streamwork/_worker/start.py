@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from streamwork._worker.delivery import Delivery
     from streamwork._worker.runqueue import RunQueue
 
-CANCELLED_QUEUED: Final = "cancelled:queued"  #: a Failure's reason: cancelled, never started
 MAX_SPINS: Final = 64  #: loop turns a start batch waits at most for runners still waking
 
 
