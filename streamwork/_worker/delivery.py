@@ -1,5 +1,4 @@
-"""What a worker holds: deliveries and their states, and the failures on their way to
-fail.lua."""
+"""What a worker holds: deliveries and their states."""
 
 from __future__ import annotations
 
@@ -8,8 +7,6 @@ import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-from streamwork._redis.replies import FailAction
 
 if TYPE_CHECKING:
     from streamwork._lock.redlock import AsyncHeldLock
@@ -64,23 +61,3 @@ class Delivery:
     grant: AsyncHeldLock | None = None  # the Redlock grant, when leases come from lock_urls
     span: Any = None  # the delivery's OpenTelemetry span, ended when Redis has the outcome
     result: Any = None  # what handle() returned
-
-
-@dataclass(slots=True)
-class Failure:
-    """A failed delivery (or one that can never run) on its way to fail.lua."""
-
-    delivery: Delivery | None
-    entry_id: bytes
-    src: int
-    action: FailAction
-    delay_ms: int
-    attempts: int
-    reason: str
-    error_type: str
-    detail: str
-    job_key: str = ""
-    body: bytes = b""
-    error: BaseException | None = None
-    took_ms: float | None = None  # how long the handler ran (for the failure's log line)
-    traceback: str = ""  # the error's traceback, capped (for a dead letter's log line)

@@ -1,5 +1,6 @@
 """What becomes of a failed job: retried (after a backoff), dead-lettered or cancelled.
-Pure: the runner decides with it, the flusher writes what it decided and logs it."""
+The runner decides it here (pure), the flusher writes it (a fail.lua row) and, once Redis
+has it, reports it (a counter and one log line)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from streamwork._wire.message import Message
 from streamwork._wire.records import record_error
 from streamwork._worker.config import WorkerConfig
 from streamwork._worker.context import Context
-from streamwork._worker.delivery import Delivery, Failure
+from streamwork._worker.delivery import Delivery
 from streamwork._worker.retry import retry_delay_for
 from streamwork.errors import DeadLetter, Retry
 
@@ -38,6 +39,26 @@ def overran(limit: float | None, cancelled: bool) -> HandlerTimeout:
     return HandlerTimeout(
         f"the handler ran longer than its time limit of {limit or 0:g} s (timeout) and was "
         f"{'cancelled' if cancelled else 'abandoned; its late outcome is dropped'}")
+
+
+@dataclass(slots=True)
+class Failure:
+    """A failed delivery (or one that can never run) on its way to fail.lua."""
+
+    delivery: Delivery | None
+    entry_id: bytes
+    src: int
+    action: FailAction
+    delay_ms: int
+    attempts: int
+    reason: str
+    error_type: str
+    detail: str
+    job_key: str = ""
+    body: bytes = b""
+    error: BaseException | None = None
+    took_ms: float | None = None  # how long the handler ran (for the failure's log line)
+    traceback: str = ""  # the error's traceback, capped (for a dead letter's log line)
 
 
 @dataclass(frozen=True, slots=True)

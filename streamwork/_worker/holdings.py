@@ -18,8 +18,8 @@ from streamwork._telemetry.logs import WORKER_LOGGER, describe, error_fields
 from streamwork._wire.message import revoke
 from streamwork._worker.arrival import Unfit
 from streamwork._worker.context import Context
-from streamwork._worker.delivery import Delivery, Failure, State, ref
-from streamwork._worker.failure import CANCELLED_QUEUED
+from streamwork._worker.delivery import Delivery, State, ref
+from streamwork._worker.failure import CANCELLED_QUEUED, Failure
 from streamwork._worker.outbox import Outbox
 from streamwork._worker.runqueue import RunQueue
 
@@ -61,6 +61,9 @@ class Holdings:
     # ---- outcomes decided ------------------------------------------------------------
 
     def succeeded(self, d: Delivery) -> None:
+        if d.dropped:  # its lease was lost while it ran
+            self.forget(d)
+            return
         d.state = State.FINISHING
         self.finishing += 1
         self.outbox.add_done(d)

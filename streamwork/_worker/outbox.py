@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from streamwork._worker.delivery import Delivery, Failure
+from streamwork._worker.delivery import Delivery
+from streamwork._worker.failure import Failure
 
 
 class Outbox:

@@ -20,8 +20,8 @@ from streamwork._telemetry.logs import WORKER_LOGGER
 from streamwork._wire.extensions import Codec, packer
 from streamwork._worker.batches import done_columns, staged_ops
 from streamwork._worker.context import Context
-from streamwork._worker.delivery import Delivery, Failure, ref
-from streamwork._worker.failure import fail_row, report
+from streamwork._worker.delivery import Delivery, ref
+from streamwork._worker.failure import Failure, fail_row, report
 from streamwork._worker.holdings import Holdings
 from streamwork._worker.supervisor import uninterrupted
 

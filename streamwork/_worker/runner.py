@@ -17,10 +17,9 @@ from typing import Any, Final
 
 from opentelemetry import trace
 
-from streamwork._redis.faults import Fault, classify
 from streamwork._redis.replies import FailAction, Start
 from streamwork._telemetry import api as telemetry
-from streamwork._telemetry.logs import WORKER_LOGGER, describe, error_message, fields, seconds
+from streamwork._telemetry.logs import WORKER_LOGGER, describe, error_message, seconds
 from streamwork._wire.message import Message, revoke
 from streamwork._worker.context import Context
 from streamwork._worker.delivery import Delivery, State
@@ -67,7 +66,7 @@ class Runner:
         call = self.calls.call
         clock = loop.time  # the loop's clock: what its timers (the time limit) run on
         running = State.RUNNING
-        finish = self._succeeded
+        finish = h.succeeded
         slots, limits = self._slots, self._limits
         cancellable = cfg.cancel_running and self.calls.is_async
         try:
@@ -186,15 +185,11 @@ class Runner:
         if self._starter is None:
             return True
         try:
-            code = await self._starter.start(d)
+            code = await self._starter.answer(d)
         except asyncio.CancelledError:
             h.forget(d)
             raise
-        except Exception as exc:
-            if classify(exc) is Fault.FATAL:
-                raise
-            log.warning("could not start the job (%s); it waits", exc, extra=fields(
-                stream=self.ctx.cfg.stream, group=self.ctx.cfg.group, key=d.msg.key))
+        if code is None:  # Redis could not answer
             h.requeue_later(d, START_RETRY)  # held meanwhile; uses no attempt
             return False
         dropped = _dropped(d)  # it may have been dropped while start.lua ran
@@ -232,12 +227,6 @@ class Runner:
             log.debug("job finished", extra=self.ctx.fields(
                 key=d.msg.key, entry_id=d.msg.id, attempt=d.msg.attempt,
                 duration_ms=round(took * 1000, 2), outcome=result))
-
-    def _succeeded(self, d: Delivery) -> None:
-        if d.dropped:  # its lease was lost while it ran
-            self.holdings.forget(d)
-        else:
-            self.holdings.succeeded(d)
 
     def _failed(self, d: Delivery, exc: Exception) -> None:
         """Decide a failed job's fate (retry, dead letter, cancelled) and hand it to the

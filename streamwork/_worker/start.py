@@ -11,17 +11,22 @@ in the same turn of the event loop share one script call.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING, Any, Final
 
 from streamwork._redis import scripts
+from streamwork._redis.faults import Fault, classify
 from streamwork._redis.replies import LeaseMode
+from streamwork._telemetry.logs import WORKER_LOGGER, fields
 
 if TYPE_CHECKING:
     from streamwork._redis.scripts import AsyncScripts
     from streamwork._wire.keys import GroupKeys
     from streamwork._worker.delivery import Delivery
     from streamwork._worker.runqueue import RunQueue
+
+log = logging.getLogger(WORKER_LOGGER)
 
 MAX_SPINS: Final = 64  #: loop turns a start batch waits at most for runners still waking
 
@@ -44,6 +49,19 @@ class Starter:
         """Ask to start ``d``'s handler; the future gives a ``replies.Start`` code (or
         the error)."""
         return self._add(d, "s", 0)
+
+    async def answer(self, d: Delivery) -> int | None:
+        """`start` awaited; None when Redis could not answer (logged: the job waits)."""
+        try:
+            return await self.start(d)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if classify(exc) is Fault.FATAL:
+                raise
+            log.warning("could not start the job (%s); it waits", exc, extra=fields(
+                stream=d.msg.stream, group=self._gkeys.name, key=d.msg.key))
+            return None
 
     def hold(self, d: Delivery, due: float) -> asyncio.Future[int]:
         """Mark ``d`` held again, waiting for its in-place retry due in ``due`` s."""
