@@ -94,6 +94,10 @@ class Reclaimed(NamedTuple):
         """The sweep went round: no cursor to continue from."""
         return self.cursor in (b"0-0", "0-0")
 
+    def claimed(self) -> list[tuple[bytes, list[Any] | None]]:
+        """The entries claimed, each with its fields as a list (None: deleted)."""
+        return [(eid, list(flat) if flat else None) for eid, flat in self.entries]
+
 
 # ---- the producer's scripts (produce, cancel, replay) ---------------------------------
 

@@ -30,8 +30,6 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from streamwork._redis import connection, scripts
-from streamwork._redis.connection import reconnect_delay
-from streamwork._redis.faults import Fault, classify
 from streamwork._redis.replies import Claim
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER, fields
@@ -200,7 +198,7 @@ class Consumer:
             await cancel(background)
             left = await self._drain()
             await cancel(runners)
-            await self._final_flush()
+            await self.outcomes.final_flush(FINAL_FLUSH)
             await cancel(keepers)
             await self._close()
             self.stopped = True
@@ -256,20 +254,6 @@ class Consumer:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(h.empty.wait(), deadline - time.monotonic())
         return h.held()
-
-    async def _final_flush(self) -> None:
-        """Send the outcomes the drain produced, riding out transient errors for a while."""
-        deadline = time.monotonic() + FINAL_FLUSH
-        while self.holdings.outbox.pending() and time.monotonic() < deadline:
-            try:
-                await asyncio.wait_for(self.outcomes.flush(),
-                                       max(deadline - time.monotonic(), 0.01))
-            except asyncio.TimeoutError:
-                return
-            except Exception as exc:
-                if classify(exc) is Fault.FATAL:
-                    return
-                await asyncio.sleep(min(reconnect_delay(1), max(deadline - time.monotonic(), 0)))
 
     # ---- reading and admission --------------------------------------------------------
 
@@ -378,12 +362,8 @@ class Consumer:
         through (0.2 s doubling to 2 s). Returns whether Redis was asked."""
         await asyncio.sleep(self._wait_pause)
         waiting = self.holdings.waiting
-        if not waiting:
-            self._wait_pause = WAIT_RETRY
-            return False
         before = len(waiting)
-        self._wait_pause = min(self._wait_pause * 2, WAIT_RETRY_MAX)
-        reached = await uninterrupted(self._lease(list(waiting.values())))
-        if len(waiting) < before:
-            self._wait_pause = WAIT_RETRY
+        reached = bool(waiting) and await uninterrupted(self._lease(list(waiting.values())))
+        self._wait_pause = (WAIT_RETRY if not before or len(waiting) < before
+                            else min(self._wait_pause * 2, WAIT_RETRY_MAX))
         return reached

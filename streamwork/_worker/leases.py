@@ -37,7 +37,6 @@ class LeaseStrategy:
 
     mode = LeaseMode.NONE
     claims = False  #: deliveries need ``take`` before they may run
-    outside_redis = False  #: ``spent`` may be true: the leases live outside the stream's Redis
 
     def __init__(self, run: scripts.AsyncScripts, keys: GroupKeys, cfg: WorkerConfig,
                  consumer: str, owner: str) -> None:
@@ -64,10 +63,10 @@ class LeaseStrategy:
         """Whether ``d``'s lease ran out unconfirmed (it must then count as lost)."""
         return False
 
-    def spent(self, d: Delivery) -> bool:
-        """Whether a lease held outside the stream's Redis ran out (the scripts check the
-        ones inside Redis themselves)."""
-        return False
+    def sort_spent(self, ds: list[Delivery]) -> tuple[list[Delivery], list[Delivery]]:
+        """``ds`` sorted, in order, into those whose lease holds and those whose lease,
+        held outside the stream's Redis, ran out (the scripts check the others)."""
+        return ds, []
 
     async def extended(self, kept: Sequence[Delivery], sent: float) -> None:
         """heartbeat.lua kept ``kept`` (beat sent at ``sent``): move their deadlines."""
@@ -110,6 +109,10 @@ class RedisLease(LeaseStrategy):
 
     def expired(self, d: Delivery, now: float) -> bool:
         return now >= d.deadline
+
+    def sort_spent(self, ds: list[Delivery]) -> tuple[list[Delivery], list[Delivery]]:
+        """``ds`` sorted into (not spent, `spent`), in order."""
+        return ds, []
 
     async def extended(self, kept: Sequence[Delivery], sent: float) -> None:
         deadline = lease_deadline(sent, self.cfg.visibility_timeout)

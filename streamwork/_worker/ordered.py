@@ -12,11 +12,11 @@ import asyncio
 from collections import deque
 from typing import Any
 
-from streamwork._redis import scripts
-from streamwork._redis.replies import Reclaimed, Start
+from streamwork._redis.replies import Start
 from streamwork._wire.message import Message
 from streamwork._worker.delivery import MAIN, Admit, Delivery, State
 from streamwork._worker.holdings import Holdings
+from streamwork._worker.loops.reclaim import reclaim
 from streamwork._worker.start import Starter
 
 
@@ -109,15 +109,10 @@ class OrderedGate:
         ctx = self.holdings.ctx
         cursor: Any = b"0-0"
         while True:
-            got = Reclaimed(*await ctx.scripts.run(scripts.reclaim(
-                ctx.cfg.stream, ctx.keys.dead, ctx.cfg.group, ctx.name, 0, cursor,
-                ctx.cfg.batch_size, ctx.worker_name)))
-            if got.deleted:
-                ctx.count("deleted_while_pending", len(got.deleted))
+            got = await reclaim(ctx, ctx.cfg.stream, 0, cursor, ctx.cfg.batch_size)
             if got.entries:
                 ctx.count("taken_over", len(got.entries))
-                await admit([(eid, list(flat) if flat else None) for eid, flat in got.entries],
-                            MAIN, [int(n) for n in got.counts])
+                await admit(got.claimed(), MAIN, [int(n) for n in got.counts])
             if got.done:
                 return
             cursor = got.cursor

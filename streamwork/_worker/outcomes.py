@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Final
 
 from streamwork._redis import scripts
+from streamwork._redis.connection import reconnect_delay
+from streamwork._redis.faults import Fault, classify
 from streamwork._redis.replies import Done, Failed
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER
@@ -83,6 +86,20 @@ class Outcomes:
             raise
         return reached
 
+    async def final_flush(self, within: float) -> None:
+        """Send the outcomes a stopping worker's drain produced, riding out transient
+        errors for ``within`` seconds."""
+        deadline = time.monotonic() + within
+        while self.outbox.pending() and time.monotonic() < deadline:
+            try:
+                await asyncio.wait_for(self.flush(), max(deadline - time.monotonic(), 0.01))
+            except asyncio.TimeoutError:
+                return
+            except Exception as exc:
+                if classify(exc) is Fault.FATAL:
+                    return
+                await asyncio.sleep(min(reconnect_delay(1), max(deadline - time.monotonic(), 0)))
+
     async def _send_acks(self, acks: list[tuple[bytes, int]]) -> None:
         ctx = self.ctx
         res = await ctx.scripts.run(scripts.complete(
@@ -96,15 +113,9 @@ class Outcomes:
         """complete.lua over the live ones of ``done``; False if none was (not sent)."""
         ctx, h = self.ctx, self.holdings
         lease = ctx.leases
-        live, spent = done, []
-        if lease.outside_redis:
-            live = []
-            for d in done:
-                if lease.spent(d):  # a lease held outside Redis ran out: another may run it
-                    h.lose(d, "the Redlock lease expired before completion", leave=True)
-                    spent.append(d)
-                else:
-                    live.append(d)
+        live, spent = lease.sort_spent(done)  # a Redlock lease ran out: another may run it
+        for d in spent:
+            h.lose(d, "the Redlock lease expired before completion", leave=True)
         await lease.release(spent)
         if not live:
             return False

@@ -29,7 +29,7 @@ from streamwork._worker.limits import Limits, retry_key_after
 from streamwork._worker.ordered import OrderedGate
 from streamwork._worker.pool import Calls
 from streamwork._worker.start import Starter
-from streamwork._worker.timelimit import TimeLimit
+from streamwork._worker.timelimit import TimeLimit, uncancel
 
 log = logging.getLogger(WORKER_LOGGER)
 
@@ -112,7 +112,7 @@ class Runner:
                             d.result = await call(msg)
                 except asyncio.CancelledError:
                     if d.cancelling:  # its job was cancelled (cancel_running)
-                        _uncancel(runner)
+                        uncancel(runner)
                         self._finished(d, "cancelled", debug)
                         self._failed(d, JobCancelled("the job was cancelled while it ran"))
                         continue
@@ -120,18 +120,18 @@ class Runner:
                         telemetry.end_span(d.span, "cancelled")
                         h.forget(d)
                         raise
-                    _uncancel(runner)
+                    uncancel(runner)
                     self._timed_out(d, debug)
                 except Exception as exc:
                     if d.timed_out:
-                        _uncancel(runner)
+                        uncancel(runner)
                         self._timed_out(d, debug)
                     else:
                         self._finished(d, "failed", debug)
                         self._failed(d, exc)
                 else:
                     if d.timed_out:  # the handler swallowed its cancellation
-                        _uncancel(runner)
+                        uncancel(runner)
                         self._timed_out(d, debug)
                     else:
                         if tally.metering or debug:
@@ -254,11 +254,3 @@ def _dropped(d: Delivery) -> bool:
     """``d.dropped`` read anew (after an await; a type checker keeps an earlier check's
     answer)."""
     return d.dropped
-
-
-def _uncancel(task: asyncio.Task[None]) -> None:
-    """Withdraw a cancellation this worker made itself (a time limit), on Pythons that
-    count them (3.11+), so later timeouts inside handlers are not confused."""
-    uncancel = getattr(task, "uncancel", None)
-    if uncancel is not None:
-        uncancel()

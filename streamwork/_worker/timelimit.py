@@ -1,10 +1,11 @@
-"""The time limit of one runner's jobs: one timer per runner, not one per job."""
+"""The time limit of one runner's jobs: one timer per runner, not one per job; and how
+the runner withdraws the cancellation it made when a limit passed."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -55,3 +56,11 @@ class TimeLimit(Generic[T]):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+
+
+def uncancel(task: asyncio.Task[Any]) -> None:
+    """Withdraw a cancellation this worker made itself (a time limit), on Pythons that
+    count them (3.11+), so later timeouts inside handlers are not confused."""
+    withdraw = getattr(task, "uncancel", None)
+    if withdraw is not None:
+        withdraw()

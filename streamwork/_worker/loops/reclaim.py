@@ -63,6 +63,19 @@ async def reclaim_once(ctx: Context, h: Holdings, admit: Admit,
     return reached
 
 
+async def reclaim(ctx: Context, stream: str, idle_ms: int, cursor: Any,
+                  count: int) -> Reclaimed:
+    """reclaim.lua: claim up to ``count`` deliveries of the group on ``stream`` idle over
+    ``idle_ms``, from ``cursor`` on; those whose entry was deleted are dead-lettered (and
+    counted here)."""
+    got = Reclaimed(*await ctx.scripts.run(scripts.reclaim(
+        stream, ctx.keys.dead, ctx.cfg.group, ctx.name, idle_ms, cursor, count,
+        ctx.worker_name)))
+    if got.deleted:
+        ctx.count("deleted_while_pending", len(got.deleted))
+    return got
+
+
 async def _anything_idle(ctx: Context, stream: str) -> bool:
     """Whether any delivery of the group on ``stream`` sits idle past the visibility timeout."""
     rows = await ctx.redis.xpending_range(
@@ -88,21 +101,17 @@ async def _reclaim_one(ctx: Context, h: Holdings, admit: Admit, stream: str, src
     """One reclaim.lua call claiming at most one delivery (XAUTOCLAIM ... COUNT 1, dead
     letters for deleted entries, delivery counts, atomically); admits what it claimed."""
     cfg = ctx.cfg
-    got = Reclaimed(*await ctx.scripts.run(scripts.reclaim(
-        stream, ctx.keys.dead, cfg.group, ctx.name, cfg.visibility_ms, cursor, 1,
-        ctx.worker_name)))
+    got = await reclaim(ctx, stream, cfg.visibility_ms, cursor, 1)
     if got.deleted:
-        ctx.count("deleted_while_pending", len(got.deleted))
         log.warning("%d pending entries were deleted from the stream by someone else; "
                     "recorded as dead letters", len(got.deleted),
                     extra=ctx.fields(consumer=None))
     claimed: list[Entry] = []
     claimed_counts: list[int] = []
-    for (eid, flat), n in zip(got.entries, got.counts, strict=True):
-        if ref(src, eid) in h.inflight:
-            continue
-        claimed.append((eid, list(flat) if flat else None))
-        claimed_counts.append(int(n))
+    for entry, n in zip(got.claimed(), got.counts, strict=True):
+        if ref(src, entry[0]) not in h.inflight:
+            claimed.append(entry)
+            claimed_counts.append(int(n))
     if claimed:
         ctx.count("reclaimed", len(claimed))
         log.warning("reclaimed a delivery idle over %.1fs; it runs alone", cfg.visibility_timeout,
