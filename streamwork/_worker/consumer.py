@@ -13,10 +13,9 @@ Tasks, all on one event loop, each supervised (supervisor.py):
 * reclaimer - takes over deliveries of dead consumers, one suspect at a time (reclaim.py);
 * promoter, upkeep, gauges - housekeeping (upkeep.py, gauges.py).
 
-What is held lives in `Holdings` (holdings.py); ordered mode's lines in `OrderedGate`
-(ordered.py); the parts share one frozen `Context`. Leases come from one strategy chosen
-at start (leases.py); every state change of a delivery goes through a Lua script that
-first checks this consumer still owns it.
+What is held lives in `Holdings`, ordered mode's lines in `OrderedGate`; the parts share
+one frozen `Context`. Every state change of a delivery goes through a Lua script that
+first checks this consumer (and its lease, leases.py) still owns it.
 """
 
 from __future__ import annotations
@@ -77,12 +76,6 @@ def max_held(concurrency: int, batch_size: int) -> int:
     return 2 * (concurrency + batch_size)
 
 
-def _raw_reply(client: Any, command: str) -> None:
-    """Have ``client`` (the consumer's own) return ``command``'s reply as Redis sent it:
-    redis-py would build a dict per stream entry, which the consumer does not need."""
-    client.set_response_callback(command, lambda response, **options: response)
-
-
 class Consumer:
     """Runs one handler against a stream's consumer group until stopped."""
 
@@ -129,7 +122,8 @@ class Consumer:
         self.tally.refresh()
         # one XREADGROUP reads the stream and the group's retry stream (both from ">")
         self._read_args = (cfg.stream, ctx.gkeys.retry, ">", ">")
-        _raw_reply(self.redis, "XREADGROUP")
+        # its reply as Redis sent it: redis-py would build a dict per entry, not needed here
+        self.redis.set_response_callback("XREADGROUP", lambda response, **options: response)
         self._main = cfg.stream.encode()
         self._wait_pause = WAIT_RETRY
         self.runner = Runner(self.ctx, self.holdings, handle, starter=self.starter,
@@ -273,7 +267,7 @@ class Consumer:
         reply = await self.redis.execute_command(
             "XREADGROUP", "GROUP", cfg.group, self.name, "COUNT", min(room, cfg.batch_size),
             "BLOCK", max(1, round(cfg.read_block * 1000)), "STREAMS", *self._read_args)
-        # the reply as Redis sent it (see _raw_reply): no dict per entry
+        # the reply as Redis sent it (see __init__): no dict per entry
         for stream, entries in (reply.items() if isinstance(reply, dict) else reply or ()):
             src = MAIN if stream == self._main else RETRY
             await uninterrupted(self.admit(entries, src, None))

@@ -41,7 +41,7 @@ class Holdings:
         #: the reader does not count them as work to come (it reads while acks are sent)
         self.finishing = 0
         self.isolating = False  # a reclaimed suspect runs alone: no reading meanwhile
-        self.room = asyncio.Event()  # set when something left: the reader may read more
+        self.room = asyncio.Event()  # set: a reader waiting for room (or isolation) looks again
         self.empty = asyncio.Event()  # set when nothing is held any more
         #: told of every delivery that leaves (ordered mode: the next of its key may run)
         self.on_leave: Callable[[Delivery], None] | None = None
@@ -49,10 +49,6 @@ class Holdings:
     def held(self) -> int:
         """Deliveries this process holds (the PEL entries it owns)."""
         return len(self.inflight) + len(self.loose)
-
-    def wake_reader(self) -> None:
-        """Let a reader that waits for room (or for isolation to end) look again."""
-        self.room.set()
 
     def remember_done(self, key: str) -> None:
         if self.ctx.cache is not None:

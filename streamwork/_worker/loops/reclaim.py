@@ -44,7 +44,9 @@ async def reclaim_once(ctx: Context, h: Holdings, admit: Admit,
     for src, stream in ((MAIN, cfg.stream), (RETRY, ctx.gkeys.retry)):
         if stopping():
             continue
-        idle = await _anything_idle(ctx, stream)
+        # any delivery of the group on it idle past the visibility timeout?
+        idle = await ctx.redis.xpending_range(
+            stream, cfg.group, min="-", max="+", count=1, idle=cfg.visibility_ms)
         reached = True
         if not idle:
             continue
@@ -59,7 +61,7 @@ async def reclaim_once(ctx: Context, h: Holdings, admit: Admit,
                     break
         finally:
             h.isolating = False
-            h.wake_reader()
+            h.room.set()  # the reader may read again
     return reached
 
 
@@ -74,13 +76,6 @@ async def reclaim(ctx: Context, stream: str, idle_ms: int, cursor: Any,
     if got.deleted:
         ctx.count("deleted_while_pending", len(got.deleted))
     return got
-
-
-async def _anything_idle(ctx: Context, stream: str) -> bool:
-    """Whether any delivery of the group on ``stream`` sits idle past the visibility timeout."""
-    rows = await ctx.redis.xpending_range(
-        stream, ctx.cfg.group, min="-", max="+", count=1, idle=ctx.cfg.visibility_ms)
-    return bool(rows)
 
 
 async def wait_alone(h: Holdings, patience: float) -> bool:
