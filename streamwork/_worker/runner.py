@@ -170,9 +170,7 @@ class Runner:
     async def _may_start(self, d: Delivery) -> bool:
         """Whether ``d``'s handler may start now: not dropped, its lease not run out, and
         (with job records) start.lua turned its record into the running one. A delivery
-        that may not start is let go, acknowledged as cancelled, or waits (Redis busy):
-        one whose lease was lost, that another worker took or whose job was cancelled
-        meanwhile does not start."""
+        that may not start is let go, acknowledged as cancelled, or waits (Redis busy)."""
         h = self.holdings
         if d.dropped:
             h.forget(d)
