@@ -100,10 +100,10 @@ async def test_a_running_job_sees_it_at_the_next_heartbeat(
     beats: list[tuple[float, int]] = []  # (when a beat began, cancels seen when it ended)
     real_beat = heartbeat.beat
 
-    async def counted_beat(h: Any) -> None:
+    async def counted_beat(ctx: Any, h: Any) -> None:
         began = time.monotonic()
-        await real_beat(h)
-        beats.append((began, h.counts["cancel_seen"]))
+        await real_beat(ctx, h)
+        beats.append((began, ctx.tally.counts["cancel_seen"]))
 
     monkeypatch.setattr(heartbeat, "beat", counted_beat)
     w = Mailer.from_url(redis_url)

@@ -209,7 +209,7 @@ async def test_a_delivery_lost_while_waiting_for_a_rate_token_does_not_start(
                 await await_for(lambda: _settled(r, p, "b", "done"), timeout=60,
                                 message="the second job to be done (by the second worker)")
                 await await_for(lambda: first._consumer is not None
-                                and first._consumer.held() == 0, timeout=30,
+                                and first._consumer.holdings.held() == 0, timeout=30,
                                 message="the first worker to let the job go")
             finally:
                 await _stop((first, one), *(((second, two),) if two is not None else ()))

@@ -163,7 +163,7 @@ async def test_stale_consumer_cannot_ack(r: redis.Redis, redis_url: str, dedup: 
         worker.release.set()
         await await_for(lambda: worker.counts["lock_lost"] == 1,
                         message="the worker to find it lost the delivery")
-        await await_for(lambda: not worker._consumer.inflight,  # type: ignore[union-attr]
+        await await_for(lambda: not worker._consumer.holdings.inflight,  # type: ignore[union-attr]
                         message="the worker to let go of the delivery")
     finally:
         worker.stop()

@@ -15,7 +15,7 @@ import streamwork as sw
 from streamwork._wire.keys import StreamKeys, redlock_resource
 from streamwork._worker.config import WorkerConfig
 from streamwork._worker.delivery import Delivery
-from streamwork._worker.leases import RedlockLease
+from streamwork._worker.redlock_lease import RedlockLease
 from streamwork.testing import Ledger, await_for, run_until_idle, wait_for
 from tests.workers.dedup import StagedLedgerWorker
 
@@ -219,7 +219,7 @@ async def test_closing_redlock_leases_waits_for_the_releases_under_way(
     for i in range(40):  # more than run at once: most releases wait for a slot
         msg = sw.Message(f"{i}-1", STREAM, f"k{i}", {}, 1, 0.0, {})
         d = Delivery(f"{i}-1".encode(), 0, msg, b"", None, f"{i}-1".encode())
-        d.held = await lease.redlock.acquire(redlock_resource(STREAM, msg.key))
+        d.grant = await lease.redlock.acquire(redlock_resource(STREAM, msg.key))
         ds.append(d)
     flushing = asyncio.create_task(lease.release(ds))
     await asyncio.sleep(0)  # the release has started

@@ -27,7 +27,7 @@ async def _upkeep(url: str, name: str = "upkeeper", **options: Any) -> tuple[int
     worker = LedgerWorker.from_url(url, **options)
     consumer = Consumer(worker.handle, worker.config, url, name)
     try:
-        return await upkeep_once(consumer)
+        return await upkeep_once(consumer.ctx)
     finally:
         await consumer.redis.aclose()
 

@@ -19,7 +19,7 @@ from streamwork._redis import connection
 from streamwork._telemetry import api as telemetry
 from streamwork._wire.keys import StreamKeys
 from streamwork._worker.consumer import Consumer
-from streamwork._worker.loops import upkeep
+from streamwork._worker.loops import gauges
 from streamwork.testing import Ledger, await_for, run_until_idle
 from tests.helpers.cluster_util import local_cluster
 from tests.test_cli_ops import cli, row
@@ -52,7 +52,7 @@ async def gauge(url: str, what: str) -> float | None:
     worker = RecordingWorker.from_url(url)
     consumer = Consumer(worker.handle, worker.config, worker.url, "probe")
     try:
-        await upkeep.read_gauges(consumer)
+        await gauges.read_gauges(consumer.ctx)
     finally:
         await consumer.redis.aclose()
     return telemetry._board.values.get(labels)

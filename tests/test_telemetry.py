@@ -29,7 +29,7 @@ import streamwork as sw
 from streamwork._redis.server import free_port
 from streamwork._telemetry.api import DURATION_BUCKETS
 from streamwork._wire.keys import StreamKeys
-from streamwork._worker.loops import upkeep
+from streamwork._worker.loops import gauges
 from streamwork.testing import await_for, run_until_idle, wait_for
 from tests.workers.ledger import LedgerWorker
 
@@ -136,7 +136,7 @@ async def test_gauges_read_real_lag_pending_delayed_dead(redis_url: str, r: redi
     from streamwork._worker.consumer import Consumer
 
     consumer = Consumer(worker.handle, worker.config, worker.url, "probe")
-    await upkeep.read_gauges(consumer)
+    await gauges.read_gauges(consumer.ctx)
     await consumer.redis.aclose()
 
     def gauge(what: str) -> float:

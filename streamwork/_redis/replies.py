@@ -5,8 +5,98 @@ letters."""
 from __future__ import annotations
 
 import enum
+from typing import Any, NamedTuple
 
 # ---- the worker's scripts (claim, start, heartbeat, complete, fail, reclaim) ----------
+
+
+class LeaseMode(enum.IntEnum):
+    """Where a worker's job leases live, as start.lua, complete.lua and fail.lua read it
+    (and so whether they check the lease)."""
+
+    NONE = 0  #: no lease (dedup off)
+    REDIS = 1  #: the job record in the stream's Redis is the lease
+    REDLOCK = 2  #: a Redlock quorum over ``lock_urls`` holds it; the record names it
+
+
+class Claim(enum.IntEnum):
+    """claim.lua's answer per delivery (and a lease strategy's ``take``), besides a fencing
+    token (> 0) when the lease was taken."""
+
+    GO = 0  #: may run without a lease (dedup off) / checked only (Redlock mode)
+    DUPLICATE = -1  #: its job record says done: acknowledged, skip it
+    BUSY = -2  #: another holder has the lease: keep waiting
+    NOT_OURS = -3  #: reclaimed by another consumer meanwhile
+    CANCELLED = -4  #: its job record says cancelled: acknowledged, skip it
+
+
+class Start(enum.IntEnum):
+    """start.lua's answer per delivery."""
+
+    LOST = 0  #: not ours any more (lease or delivery taken): nothing written
+    GO = 1  #: the record says running (or, for a hold, held again): go ahead
+    CANCELLED = 2  #: the job was cancelled: acknowledge it without running it
+    VANISHED = 4  #: neither the stream nor the group knows the entry any more
+
+
+class Beat(enum.IntEnum):
+    """heartbeat.lua's answer per delivery."""
+
+    LOST = 0  #: another consumer owns it, or its lease is gone
+    KEPT = 1
+    DELETED = 2  #: ours, but its stream entry was deleted: adopt it
+    VANISHED = 3  #: neither the stream nor the group knows it any more
+    CANCELLED = 5  #: kept, and its job was cancelled meanwhile (producer.cancel)
+    CANCELLED_RECORD = 6  #: the record says cancelled (before its handler started)
+
+
+class Done(enum.IntEnum):
+    """complete.lua's answer per delivery."""
+
+    LOST = 0  #: not ours any more: nothing written
+    ACKED = 1
+    STAGED_REJECTED = 2  #: acked, but Redis rejected a staged command (others applied)
+    DUPLICATE = 3  #: acked as a duplicate (the record already said done): staged writes skipped
+    VANISHED = 4  #: neither the stream nor the group knows the entry: the server lost it
+    CANCELLED = 5  #: acked as cancelled: its job was cancelled while it ran (nothing staged)
+
+
+class FailAction(str, enum.Enum):
+    """What fail.lua is asked to do with a failed delivery."""
+
+    RETRY = "r"  #: schedule it again (on the group's retry stream)
+    DEAD = "d"  #: dead-letter it
+    CANCEL = "c"  #: acknowledge it as cancelled (the record says so)
+
+
+class Failed(enum.IntEnum):
+    """fail.lua's answer per delivery."""
+
+    LOST = 0  #: not ours any more: nothing written
+    RETRIED = 1
+    DEAD = 2
+    CANCELLED = 3
+    VANISHED = 4
+
+
+class Reclaimed(NamedTuple):
+    """reclaim.lua's answer: the XAUTOCLAIM cursor, the entries claimed (id and flat
+    fields, None for one deleted while pending), the ids dead-lettered as deleted, and each
+    claimed entry's delivery count."""
+
+    cursor: Any
+    entries: list[tuple[bytes, Any]]
+    deleted: list[bytes]
+    counts: list[Any]
+
+    @property
+    def done(self) -> bool:
+        """The sweep went round: no cursor to continue from."""
+        return self.cursor in (b"0-0", "0-0")
+
+    def claimed(self) -> list[tuple[bytes, list[Any] | None]]:
+        """The entries claimed, each with its fields as a list (None: deleted)."""
+        return [(eid, list(flat) if flat else None) for eid, flat in self.entries]
 
 
 # ---- the producer's scripts (produce, cancel, replay) ---------------------------------

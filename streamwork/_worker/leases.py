@@ -1,5 +1,6 @@
-"""Job leases, chosen once per worker: none (dedup off), a lease in the stream's Redis, or
-a Redlock lease over independent masters (``lock_urls``).
+"""Job leases, chosen once per worker (context.build): none (dedup off), a lease in the
+stream's Redis, or a Redlock lease over independent masters (``lock_urls``, in
+redlock_lease.py).
 
 A strategy alone knows how to take a batch's leases, what value the scripts compare, how
 a heartbeat extends them, when one counts as lost, and how to release them; the consumer
@@ -8,46 +9,18 @@ and the background loops only ask it.
 
 from __future__ import annotations
 
-import asyncio
-import enum
-import functools
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from streamwork._lock.core import drift_allowance
-from streamwork._lock.redlock import AsyncHeldLock, AsyncRedlock
 from streamwork._redis import scripts
-from streamwork._redis.faults import Fault, classify
-from streamwork._wire.keys import GroupKeys, redlock_resource
-from streamwork.errors import LockError
+from streamwork._redis.replies import Claim, LeaseMode
+from streamwork._wire.keys import GroupKeys
 
 if TYPE_CHECKING:
     from streamwork._worker.config import WorkerConfig
     from streamwork._worker.delivery import Delivery
-
-T = TypeVar("T")
-
-REDLOCK_PARALLEL: Final = 16  #: Redlock acquire/extend/release calls in flight per worker
-
-
-class Claim(enum.IntEnum):
-    """What claim.lua (and a strategy's ``take``) says of a delivery, besides a fencing
-    token (> 0) when the lease was taken."""
-
-    GO = 0  #: may run without a lease (dedup off) / checked only (Redlock mode)
-    DUPLICATE = -1  #: its job record says done: acknowledged, skip it
-    BUSY = -2  #: another holder has the lease: keep waiting
-    NOT_OURS = -3  #: reclaimed by another consumer meanwhile
-    CANCELLED = -4  #: its job record says cancelled: acknowledged, skip it
-
-
-class LeaseMode(enum.IntEnum):
-    """complete.lua's mode: where the lease lives (and whether the script checks it)."""
-
-    NONE = 0
-    REDIS = 1
-    REDLOCK = 2
 
 
 def lease_deadline(sent: float, ttl: float) -> float:
@@ -58,12 +31,12 @@ def lease_deadline(sent: float, ttl: float) -> float:
     return sent + ttl - float(drift_allowance(ttl))
 
 
-class Lease:
-    """No lease (dedup off): deliveries run at once; nothing to extend or release."""
+class LeaseStrategy:
+    """How this worker leases its jobs; this base takes no lease (dedup off): deliveries
+    run at once, nothing to extend or release."""
 
     mode = LeaseMode.NONE
     claims = False  #: deliveries need ``take`` before they may run
-    held_outside = False  #: ``spent`` may be true: leases are also held outside Redis
 
     def __init__(self, run: scripts.AsyncScripts, keys: GroupKeys, cfg: WorkerConfig,
                  consumer: str, owner: str) -> None:
@@ -90,10 +63,10 @@ class Lease:
         """Whether ``d``'s lease ran out unconfirmed (it must then count as lost)."""
         return False
 
-    def spent(self, d: Delivery) -> bool:
-        """Whether a lease held outside the stream's Redis ran out (the scripts check the
-        ones inside Redis themselves)."""
-        return False
+    def sort_spent(self, ds: list[Delivery]) -> tuple[list[Delivery], list[Delivery]]:
+        """``ds`` sorted, in order, into those whose lease holds and those whose lease,
+        held outside the stream's Redis, ran out (the scripts check the others)."""
+        return ds, []
 
     async def extended(self, kept: Sequence[Delivery], sent: float) -> None:
         """heartbeat.lua kept ``kept`` (beat sent at ``sent``): move their deadlines."""
@@ -109,10 +82,10 @@ class Lease:
         return list(await self._run.run(scripts.claim(
             self.keys, self.consumer, self.cfg.visibility_ms, self.owner, mode,
             [[d.entry_id for d in batch], [d.src for d in batch], [d.msg.key for d in batch],
-             [d.msg.attempt for d in batch], [d.lease for d in batch]])))
+             [d.msg.attempt for d in batch], [d.lease_id for d in batch]])))
 
 
-class RedisLease(Lease):
+class RedisLease(LeaseStrategy):
     """The lease is the job's record in the stream's Redis (one key per group and job key),
     taken by claim.lua with a fencing token from ``{S}:fence``, extended by heartbeat.lua,
     checked and turned into the done (or waiting, dead) record by complete.lua / fail.lua
@@ -127,125 +100,21 @@ class RedisLease(Lease):
         owner, deadline = self.owner, lease_deadline(sent, self.cfg.visibility_timeout)
         for d, token in zip(batch, res, strict=True):
             if token > 0:
-                d.lease = f"{owner}:{token}"
+                d.lease_id = f"{owner}:{token}"
                 d.deadline = deadline
         return res
 
     def value(self, d: Delivery) -> str:
-        return d.lease
+        return d.lease_id
 
     def expired(self, d: Delivery, now: float) -> bool:
         return now >= d.deadline
+
+    def sort_spent(self, ds: list[Delivery]) -> tuple[list[Delivery], list[Delivery]]:
+        """``ds`` sorted into (not spent, `spent`), in order."""
+        return ds, []
 
     async def extended(self, kept: Sequence[Delivery], sent: float) -> None:
         deadline = lease_deadline(sent, self.cfg.visibility_timeout)
         for d in kept:
             d.deadline = deadline
-
-
-class RedlockLease(Lease):
-    """The lease lives in a Redlock quorum over ``lock_urls`` (the job record and the ack
-    stay on the stream's Redis). The done-check runs again once the lease is held
-    (double-checked), so a copy that waited for the first holder sees its done record."""
-
-    mode = LeaseMode.REDLOCK
-    claims = True
-
-    def __init__(self, run: scripts.AsyncScripts, keys: GroupKeys, cfg: WorkerConfig,
-                 consumer: str, owner: str) -> None:
-        super().__init__(run, keys, cfg, consumer, owner)
-        assert cfg.lock_urls
-        # per-master timeout: a tenth of the lease (0.05 s to 1 s); the Redlock default of
-        # 0.1 s is too tight for a worker releasing a whole batch at once on a busy host
-        self.redlock = AsyncRedlock(list(cfg.lock_urls), ttl=cfg.visibility_timeout,
-                                    node_timeout=max(0.05, min(1.0, cfg.visibility_timeout / 10)))
-        # at most this many Redlock operations at once, so a batch reuses pooled
-        # connections instead of opening one per job to every master
-        self._slots = asyncio.Semaphore(REDLOCK_PARALLEL)
-        self._releasing: set[asyncio.Future[list[Any]]] = set()  # see release and close
-
-    async def _bounded(self, op: Callable[[], Awaitable[T]]) -> T:
-        """Run ``op()`` once a slot is free: the coroutine is made only then, so one whose
-        wait is cancelled (a stopping worker) is never left un-awaited."""
-        async with self._slots:
-            return await op()
-
-    async def take(self, batch: Sequence[Delivery]) -> list[int]:
-        out = await self._claim(batch, "check")  # only look: done records and ownership
-        go = [i for i, code in enumerate(out) if code == Claim.GO]
-        results = await asyncio.gather(
-            *(self._bounded(functools.partial(
-                self.redlock.acquire, redlock_resource(self.cfg.stream, batch[i].msg.key)))
-              for i in go),
-            return_exceptions=True)
-        # valid_for already counts from each lease's own request: add it to now, not to a
-        # time before the whole batch was taken (that would count the wait twice)
-        now = time.monotonic()
-        granted = []
-        for i, held in zip(go, results, strict=True):
-            if isinstance(held, AsyncHeldLock):
-                batch[i].held = held
-                batch[i].deadline = now + held.valid_for
-                batch[i].lease = f"{self.owner}:{held.fencing_token}"
-                out[i] = held.fencing_token
-                granted.append(i)
-            elif isinstance(held, LockError) or (
-                    isinstance(held, Exception) and classify(held) is not Fault.FATAL):
-                out[i] = Claim.BUSY
-            else:
-                raise held
-        if granted:  # look again, now holding them, and mark their records running
-            again = await self._claim([batch[i] for i in granted], "mark")
-            late = [batch[i] for i, code in zip(granted, again, strict=True) if code != Claim.GO]
-            for i, code in zip(granted, again, strict=True):
-                if code != Claim.GO:
-                    out[i] = code
-            await self.release(late)
-        return out
-
-    def marked(self, d: Delivery) -> str:
-        return d.lease
-
-    def expired(self, d: Delivery, now: float) -> bool:
-        return now >= d.deadline or self.spent(d)
-
-    held_outside = True
-
-    def spent(self, d: Delivery) -> bool:
-        return d.held is not None and d.held.valid_for <= 0
-
-    async def extended(self, kept: Sequence[Delivery], sent: float) -> None:
-        ds = [d for d in kept if d.held is not None]
-        results = await asyncio.gather(
-            *(self._bounded(d.held.extend) for d in ds if d.held is not None),
-            return_exceptions=True)
-        now = time.monotonic()  # as in take: the validity returned counts from now
-        for d, validity in zip(ds, results, strict=True):
-            if isinstance(validity, float) and validity > 0:
-                d.deadline = now + validity
-
-    async def release(self, ds: Sequence[Delivery]) -> None:
-        held = [d.held for d in ds if d.held is not None]
-        for d in ds:
-            d.held = None
-        if held:  # shielded: a stopping worker must not leave leases behind half-released
-            releasing = asyncio.gather(
-                *(self._bounded(h.release) for h in held), return_exceptions=True)
-            self._releasing.add(releasing)
-            releasing.add_done_callback(self._releasing.discard)
-            await asyncio.shield(releasing)
-
-    async def close(self) -> None:
-        """Let the releases still under way (their caller may have been cancelled) finish
-        first: started after the clients are closed, they would open connections that
-        nothing closes."""
-        if self._releasing:
-            await asyncio.gather(*self._releasing, return_exceptions=True)
-        await self.redlock.aclose()
-
-
-def choose(run: scripts.AsyncScripts, keys: GroupKeys, cfg: WorkerConfig, consumer: str,
-           owner: str) -> Lease:
-    """The strategy the options ask for."""
-    kind = Lease if not cfg.dedup else RedlockLease if cfg.lock_urls else RedisLease
-    return kind(run, keys, cfg, consumer, owner)

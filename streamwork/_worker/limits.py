@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from streamwork._redis import scripts
+from streamwork._redis.faults import Fault, classify
 from streamwork._telemetry.logs import WORKER_LOGGER, fields
 from streamwork._text import describe
 from streamwork._wire.keys import GroupKeys
@@ -56,7 +57,7 @@ class Limits:
         self.key_of = key_of
         self.per_key = per_key
         self.hold_ms = hold_ms
-        self.held: dict[bytes, str] = {}  # delivery ref -> the semaphore it holds
+        self.holds: dict[bytes, str] = {}  # delivery ref -> the semaphore it holds
 
     @property
     def on(self) -> bool:
@@ -79,7 +80,7 @@ class Limits:
         got = await self._run(scripts.semaphore(key, "take", self._member(d), self.per_key,
                                                 self.hold_ms))
         if got:
-            self.held[d.ref] = key
+            self.holds[d.ref] = key
         return bool(got)
 
     async def take_rate(self) -> None:
@@ -97,7 +98,7 @@ class Limits:
 
     async def give_back(self, d: Delivery) -> None:
         """The job's handler ended: free its key's hold."""
-        key = self.held.pop(d.ref, None)
+        key = self.holds.pop(d.ref, None)
         if key is not None:
             await self._run(scripts.semaphore(key, "give", self._member(d), self.per_key,
                                               self.hold_ms))
@@ -105,11 +106,49 @@ class Limits:
     async def keep_all(self) -> bool:
         """Renew every hold of a running job (the holds lapse after ``hold_ms``); returns
         whether there was any (Redis asked)."""
-        held = list(self.held.items())
-        for ref, key in held:
+        holds = list(self.holds.items())
+        for ref, key in holds:
             await self._run(scripts.semaphore(key, "keep", self._holder + ":" + ref.hex(),
                                               self.per_key, self.hold_ms))
-        return bool(held)
+        return bool(holds)
+
+    async def allow(self, d: Delivery) -> bool | Exception:
+        """Whether ``d`` may start now under the key cap and the rate; a transient Redis
+        error means not yet. An exception: the user's ``concurrency_key`` raised it, and
+        the job fails with it like with a handler's."""
+        try:
+            if not await self.take_key(d):
+                return False
+            await self.take_rate()
+            return True
+        except asyncio.CancelledError:
+            raise
+        except KeyFailed as failed:
+            return failed.error
+        except Exception as exc:
+            if classify(exc) is Fault.FATAL:
+                raise
+            log.warning("limits unavailable (%s); the job waits", exc, extra=fields(
+                stream=d.msg.stream, group=self._gkeys.name, key=d.msg.key))
+            return False
+
+    async def release(self, d: Delivery) -> None:
+        """``give_back`` if ``d`` has a hold; an error leaves the hold to lapse on its own
+        (after visibility_timeout)."""
+        if d.ref not in self.holds:
+            return
+        try:
+            await self.give_back(d)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if classify(exc) is Fault.FATAL:
+                raise
+
+    async def keep_step(self, interval: float) -> bool:
+        """Sleep ``interval``, then `keep_all` (one turn of the loop that keeps holds)."""
+        await asyncio.sleep(interval)
+        return await self.keep_all()
 
     def _member(self, d: Delivery) -> str:
         return self._holder + ":" + d.ref.hex()

@@ -10,17 +10,22 @@ backoff: a finished job is never dropped because a write failed.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
-from typing import Any, Final
+import time
+from typing import Final
 
 from streamwork._redis import scripts
+from streamwork._redis.connection import reconnect_delay
+from streamwork._redis.faults import Fault, classify
+from streamwork._redis.replies import Done, Failed
 from streamwork._telemetry import api as telemetry
-from streamwork._telemetry.logs import WORKER_LOGGER, cap, error_message, fields, seconds
+from streamwork._telemetry.logs import WORKER_LOGGER
 from streamwork._wire.extensions import Codec, packer
-from streamwork._wire.records import done_record, record_error
-from streamwork._worker.delivery import Delivery, Failure, Holder, State, ref
-from streamwork._worker.start import CANCELLED_QUEUED
+from streamwork._worker.batches import done_columns, staged_ops
+from streamwork._worker.context import Context
+from streamwork._worker.delivery import Delivery, ref
+from streamwork._worker.failure import Failure, fail_row, report
+from streamwork._worker.holdings import Holdings
 from streamwork._worker.supervisor import uninterrupted
 
 log = logging.getLogger(WORKER_LOGGER)
@@ -29,97 +34,40 @@ FLUSH_CHUNK: Final = 500  #: outcomes per script call (keeps one call around a m
 FLUSH_WINDOW: Final = 0.002  #: s a flush waits for handlers still running to finish too
 
 
-class Done(enum.IntEnum):
-    """complete.lua's answer per delivery."""
-
-    LOST = 0  #: not ours any more: nothing written
-    ACKED = 1
-    STAGED_REJECTED = 2  #: acked, but Redis rejected a staged command (others applied)
-    DUPLICATE = 3  #: acked as a duplicate (the record already said done): staged writes skipped
-    VANISHED = 4  #: neither the stream nor the group knows the entry: the server lost it
-    CANCELLED = 5  #: acked as cancelled: its job was cancelled while it ran (nothing staged)
-
-
 ACKED: Final = int(Done.ACKED)
-
-
-class Failed(enum.IntEnum):
-    """fail.lua's answer per delivery."""
-
-    LOST = 0
-    RETRIED = 1
-    DEAD = 2
-    CANCELLED = 3
-    VANISHED = 4
+#: what a failure's fail.lua answer means for its span and its delivery's leaving
+OUTCOME: Final = {Failed.RETRIED: "retried", Failed.DEAD: "dead_lettered",
+                  Failed.CANCELLED: "cancelled", Failed.VANISHED: "vanished"}
 
 
 class Outcomes:
-    """The outcome buffers of one consumer and the step that flushes them."""
+    """The flusher: sends the outcomes waiting in the holdings' outbox, in batches."""
 
-    def __init__(self, host: Holder, codec: Codec | None = None) -> None:
-        self.host = host
-        self.acks: list[tuple[bytes, int]] = []  # duplicates the local cache knows are done
-        self.done: list[Delivery] = []
-        self.failed: list[Failure] = []
-        self.needed = asyncio.Event()
+    def __init__(self, ctx: Context, holdings: Holdings, codec: Codec | None = None) -> None:
+        self.ctx = ctx
+        self.holdings = holdings
+        self.outbox = holdings.outbox
         self._pack = packer(codec).pack  # the flusher's, for records (results: codec's types)
-        #: held deliveries whose outcome is decided (state FINISHING), written or not yet;
-        #: the reader does not count them as work to come (it reads while acks are sent)
-        self.finishing = 0
-
-    def succeeded(self, d: Delivery) -> None:
-        d.state = State.FINISHING
-        self.finishing += 1
-        self.done.append(d)
-        self.needed.set()
-
-    def add_failure(self, f: Failure) -> None:
-        if f.delivery is not None:
-            f.delivery.state = State.FINISHING
-            self.finishing += 1
-        self.failed.append(f)
-        self.needed.set()
-
-    def add_ack(self, entry_id: bytes, src: int) -> None:
-        self.acks.append((entry_id, src))
-        self.needed.set()
-
-    def discard(self, d: Delivery) -> bool:
-        """Take a delivery's outcome back before it is written; True if it was waiting."""
-        if d in self.done:
-            self.done.remove(d)
-            return True
-        for f in self.failed:
-            if f.delivery is d:
-                self.failed.remove(f)
-                return True
-        return False
-
-    def pending(self) -> bool:
-        return bool(self.acks or self.done or self.failed)
 
     async def step(self) -> bool:
         """Wait for something to flush, then flush it (one turn of the flusher loop). A
         stop lets a flush under way finish: its scripts already ran. Returns whether Redis
         was asked."""
-        await self.needed.wait()
-        h = self.host
-        if (len(self.done) + len(self.failed) + len(self.acks) < h.cfg.batch_size
-                and h.held() > self.finishing):
+        box, h = self.outbox, self.holdings
+        await box.needed.wait()
+        if box.size() < self.ctx.cfg.batch_size and h.held() > h.finishing:
             # handlers are still running: give them FLUSH_WINDOW to finish too, so one
             # script call carries a batch of outcomes rather than one or two (outcomes
             # wait at most this long; a job's start is not delayed)
             await asyncio.sleep(FLUSH_WINDOW)
-        self.needed.clear()
+        box.needed.clear()
         return await uninterrupted(self.flush())
 
     async def flush(self) -> bool:
         """Send what finished so far; on an error put back what was not written (for the
         next try, after the caller's backoff) and raise. Returns whether Redis was asked
         (not when there was nothing to send)."""
-        acks, self.acks = self.acks, []
-        done, self.done = self.done, []
-        failed, self.failed = self.failed, []
+        acks, done, failed = self.outbox.take()
         reached = False
         try:
             while acks:
@@ -134,57 +82,54 @@ class Outcomes:
                 reached = True
                 del failed[:FLUSH_CHUNK]
         except BaseException:
-            self.acks[:0] = acks
-            self.done[:0] = [d for d in done if not d.dropped]
-            self.failed[:0] = failed
-            self.needed.set()
+            self.outbox.put_back(acks, done, failed)
             raise
         return reached
 
+    async def final_flush(self, within: float) -> None:
+        """Send the outcomes a stopping worker's drain produced, riding out transient
+        errors for ``within`` seconds."""
+        deadline = time.monotonic() + within
+        while self.outbox.pending() and time.monotonic() < deadline:
+            try:
+                await asyncio.wait_for(self.flush(), max(deadline - time.monotonic(), 0.01))
+            except asyncio.TimeoutError:
+                return
+            except Exception as exc:
+                if classify(exc) is Fault.FATAL:
+                    return
+                await asyncio.sleep(min(reconnect_delay(1), max(deadline - time.monotonic(), 0)))
+
     async def _send_acks(self, acks: list[tuple[bytes, int]]) -> None:
-        h = self.host
-        res = await h.scripts.run(scripts.complete(
-            h.gkeys, h.name, 0, 0, b"", [], [[e for e, _ in acks], [s for _, s in acks]],
+        ctx = self.ctx
+        res = await ctx.scripts.run(scripts.complete(
+            ctx.gkeys, ctx.name, 0, 0, b"", [], [[e for e, _ in acks], [s for _, s in acks]],
             oom_ok=True))
         for entry_id, src in acks:
-            h.release_loose(ref(src, entry_id))
-        h.count("deduplicated", sum(1 for r in res if r == Done.ACKED), "duplicate")
+            self.holdings.release_loose(ref(src, entry_id))
+        ctx.count("deduplicated", sum(1 for r in res if r == Done.ACKED), "duplicate")
 
     async def _send_done(self, done: list[Delivery]) -> bool:
         """complete.lua over the live ones of ``done``; False if none was (not sent)."""
-        h = self.host
-        lease = h.lease
-        live, spent = done, []
-        if lease.held_outside:
-            live = []
-            for d in done:
-                if lease.spent(d):  # a lease held outside Redis ran out: another may run it
-                    h.lose(d, "the Redlock lease expired before completion")
-                    h.forget(d)
-                    spent.append(d)
-                else:
-                    live.append(d)
+        ctx, h = self.ctx, self.holdings
+        lease = ctx.leases
+        live, spent = lease.sort_spent(done)  # a Redlock lease ran out: another may run it
+        for d in spent:
+            h.lose(d, "the Redlock lease expired before completion", leave=True)
         await lease.release(spent)
         if not live:
             return False
-        cfg = h.cfg
+        cfg = ctx.cfg
         staged_keys: list[str | bytes] = []
         staged = staged_ops(live, staged_keys, first_key=4)
-        batch: list[list[Any]] = [[d.entry_id for d in live], [d.src for d in live]]
-        if cfg.dedup:
-            batch += [[d.msg.key for d in live], [lease.value(d) for d in live],
-                      [d.member for d in live],
-                      [done_record(d.msg.fencing_token, d.msg.attempt, d.result,
-                                   cfg.max_result_bytes, self._pack) for d in live]]
-        elif any(d.member for d in live):
-            batch += [[], [], [d.member for d in live]]
-        res = await h.scripts.run(scripts.complete(
-            h.gkeys, h.name, lease.mode, round(cfg.dedup_window * 1000), staged,
-            staged_keys, batch, oom_ok=not cfg.dedup and not staged,
+        res = await ctx.scripts.run(scripts.complete(
+            ctx.gkeys, ctx.name, lease.mode, round(cfg.dedup_window * 1000), staged,
+            staged_keys, done_columns(live, cfg, lease, self._pack),
+            oom_ok=not cfg.dedup and not staged,
             lease_ttl_ms=cfg.visibility_ms))
         acked = 0
         finished: list[Delivery] = []
-        cache = h.cache
+        cache = ctx.cache
         for d, code in zip(live, res, strict=True):
             if code == ACKED:
                 acked += 1
@@ -195,111 +140,52 @@ class Outcomes:
                 acked += 1
                 h.remember_done(d.msg.key)
                 if code == Done.DUPLICATE:
-                    h.count("deduplicated", 1, "duplicate")
+                    ctx.count("deduplicated", 1, "duplicate")
                 elif code == Done.STAGED_REJECTED:
-                    h.count("staged_rejected", 1)
+                    ctx.count("staged_rejected", 1)
                     log.error("a staged write was rejected by Redis; the others applied",
-                              extra=fields(stream=cfg.stream, key=d.msg.key, entry_id=d.msg.id))
+                              extra=ctx.fields(key=d.msg.key, entry_id=d.msg.id))
                 h.forget(d, "acked")
             elif code == Done.VANISHED:
-                h.vanish(d)
-                h.forget(d, "vanished")
+                h.vanish(d, leave=True)
             elif code == Done.CANCELLED:
-                h.count("cancelled", 1, "running")
+                ctx.count("cancelled", 1, "running")
                 log.warning("job cancelled while it ran: its handler returned, the job ends "
-                            "cancelled (staged writes dropped)", extra=fields(
-                                stream=cfg.stream, group=cfg.group, consumer=h.name,
+                            "cancelled (staged writes dropped)", extra=ctx.fields(
                                 key=d.msg.key, entry_id=d.msg.id, attempt=d.msg.attempt))
                 h.forget(d, "cancelled")
             else:
-                h.lose(d, "not the owner at completion (reclaimed by another worker)")
-                h.forget(d, "lost")
-        h.forget_acked(finished)
-        h.count("acked", acked, "success")
+                h.lose(d, "not the owner at completion (reclaimed by another worker)",
+                       leave=True)
+        h.forget_all(finished, "acked")
+        ctx.count("acked", acked, "success")
         await lease.release(live)
         return True
 
     async def _send_failures(self, failed: list[Failure]) -> None:
-        h = self.host
+        ctx = self.ctx
         live = failed
-        entries = [[f.entry_id, f.src, f.action, f.delay_ms, f.attempts, f.job_key,
-                    f.delivery.lease if f.delivery else "",
-                    f.delivery.member if f.delivery else b"",
-                    f.reason, f.error_type, f.detail, f.body,
-                    record_error(f.error_type, f.detail) if f.job_key else ""] for f in live]
-        res = await h.scripts.run(scripts.fail(
-            h.gkeys, h.name, h.worker_name, h.lease.mode, round(h.cfg.dedup_window * 1000),
-            entries)) if live else []
+        res = await ctx.scripts.run(scripts.fail(
+            ctx.gkeys, ctx.name, ctx.worker_name, ctx.leases.mode,
+            round(ctx.cfg.dedup_window * 1000), [fail_row(f) for f in live])) if live else []
         for f, code in zip(live, res, strict=True):
             self._failed(f, code)
-        await h.lease.release([f.delivery for f in failed if f.delivery is not None])
+        await ctx.leases.release([f.delivery for f in failed if f.delivery is not None])
 
     def _failed(self, f: Failure, code: int) -> None:
-        """fail.lua answered for ``f``: count it and log its one line (retry, dead letter,
-        cancelled, lease lost), now that the outcome is known."""
-        h, d = self.host, f.delivery
-        if code == Failed.RETRIED:
-            h.count("retried", 1, "timeout" if f.reason == "timeout" else "error")
-            log.warning("job failed: retrying in %s s: %s", seconds(f.delay_ms / 1000),
-                        _described(f), extra=self._fields(f, delay_ms=f.delay_ms))
-        elif code == Failed.DEAD:
-            h.count("dead_lettered", 1, f.reason.split(":", 1)[0])
-            log.error("job dead-lettered (%s) after %d attempt%s: %s", f.reason, f.attempts,
-                      "" if f.attempts == 1 else "s", _described(f),
-                      extra=self._fields(f, traceback=f.traceback or None))
-        elif code == Failed.CANCELLED and f.reason == CANCELLED_QUEUED:
-            h.count("cancelled", 1, "queued")
-            log.info("job cancelled before it started", extra=fields(
-                stream=h.cfg.stream, group=h.cfg.group, consumer=h.name, key=f.job_key,
-                entry_id=f.entry_id.decode(), attempt=f.attempts))
-        elif code == Failed.CANCELLED:
-            h.count("cancelled", 1, "running")
-            log.warning("job cancelled while it ran: %s", _described(f), extra=self._fields(f))
-        elif d is not None and code == Failed.VANISHED:
+        """fail.lua answered for ``f``: report it (a lost or vanished one is reported by
+        the holdings, which give it up) and let it go, now that the outcome is known."""
+        h, d = self.holdings, f.delivery
+        report(self.ctx, f, code)
+        if d is not None and code == Failed.VANISHED:
             h.vanish(d, f.error)
-        elif d is not None:
+        elif d is not None and code == Failed.LOST:
             h.lose(d, "not the owner when recording a failure", f.error)
         if d is None:
             h.release_loose(ref(f.src, f.entry_id))
             return
-        outcome = {Failed.RETRIED: "retried", Failed.DEAD: "dead_lettered",
-                   Failed.CANCELLED: "cancelled",
-                   Failed.VANISHED: "vanished"}.get(Failed(code), "lost")
+        outcome = OUTCOME.get(Failed(code), "lost")
         if d.span is not None and f.error is not None:
             telemetry.end_span(d.span, outcome, f.error)
             d.span = None
         h.forget(d, outcome)
-
-    def _fields(self, f: Failure, **more: Any) -> dict[str, Any]:
-        """The structured fields of a failure's log line."""
-        h = self.host
-        return fields(stream=h.cfg.stream, group=h.cfg.group, consumer=h.name,
-                      key=f.job_key or None, entry_id=f.entry_id.decode(), attempt=f.attempts,
-                      duration_ms=f.took_ms, error_type=f.error_type, error=_message(f),
-                      reason=f.reason, **more)
-
-
-def _message(f: Failure) -> str:
-    """The failure's message, capped: the exception's, or the detail of a delivery that
-    never ran (undecodable, invalid payload, over max_deliveries on arrival)."""
-    return error_message(f.error) if f.error is not None else cap(f.detail)
-
-
-def _described(f: Failure) -> str:
-    """``"TypeError: unsupported operand ..."`` for a failure's log line."""
-    message = _message(f)
-    return f"{f.error_type}: {message}" if message else f.error_type
-
-
-def staged_ops(live: list[Delivery], staged_keys: list[str | bytes], first_key: int) -> bytes:
-    """Encode the staged writes of a batch for complete.lua, collecting the keys they touch
-    into ``staged_keys`` (which the script gets as KEYS[first_key..])."""
-    ops: dict[int, list[list[Any]]] = {}
-    for i, d in enumerate(live, start=1):
-        for command, cmd_keys, cmd_args in d.msg.staged:
-            index = []
-            for key in cmd_keys:
-                staged_keys.append(key)
-                index.append(first_key + len(staged_keys) - 1)
-            ops.setdefault(i, []).append([command, index, list(cmd_args)])
-    return scripts.pack(ops) if ops else b""

@@ -1,4 +1,5 @@
-"""A thread pool for plain ``def`` handlers whose threads never hold the process up.
+"""A thread pool for plain ``def`` handlers whose threads never hold the process up, and
+how a handler is called (`Calls`).
 
 The standard ThreadPoolExecutor joins its (non-daemon) threads at interpreter exit, so one
 stuck handler kept a stopped worker's process alive for as long as it was stuck. Here the
@@ -8,6 +9,9 @@ the worker stopped) is replaced, so the pool keeps ``size`` threads for new jobs
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import inspect
 import queue
 import threading
 from collections.abc import Callable
@@ -87,3 +91,35 @@ class DaemonPool:
                     self._unmatched -= 1
                 else:
                     self._idle += 1
+
+
+class Calls:
+    """How a handler is called: an ``async def`` on the loop, a plain ``def`` on a
+    `DaemonPool` thread (in a copy of the caller's context while ``traced()``, so its span
+    is current there too)."""
+
+    def __init__(self, handle: Callable[[Any], Any], size: int, name: str,
+                 traced: Callable[[], bool]) -> None:
+        self.handle = handle
+        self.is_async = inspect.iscoroutinefunction(handle)
+        self.pool = None if self.is_async else DaemonPool(size, name)
+        self.traced = traced
+        #: ``await call(msg)`` runs the handler on ``msg``
+        self.call: Callable[[Any], Any] = handle if self.pool is None else self._call_sync
+
+    async def _call_sync(self, msg: Any) -> Any:
+        assert self.pool is not None
+        if self.traced():
+            ctx = contextvars.copy_context()
+            return await asyncio.wrap_future(self.pool.submit(ctx.run, self.handle, msg))
+        return await asyncio.wrap_future(self.pool.submit(self.handle, msg))
+
+    def abandon(self) -> None:
+        """A call past its time limit is given up on (a thread cannot be stopped)."""
+        if self.pool is not None:
+            self.pool.abandon()  # its thread may still run: keep the pool's size for others
+
+    def close(self) -> None:
+        """Stop idle pool threads (busy ones end with their job; they never block exit)."""
+        if self.pool is not None:
+            self.pool.shutdown()

@@ -11,48 +11,57 @@ in the same turn of the event loop share one script call.
 from __future__ import annotations
 
 import asyncio
-import enum
+import logging
 import time
 from typing import TYPE_CHECKING, Any, Final
 
 from streamwork._redis import scripts
+from streamwork._redis.faults import Fault, classify
+from streamwork._redis.replies import LeaseMode
+from streamwork._telemetry.logs import WORKER_LOGGER, fields
 
 if TYPE_CHECKING:
     from streamwork._redis.scripts import AsyncScripts
     from streamwork._wire.keys import GroupKeys
-    from streamwork._worker.delivery import Delivery, RunQueue
-    from streamwork._worker.leases import Lease
+    from streamwork._worker.delivery import Delivery
+    from streamwork._worker.runqueue import RunQueue
 
-CANCELLED_QUEUED: Final = "cancelled:queued"  #: a Failure's reason: cancelled, never started
+log = logging.getLogger(WORKER_LOGGER)
+
 MAX_SPINS: Final = 64  #: loop turns a start batch waits at most for runners still waking
-
-
-class Start(enum.IntEnum):
-    """start.lua's answer per delivery."""
-
-    LOST = 0  #: not ours any more (lease or delivery taken): nothing written
-    GO = 1  #: the record says running (or, for a hold, held again): go ahead
-    CANCELLED = 2  #: the job was cancelled: acknowledge it without running it
-    VANISHED = 4  #: neither the stream nor the group knows the entry any more
 
 
 class Starter:
     """Batches start.lua calls of one consumer's runners."""
 
-    def __init__(self, run: AsyncScripts, gkeys: GroupKeys, consumer: str, lease: Lease,
+    def __init__(self, run: AsyncScripts, gkeys: GroupKeys, consumer: str, mode: LeaseMode,
                  ttl_ms: int, queue: RunQueue) -> None:
         self._run = run
         self._gkeys = gkeys
         self._consumer = consumer
-        self._lease = lease
+        self._mode = mode
         self._ttl_ms = ttl_ms
         self._queue = queue
         self._batch: list[tuple[Delivery, str, int, asyncio.Future[int]]] = []
         self._sending: set[asyncio.Task[None]] = set()
 
     def start(self, d: Delivery) -> asyncio.Future[int]:
-        """Ask to start ``d``'s handler; the future gives a `Start` code (or the error)."""
+        """Ask to start ``d``'s handler; the future gives a ``replies.Start`` code (or
+        the error)."""
         return self._add(d, "s", 0)
+
+    async def answer(self, d: Delivery) -> int | None:
+        """`start` awaited; None when Redis could not answer (logged: the job waits)."""
+        try:
+            return await self.start(d)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if classify(exc) is Fault.FATAL:
+                raise
+            log.warning("could not start the job (%s); it waits", exc, extra=fields(
+                stream=d.msg.stream, group=self._gkeys.name, key=d.msg.key))
+            return None
 
     def hold(self, d: Delivery, due: float) -> asyncio.Future[int]:
         """Mark ``d`` held again, waiting for its in-place retry due in ``due`` s."""
@@ -76,12 +85,11 @@ class Starter:
             if not (queue.waking and queue.ready):
                 break
         batch, self._batch = self._batch, []
-        lease = self._lease
         try:
             res: Any = await self._run.run(scripts.start(
-                self._gkeys, self._consumer, lease.mode, self._ttl_ms,
+                self._gkeys, self._consumer, self._mode, self._ttl_ms,
                 [[d.entry_id for d, _, _, _ in batch], [d.src for d, _, _, _ in batch],
-                 [d.msg.key for d, _, _, _ in batch], [d.lease for d, _, _, _ in batch],
+                 [d.msg.key for d, _, _, _ in batch], [d.lease_id for d, _, _, _ in batch],
                  [d.member for d, _, _, _ in batch], [op for _, op, _, _ in batch],
                  [d.msg.attempt for d, _, _, _ in batch], [due for _, _, due, _ in batch]]))
         except BaseException as exc:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
+import secrets
 import signal
+import socket
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -26,7 +29,7 @@ from streamwork._wire.message import Message, P
 from streamwork._wire.payloads import converter
 from streamwork._wire.schedules import check_schedules
 from streamwork._worker.config import WorkerConfig, WorkerOptions, check_attributes
-from streamwork._worker.consumer import Consumer, consumer_name
+from streamwork._worker.consumer import Consumer
 from streamwork._worker.done_cache import local_cache
 from streamwork._worker.loops.ticks import with_schedules
 from streamwork._worker.partitioned import Partitioned
@@ -39,6 +42,11 @@ W = TypeVar("W", bound="StreamWorker")
 #: options a worker takes as class attributes besides WorkerOptions' (Python only)
 _CLASS_OPTIONS = ("local_cache", "payload_type", "concurrency_key", "schedules", "codec")
 log = logging.getLogger(WORKER_LOGGER)
+
+
+def consumer_name() -> str:
+    """A unique consumer name: host-pid-random."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,7 +89,7 @@ async def test_entry_deleted_while_its_handler_runs_still_gets_its_outcome(
         await await_for(lambda: r.hlen("runs") == 2, message="both handlers running")
         assert r.xdel(STREAM, ok_id, bad_id) == 2
         await await_for(lambda: r.xlen(KEYS.dead) == 1 and r.hget(LEDGER, "ok") == b"1"
-                        and worker.health().ready and not worker._consumer.inflight,  # type: ignore[union-attr]
+                        and worker.health().ready and not worker._consumer.holdings.inflight,  # type: ignore[union-attr]
                         timeout=20, message="both outcomes recorded")
     finally:
         await _stop(worker, task)

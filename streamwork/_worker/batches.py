@@ -1,0 +1,54 @@
+"""What the worker's scripts get for a batch of deliveries: the columns of their
+MessagePack argument, one list per field. Pure: built from the deliveries alone."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from streamwork._redis import scripts
+from streamwork._wire.records import done_record
+from streamwork._worker.config import WorkerConfig
+from streamwork._worker.delivery import Delivery
+from streamwork._worker.leases import LeaseStrategy
+
+
+def beat_columns(alive: list[Delivery], loose: list[tuple[bytes, int]],
+                 leases: LeaseStrategy) -> list[list[Any]]:
+    """heartbeat.lua's: the held deliveries, then the entries held without one."""
+    n = len(loose)
+    return [[d.entry_id for d in alive] + [e for e, _ in loose],
+            [d.src for d in alive] + [s for _, s in loose],
+            [d.msg.key for d in alive] + [""] * n,
+            [leases.value(d) for d in alive] + [""] * n,
+            [d.member for d in alive] + [b""] * n,
+            [leases.marked(d) for d in alive] + [""] * n]
+
+
+def done_columns(live: list[Delivery], cfg: WorkerConfig, leases: LeaseStrategy,
+                 pack: Callable[[Any], bytes]) -> list[list[Any]]:
+    """complete.lua's: with job records, each job's key, lease and done record (its
+    result packed by ``pack``); the members of adopted entries when there are any."""
+    batch: list[list[Any]] = [[d.entry_id for d in live], [d.src for d in live]]
+    if cfg.dedup:
+        batch += [[d.msg.key for d in live], [leases.value(d) for d in live],
+                  [d.member for d in live],
+                  [done_record(d.msg.fencing_token, d.msg.attempt, d.result,
+                               cfg.max_result_bytes, pack) for d in live]]
+    elif any(d.member for d in live):
+        batch += [[], [], [d.member for d in live]]
+    return batch
+
+
+def staged_ops(live: list[Delivery], staged_keys: list[str | bytes], first_key: int) -> bytes:
+    """Encode the staged writes of a batch for complete.lua, collecting the keys they touch
+    into ``staged_keys`` (which the script gets as KEYS[first_key..])."""
+    ops: dict[int, list[list[Any]]] = {}
+    for i, d in enumerate(live, start=1):
+        for command, cmd_keys, cmd_args in d.msg.staged:
+            index = []
+            for key in cmd_keys:
+                staged_keys.append(key)
+                index.append(first_key + len(staged_keys) - 1)
+            ops.setdefault(i, []).append([command, index, list(cmd_args)])
+    return scripts.pack(ops) if ops else b""

@@ -1,0 +1,81 @@
+"""The run queue: deliveries that may run, handed to the runner tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from streamwork._worker.delivery import Delivery
+
+
+class RunQueue:
+    """The deliveries that may run, first in first out, for the runners: an unbounded
+    ``asyncio.Queue`` without its per-item bookkeeping. A runner takes from ``ready``
+    directly while it holds something and awaits ``get()`` only when it is empty.
+
+    Wake-ups are chained: at most one parked runner is woken and not yet running at any
+    time; when it takes a delivery and more are ready, it wakes the next. Handlers that
+    suspend (I/O) so still get one runner each, while a batch of handlers that finish
+    without suspending is run back to back by one runner, with no wake-up per job.
+    Eager (with job records, where every start waits for Redis anyway), one parked runner
+    is woken per ready delivery at once."""
+
+    __slots__ = ("_getters", "eager", "ready", "waking")
+
+    def __init__(self, eager: bool = False) -> None:
+        self.ready: deque[Delivery] = deque()
+        self._getters: deque[asyncio.Future[None]] = deque()
+        self.waking = 0  # runners woken that have not taken a delivery yet
+        #: wake a parked runner per ready delivery at once, not one after another: when
+        #: every start waits for Redis (start.lua), the runners' starts then share a call
+        self.eager = eager
+
+    def put_many(self, ds: list[Delivery]) -> None:
+        """Queue ``ds``, in order, and wake a runner for them if none is on its way."""
+        self.ready.extend(ds)
+        self.kick()
+
+    def kick(self) -> None:
+        """Wake one parked runner if deliveries are ready and none is on its way (eager:
+        as many as there are ready deliveries)."""
+        if not (self.ready and self._getters):
+            return
+        if not self.eager:
+            if not self.waking:
+                self._wake_next()
+            return
+        while self._getters and self.waking < len(self.ready):
+            self._wake_next()
+
+    async def get(self) -> Delivery:
+        ready = self.ready
+        while not ready:
+            getter = asyncio.get_running_loop().create_future()
+            self._getters.append(getter)
+            try:
+                await getter
+            except BaseException:
+                if getter.done() and not getter.cancelled():
+                    self.waking -= 1  # woken, then cancelled before it could run
+                getter.cancel()
+                with contextlib.suppress(ValueError):
+                    self._getters.remove(getter)
+                self.kick()
+                raise
+            self.waking -= 1
+        d = ready.popleft()
+        if ready:
+            self.kick()
+        return d
+
+    def _wake_next(self) -> None:
+        getters = self._getters
+        while getters:
+            getter = getters.popleft()
+            if not getter.done():
+                getter.set_result(None)
+                self.waking += 1
+                break

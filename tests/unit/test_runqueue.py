@@ -1,0 +1,74 @@
+"""RunQueue (streamwork._worker.runqueue): first in first out, chained wake-ups of parked
+runners, and eager wake-ups with job records. Pure asyncio, no Redis."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from streamwork._worker.runqueue import RunQueue
+
+
+def _items(n: int) -> list[Any]:
+    return [object() for _ in range(n)]
+
+
+async def test_ready_items_come_out_in_order_without_waiting() -> None:
+    q = RunQueue()
+    items = _items(3)
+    q.put_many(items)
+    assert [await q.get() for _ in items] == items
+    assert not q.ready
+
+
+async def test_a_parked_runner_gets_what_is_put_later() -> None:
+    q = RunQueue()
+    getter = asyncio.create_task(q.get())
+    await asyncio.sleep(0)
+    item = object()
+    q.put_many([item])  # type: ignore[list-item]
+    assert await asyncio.wait_for(getter, 1) is item
+    assert q.waking == 0
+
+
+async def test_wake_ups_are_chained_one_runner_at_a_time() -> None:
+    q = RunQueue()
+    getters = [asyncio.create_task(q.get()) for _ in range(3)]
+    await asyncio.sleep(0)  # all three parked
+    items = _items(3)
+    q.put_many(items)
+    assert q.waking == 1  # one woken; it wakes the next when it takes its delivery
+    got = await asyncio.wait_for(asyncio.gather(*getters), 1)
+    assert sorted(map(id, got)) == sorted(map(id, items))
+    assert q.waking == 0 and not q.ready
+
+
+async def test_eager_wakes_a_runner_per_ready_delivery_at_once() -> None:
+    q = RunQueue(eager=True)
+    getters = [asyncio.create_task(q.get()) for _ in range(3)]
+    await asyncio.sleep(0)
+    q.put_many(_items(2))
+    assert q.waking == 2  # one per ready delivery, the third stays parked
+    await asyncio.wait_for(asyncio.gather(*getters[:2]), 1)
+    assert not getters[2].done()
+    getters[2].cancel()
+
+
+async def test_a_woken_runner_cancelled_before_it_runs_passes_the_wake_up_on() -> None:
+    q = RunQueue()
+    first = asyncio.create_task(q.get())
+    second = asyncio.create_task(q.get())
+    await asyncio.sleep(0)
+    item = object()
+    q.put_many([item])  # type: ignore[list-item]
+    assert q.waking == 1
+    first.cancel()  # woken, then cancelled before it took the delivery
+    assert await asyncio.wait_for(second, 1) is item
+    assert first.cancelled() and q.waking == 0
+
+
+async def test_kick_without_parked_runners_does_nothing() -> None:
+    q = RunQueue()
+    q.put_many(_items(2))
+    q.kick()
+    assert q.waking == 0 and len(q.ready) == 2
