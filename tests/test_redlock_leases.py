@@ -45,8 +45,10 @@ async def test_redlock_leases_apply_each_key_once(
     for _ in range(3):
         producer.send_many(STREAM, [{}] * len(keys), keys=keys)
     urls = [m.url for m in masters]
+    # no lease may expire, even on a machine so busy that read-ahead jobs wait seconds for
+    # a slot (5 s was seen running out at load 11)
     opts: dict[str, Any] = {"lock_urls": urls, "local_cache_size": 0,
-                            "visibility_timeout": 5.0}  # no lease may expire mid-handler
+                            "visibility_timeout": 30.0}
     w1 = StagedLedgerWorker.from_url(redis_url, **opts)
     w2 = StagedLedgerWorker.from_url(redis_url, **opts)
     other = asyncio.create_task(w2.serve())
