@@ -31,13 +31,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check streamwork tests examples benchmarks docs
 	$(BIN)/mypy streamwork
 
-# The suite runs twice, both passes at once (each mostly waits on its servers, so together
-# they fit the CI budget): on redis-server (PATH) and on the embedded extra's Valkey 8
-# (there with a shorter randomized fault campaign and another seed, and without the tests
-# that start a local Redis Cluster or that test streamwork's own processes, web page, CLI,
-# docs, start-up checks, user-code containment, outage reporting, log lines, codec and
-# examples rather than what the server does). The Valkey pass's output is printed after
-# the Redis pass's; either failing fails `make test`.
+# The suite runs twice, each pass spread over 4 pytest-xdist workers (a test module stays on
+# one worker; most tests wait on their servers, so 4 fit on 2 cores): on redis-server (PATH)
+# and on the embedded extra's Valkey 8 (there with a shorter randomized fault campaign and
+# another seed, and without the tests that start a local Redis Cluster or that test
+# streamwork's own processes, web page, CLI, docs, start-up checks, user-code containment,
+# outage reporting, log lines, codec and examples rather than what the server does).
 SERVER_AGNOSTIC := tests/test_dashboard.py tests/test_processes.py tests/test_health.py \
 	tests/test_alerts.py tests/test_bench.py tests/test_examples.py \
 	tests/test_typed_payloads.py tests/test_cli.py tests/test_function_worker.py \
@@ -45,20 +44,14 @@ SERVER_AGNOSTIC := tests/test_dashboard.py tests/test_processes.py tests/test_he
 	tests/test_user_code.py tests/test_outage.py tests/test_failure_logs.py \
 	tests/test_payload_types.py tests/test_architecture.py tests/test_ops_thresholds.py \
 	tests/test_ops_format.py tests/test_ops_merge.py
-VALKEY_LOG := .valkey-pass.log
+PARALLEL := -n 4 --dist loadfile
 test: lint
-	@VK="$$($(BIN)/python -c 'from streamwork._redis.server import embedded_binary as e; print(e() or "")')"; \
-	vpid=; \
-	if [ -n "$$VK" ]; then \
-	  STREAMWORK_REDIS_SERVER="$$VK" STREAMWORK_NEMESIS_SECONDS=15 \
+	$(BIN)/pytest -q $(PARALLEL)
+	VK="$$($(BIN)/python -c 'from streamwork._redis.server import embedded_binary as e; print(e() or "")')"; \
+	if [ -n "$$VK" ]; then STREAMWORK_REDIS_SERVER="$$VK" STREAMWORK_NEMESIS_SECONDS=15 \
 	  STREAMWORK_NEMESIS_SEED=$${STREAMWORK_NEMESIS_SEED:-7} $(BIN)/pytest -q -p no:cacheprovider \
-	  -m "not cluster" $(SERVER_AGNOSTIC:%=--ignore=%) > $(VALKEY_LOG) 2>&1 & vpid=$$!; \
-	else echo "embedded extra missing: Valkey pass skipped"; fi; \
-	echo "== Redis pass ($$(redis-server --version | cut -d' ' -f3)), Valkey pass beside it"; \
-	$(BIN)/pytest -q; rc=$$?; vrc=0; \
-	if [ -n "$$vpid" ]; then wait $$vpid; vrc=$$?; echo "== Valkey pass ($$VK)"; \
-	  cat $(VALKEY_LOG); fi; \
-	exit $$(( rc != 0 || vrc != 0 ))
+	  $(PARALLEL) -m "not cluster" $(SERVER_AGNOSTIC:%=--ignore=%); \
+	else echo "embedded extra missing: Valkey pass skipped"; fi
 
 # the documentation site in site/ (mkdocs.yml); --strict: any warning (a broken link, a
 # page missing from the nav, a name the API reference cannot find) fails the build. The
