@@ -84,7 +84,8 @@ class Runner:
                     except asyncio.CancelledError:
                         h.forget(d)
                         raise
-                if not await self._ready(d):
+                # without limits, _ready is _may_start: one coroutine layer less per job
+                if not await (self._ready(d) if limits is not None else self._may_start(d)):
                     if slots is not None:
                         slots.release()
                     continue
@@ -138,7 +139,8 @@ class Runner:
                             self._finished(d, "ok", debug)
                         finish(d)
                 finally:
-                    watch.stop()
+                    if d.limit is not None:
+                        watch.stop()
                     d.task = None
                     if slots is not None:
                         slots.release()
@@ -183,11 +185,12 @@ class Runner:
         if self._starter is None:
             return True
         try:
-            code = await self._starter.answer(d)
+            code = await self._starter.start(d)
         except asyncio.CancelledError:
             h.forget(d)
             raise
-        if code is None:  # Redis could not answer
+        except Exception as exc:  # Redis could not answer
+            self._starter.unanswered(d, exc)
             h.requeue_later(d, START_RETRY)  # held meanwhile; uses no attempt
             return False
         dropped = _dropped(d)  # it may have been dropped while start.lua ran

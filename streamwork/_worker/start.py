@@ -50,18 +50,14 @@ class Starter:
         the error)."""
         return self._add(d, "s", 0)
 
-    async def answer(self, d: Delivery) -> int | None:
-        """`start` awaited; None when Redis could not answer (logged: the job waits)."""
-        try:
-            return await self.start(d)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if classify(exc) is Fault.FATAL:
-                raise
-            log.warning("could not start the job (%s); it waits", exc, extra=fields(
-                stream=d.msg.stream, group=self._gkeys.name, key=d.msg.key))
-            return None
+    def unanswered(self, d: Delivery, exc: Exception) -> None:
+        """``d``'s `start` failed with ``exc``: raised again when fatal, else logged (the
+        job waits and asks again). A function the runner calls from its own ``except``,
+        so the hot path awaits the start future with no coroutine layer in between."""
+        if classify(exc) is Fault.FATAL:
+            raise exc
+        log.warning("could not start the job (%s); it waits", exc, extra=fields(
+            stream=d.msg.stream, group=self._gkeys.name, key=d.msg.key))
 
     def hold(self, d: Delivery, due: float) -> asyncio.Future[int]:
         """Mark ``d`` held again, waiting for its in-place retry due in ``due`` s."""
