@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import os
 import signal
 import subprocess
@@ -236,3 +237,41 @@ async def test_delayed_sends_wait_until_due(r: redis.Redis, redis_url: str) -> N
     [now_handled] = _attempt_times(r, "now")
     assert now_handled < min(due for _, due in sent.values()), \
         "an undelayed job waited behind delayed ones"
+
+
+async def test_a_crashed_workers_read_ahead_is_reclaimed_in_batches(
+    r: redis.Redis, redis_url: str, spawn_worker: Callable[..., subprocess.Popen[bytes]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker process holding 2 running jobs and 100 read ahead is SIGKILLed: another
+    worker takes the 102 back in a few batches (they were delivered once: innocents most
+    likely), not one at a time each running alone, and every job takes effect once."""
+    blockers = ["blocker-0", "blocker-1"]
+    rest = [f"job-{i}" for i in range(120)]
+    with Producer.from_url(redis_url) as p:
+        p.send_many(STREAM, [{"first_sleep": 60}] * 2, keys=blockers)
+        p.send_many(STREAM, [{}] * len(rest), keys=rest)
+    proc = spawn_worker("tests.workers.recording:RecordingWorker", redis_url,
+                        "--concurrency", "2", "--batch-size", "100",
+                        "--visibility-timeout", "1", "--read-block", "0.1")
+    def held() -> int:
+        try:
+            return int(r.xpending(STREAM, GROUP)["pending"])
+        except redis.ResponseError:  # its group is not created yet
+            return 0
+
+    wait_for(lambda: held() == 102, timeout=30,
+             message="the worker to hold 2 running and 100 read-ahead jobs")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    caplog.set_level(logging.WARNING, logger="streamwork.worker")
+    worker = RecordingWorker.from_url(redis_url, concurrency=8, batch_size=100,
+                                      visibility_timeout=1.0, reclaim_interval=0.2)
+    await run_until_idle(worker, r, timeout=60)
+
+    assert Ledger(r).report(blockers + rest).exactly_once
+    assert worker.counts["reclaimed"] == 102, worker.counts
+    lines = [rec.getMessage() for rec in caplog.records if "reclaimed" in rec.getMessage()]
+    assert not [line for line in lines if "suspect" in line], lines
+    batches = [line for line in lines if "run as a batch" in line]
+    assert 1 <= len(batches) <= 3, lines

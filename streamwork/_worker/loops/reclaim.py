@@ -1,11 +1,10 @@
-"""Reclaiming deliveries from crashed or stalled consumers, one suspect at a time.
+"""Reclaiming deliveries of crashed or stalled consumers: in batches, then suspects alone.
 
-Deliveries idle longer than the visibility timeout belong to consumers that died or froze;
-one of them may be what killed its process. So they are taken over one at a time and each
-runs alone: reading pauses, what this process holds finishes, XAUTOCLAIM ... COUNT 1
-claims one, and the next comes only after it is done. A job that kills its process thus
-costs only itself, never the jobs read beside it.
-"""
+Deliveries made once are taken back as a batch (a crashed worker's read-ahead, nearly all
+innocent): full speed again within about one visibility timeout. Suspects (delivered twice
+or more: their batch died too) come one at a time, each running alone while reading
+pauses. A job that kills its process costs one batch at most (max_deliveries >= 3), then
+only itself."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ from streamwork._redis import scripts
 from streamwork._redis.replies import Reclaimed
 from streamwork._telemetry.logs import WORKER_LOGGER
 from streamwork._worker.context import Context
-from streamwork._worker.delivery import MAIN, RETRY, Admit, Entry, State, ref
+from streamwork._worker.delivery import MAIN, RETRY, Admit, State, ref
 from streamwork._worker.holdings import Holdings
 
 log = logging.getLogger(WORKER_LOGGER)
@@ -35,20 +34,22 @@ def jitter(seconds: float) -> float:
 
 async def reclaim_once(ctx: Context, h: Holdings, admit: Admit,
                        stopping: Callable[[], bool]) -> bool:
-    """One reclaim sweep: if deliveries of other consumers sit idle past the visibility
-    timeout, take them over one at a time (``admit`` them), each running alone. Returns
-    whether Redis was asked (not when ``stopping()``)."""
+    """One reclaim sweep over deliveries of other consumers idle past the visibility
+    timeout (``admit`` what it takes). Returns whether Redis was asked."""
     cfg = ctx.cfg
     await asyncio.sleep(jitter(cfg.reclaim_every))
     reached = False
     for src, stream in ((MAIN, cfg.stream), (RETRY, ctx.gkeys.retry)):
         if stopping():
             continue
-        # any delivery of the group on it idle past the visibility timeout?
         idle = await ctx.redis.xpending_range(
-            stream, cfg.group, min="-", max="+", count=1, idle=cfg.visibility_ms)
+            stream, cfg.group, min="-", max="+", count=cfg.batch_size, idle=cfg.visibility_ms)
         reached = True
         if not idle:
+            continue
+        if first := _first_deliveries(idle, cfg.max_deliveries):  # up to the room left
+            room = max(1, min(first, cfg.concurrency + cfg.batch_size - h.held()))
+            await _take(ctx, h, admit, stream, src, b"0-0", room)
             continue
         h.isolating = True
         try:
@@ -56,7 +57,7 @@ async def reclaim_once(ctx: Context, h: Holdings, admit: Admit,
             while not stopping():
                 if not await wait_alone(h, cfg.visibility_timeout):
                     return reached  # held deliveries wait on leases elsewhere: next sweep
-                cursor, claimed = await _reclaim_one(ctx, h, admit, stream, src, cursor)
+                cursor, claimed = await _take(ctx, h, admit, stream, src, cursor, 1)
                 if not claimed and cursor in (b"0-0", "0-0"):
                     break
         finally:
@@ -65,16 +66,22 @@ async def reclaim_once(ctx: Context, h: Holdings, admit: Admit,
     return reached
 
 
-async def reclaim(ctx: Context, stream: str, idle_ms: int, cursor: Any,
-                  count: int) -> Reclaimed:
-    """reclaim.lua: claim up to ``count`` deliveries of the group on ``stream`` idle over
-    ``idle_ms``, from ``cursor`` on; those whose entry was deleted are dead-lettered (and
-    counted here)."""
+def _first_deliveries(idle: list[Any], max_deliveries: int) -> int:
+    """How many oldest idle deliveries in a row were made once (0: no lone try after)."""
+    once = next((i for i, p in enumerate(idle) if int(p["times_delivered"]) != 1), len(idle))
+    return once if max_deliveries >= 3 else 0
+
+
+async def reclaim(ctx: Context, stream: str, idle_ms: int, cursor: Any, count: int) -> Reclaimed:
+    """reclaim.lua: claim up to ``count`` deliveries on ``stream`` idle over ``idle_ms``
+    from ``cursor`` on; deleted entries are dead-lettered (counted and logged here)."""
     got = Reclaimed(*await ctx.scripts.run(scripts.reclaim(
         stream, ctx.keys.dead, ctx.cfg.group, ctx.name, idle_ms, cursor, count,
         ctx.worker_name)))
     if got.deleted:
         ctx.count("deleted_while_pending", len(got.deleted))
+        log.warning("%d pending entries were deleted from the stream by someone else; recorded "
+                    "as dead letters", len(got.deleted), extra=ctx.fields(consumer=None))
     return got
 
 
@@ -91,25 +98,18 @@ async def wait_alone(h: Holdings, patience: float) -> bool:
     return True
 
 
-async def _reclaim_one(ctx: Context, h: Holdings, admit: Admit, stream: str, src: int,
-                       cursor: Any) -> tuple[Any, bool]:
-    """One reclaim.lua call claiming at most one delivery (XAUTOCLAIM ... COUNT 1, dead
-    letters for deleted entries, delivery counts, atomically); admits what it claimed."""
-    cfg = ctx.cfg
-    got = await reclaim(ctx, stream, cfg.visibility_ms, cursor, 1)
-    if got.deleted:
-        log.warning("%d pending entries were deleted from the stream by someone else; "
-                    "recorded as dead letters", len(got.deleted),
-                    extra=ctx.fields(consumer=None))
-    claimed: list[Entry] = []
-    claimed_counts: list[int] = []
-    for entry, n in zip(got.claimed(), got.counts, strict=True):
-        if ref(src, entry[0]) not in h.inflight:
-            claimed.append(entry)
-            claimed_counts.append(int(n))
-    if claimed:
-        ctx.count("reclaimed", len(claimed))
-        log.warning("reclaimed a delivery idle over %.1fs; it runs alone", cfg.visibility_timeout,
-                    extra=ctx.fields(entry_id=claimed[0][0].decode(), attempt=claimed_counts[0]))
-        await admit(claimed, src, claimed_counts)
-    return got.cursor, bool(claimed)
+async def _take(ctx: Context, h: Holdings, admit: Admit, stream: str, src: int,
+                cursor: Any, count: int) -> tuple[Any, bool]:
+    """Claim up to ``count`` idle deliveries from ``cursor`` on and admit those not held
+    here: a suspect (``count`` 1) or first deliveries; a suspect slipping into a batch
+    (its count says so) is left pending, to come back alone."""
+    got = await reclaim(ctx, stream, ctx.cfg.visibility_ms, cursor, count)
+    taken = [(e, int(n)) for e, n in zip(got.claimed(), got.counts, strict=True)
+             if ref(src, e[0]) not in h.inflight and (count == 1 or int(n) <= 2)]
+    if taken:
+        ctx.count("reclaimed", len(taken))
+        how = "first deliveries, run as a batch" if count > 1 else "a suspect, it runs alone"
+        log.warning("reclaimed %d idle deliveries (%s)", len(taken), how,
+                    extra=ctx.fields(entry_id=taken[0][0][0].decode(), attempt=taken[0][1]))
+        await admit([e for e, _ in taken], src, [n for _, n in taken])
+    return got.cursor, bool(taken)
