@@ -30,7 +30,9 @@ class Capped(sw.StreamWorker):
     concurrency = 2
     batch_size = 1
     concurrency_per_key = 1
-    visibility_timeout = 1.0
+    # the thief never acks: with a short timeout, a heartbeat late on a busy machine lets
+    # this worker's reclaimer take a stolen delivery back before it noticed the theft
+    visibility_timeout = 4.0
     read_block = 0.05
 
     def __init__(self, *a: Any, **kw: Any) -> None:
@@ -61,9 +63,9 @@ async def test_waiting_jobs_whose_lease_is_lost_are_let_go(redis_url: str,
             await await_for(lambda: int(r.xpending(STREAM, GROUP)["pending"]) == 3, timeout=10)
             ids = [e["message_id"] for e in r.xpending_range(STREAM, GROUP, "-", "+", 10)]
             r.xclaim(STREAM, GROUP, "thief", 0, ids, justid=True)
-            await await_for(lambda: w.counts["lock_lost"] == 3, timeout=10)
+            await await_for(lambda: w.counts["lock_lost"] == 3, timeout=30)
             p.send(STREAM, {"k": "y"}, key="y0")
-            await await_for(lambda: "y0" in w.ran, timeout=10,
+            await await_for(lambda: "y0" in w.ran, timeout=30,
                             message="the job of key y to run (the lost jobs filled the worker)")
             assert not any(k.startswith("x") for k in w.ran)
         finally:

@@ -84,7 +84,6 @@ class Runner:
                     except asyncio.CancelledError:
                         h.forget(d)
                         raise
-                # without limits, _ready is _may_start: one coroutine layer less per job
                 if not await (self._ready(d) if limits is not None else self._may_start(d)):
                     if slots is not None:
                         slots.release()
@@ -152,7 +151,7 @@ class Runner:
     async def _ready(self, d: Delivery) -> bool:
         """Whether ``d`` may run now, after every wait (a slot, its turn): not dropped
         meanwhile, within the group's limits (else it waits, using no attempt) and
-        allowed to start (see `_may_start`)."""
+        allowed to start (`_may_start`, which the runner awaits directly without limits)."""
         h, limits = self.holdings, self._limits
         if d.dropped:
             h.forget(d)

@@ -47,7 +47,7 @@ async def reclaim_once(ctx: Context, h: Holdings, admit: Admit,
         reached = True
         if not idle:
             continue
-        if first := _first_deliveries(idle, cfg.max_deliveries):  # up to the room left
+        if first := _first_deliveries(idle, cfg.max_deliveries, ctx.name):  # up to the room
             room = max(1, min(first, cfg.concurrency + cfg.batch_size - h.held()))
             await _take(ctx, h, admit, stream, src, b"0-0", room)
             continue
@@ -66,10 +66,11 @@ async def reclaim_once(ctx: Context, h: Holdings, admit: Admit,
     return reached
 
 
-def _first_deliveries(idle: list[Any], max_deliveries: int) -> int:
-    """How many oldest idle deliveries in a row were made once (0: no lone try after)."""
-    once = next((i for i, p in enumerate(idle) if int(p["times_delivered"]) != 1), len(idle))
-    return once if max_deliveries >= 3 else 0
+def _first_deliveries(idle: list[Any], max_deliveries: int, me: str) -> int:
+    """How many oldest idle deliveries in a row were made once, to others than ``me``."""
+    once = next((i for i, p in enumerate(idle) if int(p["times_delivered"]) != 1
+                 or p["consumer"] in (me, me.encode())), len(idle))
+    return once if max_deliveries >= 3 else 0  # else no lone try would be left after
 
 
 async def reclaim(ctx: Context, stream: str, idle_ms: int, cursor: Any, count: int) -> Reclaimed:
