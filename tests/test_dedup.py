@@ -172,4 +172,7 @@ async def test_round_trips_per_job_are_per_batch(redis_url: str, r: redis.Redis)
         print(f"\ndedup={dedup}: {client_cmds / 2000:.3f} worker round trips per job; "
               f"calls: {calls}")
         assert worker.counts["acked"] == 2000
-    assert figures[False] < 0.2 and figures[True] < 0.25, figures
+    # per job it would be 1 (dedup off: an ack) and 3 (on: claim, start, complete); per
+    # batch it is a small fraction, even when a busy machine makes the batches small
+    # (0.43 with dedup on was seen with both cores busy; about 0.1 idle)
+    assert figures[False] < 0.2 and figures[True] < 1.0, figures

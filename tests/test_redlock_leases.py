@@ -152,13 +152,15 @@ async def test_jobs_wait_for_a_lock_quorum_instead_of_dying(
         m.kill()
     keys = [f"q{i}" for i in range(20)]
     sw.Producer.from_url(redis_url).send_many(STREAM, [{}] * len(keys), keys=keys)
+    # a 2 s visibility timeout: with 1 s a busy machine let held leases run out between
+    # heartbeats (each Redlock call waits out the down masters' timeouts)
     worker = StagedLedgerWorker.from_url(redis_url, lock_urls=[m.url for m in masters],
-                                         max_deliveries=2, visibility_timeout=1.0)
+                                         max_deliveries=2, visibility_timeout=2.0)
     task = asyncio.create_task(worker.serve())
     try:
         await await_for(lambda: worker.counts["lock_contended"] >= len(keys), timeout=20,
                         message="every job waiting for the lock quorum")
-        await asyncio.sleep(3.5)  # the outage lasts over three visibility timeouts
+        await asyncio.sleep(6.5)  # the outage lasts over three visibility timeouts
         assert r.hlen("ledger") == 0
         assert r.xlen(StreamKeys.for_stream(STREAM).dead) == 0
         for m in masters[1:]:
