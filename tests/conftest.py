@@ -18,10 +18,32 @@ from typing import Any
 import pytest
 import redis
 
-from streamwork._redis.server import RedisServer, find_server_binary
+from streamwork._redis.server import (
+    PORT_RANGE_ENV,
+    RedisServer,
+    _ephemeral_low,
+    find_server_binary,
+)
 from streamwork.errors import StreamworkError
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _own_port_band() -> None:
+    """Under pytest-xdist, give this worker process (and the processes it starts) its own
+    band of ports for `free_port`: a port picked here and bound a moment later by a server
+    or a worker's probes cannot be picked meanwhile by a test on another xdist worker."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get(
+        "PYTEST_XDIST_WORKER_COUNT")
+    if not worker or not count or os.environ.get(PORT_RANGE_ENV):
+        return
+    lo, hi = 10000, min(_ephemeral_low(), 65536)
+    width = (hi - lo) // int(count)
+    start = lo + int(worker.removeprefix("gw")) * width
+    os.environ[PORT_RANGE_ENV] = f"{start}-{start + width - 1}"
+
+
+_own_port_band()
 
 
 def no_server(why: str) -> None:

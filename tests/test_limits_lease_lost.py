@@ -30,9 +30,13 @@ class Capped(sw.StreamWorker):
     concurrency = 2
     batch_size = 1
     concurrency_per_key = 1
-    # the thief never acks: with a short timeout, a heartbeat late on a busy machine lets
-    # this worker's reclaimer take a stolen delivery back before it noticed the theft
     visibility_timeout = 4.0
+    # the thief never acks, so its deliveries go idle: this worker's reclaimer would take
+    # them back (rightly: the thief looks dead) if a sweep came before a heartbeat noticed
+    # the theft, as one did on a loaded machine; then that job is held again, waiting over
+    # its cap, and is not lost. What is tested is the heartbeat letting stolen jobs go, so
+    # no sweep runs within the test
+    reclaim_interval = 3600.0
     read_block = 0.05
 
     def __init__(self, *a: Any, **kw: Any) -> None:
@@ -68,6 +72,46 @@ async def test_waiting_jobs_whose_lease_is_lost_are_let_go(redis_url: str,
             await await_for(lambda: "y0" in w.ran, timeout=30,
                             message="the job of key y to run (the lost jobs filled the worker)")
             assert not any(k.startswith("x") for k in w.ran)
+        finally:
+            w.stop()
+            await asyncio.wait_for(task, 30)
+
+
+class Sweeping(Capped):
+    """`Capped` whose reclaimer sweeps often."""
+
+    visibility_timeout = 1.0
+    reclaim_interval = 0.1
+
+
+async def test_stolen_waiting_jobs_taken_back_by_the_reclaimer_run_once(
+        redis_url: str, r: redis.Redis) -> None:
+    """The same theft, but the thief's deliveries look long idle at once (XCLAIM ... IDLE),
+    so this worker's reclaimer may take them back before or after its heartbeat sees them
+    gone (the first leaves them held as they were, the second lets them go and takes them
+    back as new deliveries). Once the key's cap frees, every job still runs
+    exactly once."""
+    semaphore = StreamKeys.for_stream(STREAM).group(GROUP).semaphore("x")
+    r.zadd(semaphore, {"someone-else": int(time.time() * 1000) + 3_600_000})
+    with sw.Producer.from_url(redis_url) as p:
+        r.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+        for i in range(3):
+            p.send(STREAM, {"k": "x"}, key=f"x{i}")
+        w = Sweeping.from_url(redis_url)
+        task = asyncio.create_task(w.serve())
+        try:
+            await await_for(lambda: int(r.xpending(STREAM, GROUP)["pending"]) == 3, timeout=10)
+            ids = [e["message_id"] for e in r.xpending_range(STREAM, GROUP, "-", "+", 10)]
+            r.xclaim(STREAM, GROUP, "thief", 0, ids, idle=60_000, justid=True)
+            await await_for(lambda: not any(
+                e["consumer"] == b"thief"
+                for e in r.xpending_range(STREAM, GROUP, "-", "+", 10)), timeout=30,
+                message="the worker to hold the stolen deliveries again")
+            r.delete(semaphore)
+            await await_for(lambda: sorted(w.ran) == ["x0", "x1", "x2"], timeout=30,
+                            message="each job of key x to run once")
+            await await_for(lambda: int(r.xpending(STREAM, GROUP)["pending"]) == 0, timeout=30)
+            assert sorted(w.ran) == ["x0", "x1", "x2"]
         finally:
             w.stop()
             await asyncio.wait_for(task, 30)

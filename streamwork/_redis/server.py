@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Final
 
 from streamwork.errors import StreamworkError
 
@@ -64,24 +65,59 @@ def _ephemeral_low() -> int:
         return 49152
 
 
+#: env var ``LO-HI``: `free_port` picks only from that range (a test session running beside
+#: others gives each its own band, so two never pick the same port before either binds it)
+PORT_RANGE_ENV: Final = "STREAMWORK_FREE_PORTS"
+_given: set[int] = set()  # ports this process handed out already: not handed out again
+
+
+def _port_range() -> tuple[int, int]:
+    """[lo, hi) of `free_port`: `PORT_RANGE_ENV`, else 10000 up to the range the OS hands
+    out on its own."""
+    raw = os.environ.get(PORT_RANGE_ENV, "")
+    if raw:
+        try:
+            lo, hi = (int(part) for part in raw.split("-"))
+        except ValueError:
+            raise StreamworkError(f"{PORT_RANGE_ENV}={raw!r} is not a port range: give "
+                                  "LO-HI, such as 20000-24999") from None
+        if not 0 < lo <= hi < 65536:
+            raise StreamworkError(f"{PORT_RANGE_ENV}={raw!r}: give 0 < LO <= HI < 65536")
+        return lo, hi + 1
+    return 10000, min(_ephemeral_low(), 65536)
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now, chosen below the range
-    the OS hands out on its own: a server stopped and started again on it (a restart
-    test) cannot find it taken meanwhile by another process's bind(0) or by the local end
-    of some outgoing connection, as a port from that range can be on a busy machine."""
-    low = min(_ephemeral_low(), 65536)
+    """A TCP port on 127.0.0.1 that nothing listens on right now and that this process did
+    not hand out before, chosen below the range the OS hands out on its own: a server
+    stopped and started again on it (a restart test) cannot find it taken meanwhile by
+    another process's bind(0) or by the local end of some outgoing connection, as a port
+    from that range can be on a busy machine. ``STREAMWORK_FREE_PORTS=LO-HI`` narrows the
+    choice (processes that pick ports side by side, each in its own band, never collide)."""
+    lo, hi = _port_range()
     rnd = random.SystemRandom()
-    for _ in range(200 if low > 11000 else 0):
-        port = rnd.randrange(10000, low)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+    # a wide range: random picks; a narrow one (a band of its own): each port in turn
+    picks = (rnd.randrange(lo, hi) for _ in range(200)) if hi - lo > 1000 else range(lo, hi)
+    for port in picks:
+        if port not in _given and _bindable(port):
+            _given.add(port)
             return port
+    if os.environ.get(PORT_RANGE_ENV):
+        raise StreamworkError(f"no free port left in {PORT_RANGE_ENV}={lo}-{hi - 1}: widen "
+                              "the range")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _bindable(port: int) -> bool:
+    """Whether nothing holds ``port`` on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 class RedisServer:
