@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from benchmarks.harness import Harness
 from benchmarks.measure import Params
-from benchmarks.run import _machine, _server
+from benchmarks.run import _machine, private_server
 from benchmarks.scaling import load, memory, procs
 from benchmarks.scaling.sizes import BATCH_SIZE, CONCURRENCY, ScalingSizes
 
@@ -49,7 +49,7 @@ def run_scaling(sizes: ScalingSizes, say: Callable[[str], None] = lambda _: None
     """Every section of the scaling study, on a private redis-server (or ``url``, a
     loopback Redis it may FLUSHALL)."""
     started = time.time()
-    with _server(url) as (server_url, port):
+    with private_server(url) as (server_url, port):
         h = Harness(server_url, port, Params.make(quick=sizes.quick, repeats=1), say)
         try:
             result: dict[str, Any] = {
