@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from benchmarks.accounting import done_marker_memory
-from benchmarks.harness import Harness
+from benchmarks.harness import Harness, _entries
 from benchmarks.measure import GROUP, Span, make_jobs
 from benchmarks.scaling.load import _sized
 from benchmarks.scaling.procs import prefill
@@ -47,8 +47,7 @@ def pending_entries(h: Harness, sizes: ScalingSizes) -> dict[str, Any]:
     before, usage0 = _used(h), int(h.r.memory_usage(stream, samples=0) or 0)
     left = n
     while left > 0:
-        reply = h.r.xreadgroup(GROUP, "c1", {stream: ">"}, count=1000)
-        left -= len(reply[0][1]) if reply else 0
+        left -= len(_entries(h.r.xreadgroup(GROUP, "c1", {stream: ">"}, count=1000)))
     after, usage1 = _used(h), int(h.r.memory_usage(stream, samples=0) or 0)
     assert int(h.r.xpending(stream, GROUP)["pending"]) == n
     return {"count": n, "used_memory_bytes_each": round((after - before) / n, 1),
@@ -106,7 +105,7 @@ def trim_once(h: Harness, entries: int) -> dict[str, Any]:
     stream = h.fresh_stream("trim")
     prefill(h, stream, entries)  # the group starts at the end: every entry is done with
     used0 = int(h.r.info("memory")["used_memory"])
-    old = h.r.config_get("slowlog-*")
+    old: dict[Any, Any] = dict(h.r.config_get("slowlog-*"))
     h.r.config_set("slowlog-log-slower-than", SLOWLOG_US)
     h.r.config_set("slowlog-max-len", 1024)
     h.r.slowlog_reset()
