@@ -45,14 +45,18 @@ def render(result: dict[str, Any], console: Console) -> None:
     console.print(t)
     t = _table("2. streams served by one process (one worker each, dedup on), same jobs in "
                "all", "streams", "jobs/stream", "raw jobs/s", "streamwork", "cpu client/redis",
-               "join (s)", "RSS/worker", "Redis conns", "idle cmds/s", "idle cpu client/redis")
+               "join (s)", "Redis conns", "idle cmds/s (EVALSHA)", "idle cpu client/redis",
+               "idle loop lag p50/max (ms)")
     for row in result["streams"]:
         on = row["dedup_on"]
+        rate = _rate(on) + ("" if on["finished"] else
+                            f" [unfinished: {on['jobs']:,}/{on['jobs_sent']:,} acked]")
         t.add_row(f"{row['streams']:,}", f"{row['jobs_per_stream']:,}",
-                  _rate(row["raw_consume"]), _rate(on), _cpu(on), f"{on['join_seconds']:.2f}",
-                  f"{on['rss_per_worker_bytes'] / 1024:,.0f} KiB", f"{on['clients']:,}",
-                  f"{on['idle_commands_per_s']:,.0f}",
-                  f"{on['idle_client_cpu_pct']:.0f}% / {on['idle_redis_cpu_pct']:.0f}%")
+                  _rate(row["raw_consume"]), rate, _cpu(on), f"{on['join_seconds']:.2f}",
+                  f"{on['clients']:,}",
+                  f"{on['idle_commands_per_s']:,.0f} ({on['idle_script_calls_per_s']:,.0f})",
+                  f"{on['idle_client_cpu_pct']:.0f}% / {on['idle_redis_cpu_pct']:.0f}%",
+                  f"{on['idle_loop_lag_ms_p50']:.1f} / {on['idle_loop_lag_ms_max']:.0f}")
     console.print(t)
     t = _table("3. payload size: jobs/s (x raw) and MB/s of payload", "payload", "jobs",
                "raw XADD", "send_many", "raw consume", "dedup off", "dedup on")

@@ -31,6 +31,7 @@ class ScalingSizes:
     soak_samples: int  #: RSS samples over the soak
     trim_sizes: tuple[int, ...]  #: entries in the stream the trimmer steps over (section 6)
     idle_seconds: float  #: how long the many-streams process is watched idle
+    streams_limit: float  #: s a many-streams run may take; past it, the row says how far
     ops_stream_counts: tuple[int, ...]  #: the dashboard / inspect hook (ops_scale.py)
 
     @classmethod
@@ -41,11 +42,12 @@ class ScalingSizes:
                                                    (1_000_000, 3)),
                        processes=(1, 2), processes_jobs=300, memory_jobs=200,
                        soak_jobs=2000, soak_samples=10, trim_sizes=(2000,),
-                       idle_seconds=0.3, ops_stream_counts=(3,))
+                       idle_seconds=0.3, streams_limit=60.0, ops_stream_counts=(3,))
         return cls(quick=False, backlogs=(10_000, 100_000, 1_000_000),
                    stream_counts=(1, 10, 100, 1000), streams_jobs=100_000,
                    payloads=((100, 20_000), (10_000, 10_000), (100_000, 2_000),
                              (1_000_000, 300)),
                    processes=(1, 2, 4), processes_jobs=200_000, memory_jobs=10_000,
                    soak_jobs=1_000_000, soak_samples=50, trim_sizes=(100_000, 1_000_000),
-                   idle_seconds=3.0, ops_stream_counts=(100, 2000))
+                   idle_seconds=3.0, streams_limit=120.0,
+                   ops_stream_counts=(100, 2000))
