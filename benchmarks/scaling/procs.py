@@ -93,8 +93,8 @@ def _go(h: Harness, stream: str) -> None:
 
 
 def _watch(h: Harness, stream: str, total: int, proc: subprocess.Popen[bytes],
-           tick: Callable[[int], None]) -> None:
-    deadline = time.monotonic() + RUN_TIMEOUT
+           tick: Callable[[int], None], timeout: float = RUN_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
     while True:
         done = acked(h, stream)
         tick(done)
@@ -184,7 +184,8 @@ def soak(h: Harness, sizes: ScalingSizes, dedup: bool, say: Callable[[str], None
                 samples.append((done, rss(proc.pid)))
                 marks.pop(0)
 
-        _watch(h, stream, total + 1, proc, tick)
+        # a soak is long by nature: allow it 1 ms per job, at least the usual run time
+        _watch(h, stream, total + 1, proc, tick, max(RUN_TIMEOUT, total / 1000))
         seconds = time.perf_counter() - t0
     finally:
         end_process(proc)
