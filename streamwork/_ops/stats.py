@@ -1,14 +1,18 @@
 """Read-only figures of streams and consumer groups, for ``streamwork inspect`` and ``top``
 and the dashboard.
 
-One call of :func:`stream_stats` reads, for stream ``S``: ``XINFO STREAM S``, ``XINFO
-GROUPS S`` and per group ``XPENDING S G`` (summary), ``XPENDING S G - + 1`` (the oldest
-pending entry and its idle time), ``XINFO CONSUMERS S G``, and one pipelined round trip on
-the group's own side (:func:`read_retry_side`): ``XINFO GROUPS`` and ``XLEN`` of its retry
-stream, ``ZCARD``/``ZCOUNT -inf now`` of its retry ZSET; then the same counts of
-``{S}:delayed`` (``now`` from the server's ``TIME``, the clock the promoter uses) and ``XLEN
-{S}:dead``. Nothing is written. The commands are not one snapshot: figures of a busy stream
-can disagree by the few jobs that moved between two reads.
+:func:`read_streams` (behind :func:`stream_stats` and :func:`sample`) reads up to
+:data:`CHUNK` streams in a server ``TIME`` (the clock the promoter uses: ``now``) and two
+pipelined round trips, so that a server with thousands of streams costs a few round trips
+per thousand streams, never one per stream: first, per stream ``S``, ``XINFO STREAM S``,
+``XINFO GROUPS S``, ``ZCARD``/``ZCOUNT -inf now`` of ``{S}:delayed`` and ``XLEN {S}:dead``;
+then, per group, ``XPENDING S G - + 1`` (the oldest pending entry and its idle time; only
+when the group holds deliveries), ``XINFO CONSUMERS S G`` (only when it has consumers) and
+its own side: ``XINFO GROUPS`` and ``XLEN`` of its retry stream, ``ZCARD``/``ZCOUNT -inf
+now`` of its retry ZSET. Each command is O(1) or O(groups/consumers) on the server (no
+script, nothing that walks the keyspace but the ``SCAN`` of :func:`discover_streams`), so
+Redis is never blocked for long. Nothing is written. The commands are not one snapshot:
+figures of a busy stream can disagree by the few jobs that moved between two reads.
 
 A group's ``lag`` is what will reach it without any new send: the stream's entries not yet
 delivered to it, plus its retry stream's (replayed dead letters, promoted retries), plus its
@@ -24,7 +28,7 @@ are :mod:`streamwork._ops.partitioned`'.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -42,12 +46,15 @@ __all__ = [
     "StreamStats",
     "discover_streams",
     "read_retry_side",
+    "read_streams",
     "retry_side",
     "sample",
     "stream_stats",
 ]
 
 TOP_CONSUMERS: Final = 3  #: consumers listed in ``GroupStats.top_consumers``
+#: streams read per pipelined round trip (at most a few thousand commands in one)
+CHUNK: Final = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,85 +227,166 @@ def read_retry_side(client: Any, keys: StreamKeys, name: str, now_ms: int) -> Re
     return retry_side(name, groups, length, waiting, due)
 
 
-def _group_stats(client: Any, stream: str, info: Mapping[str, Any]) -> GroupStats | None:
+@dataclass(frozen=True, slots=True)
+class _GroupPlan:
+    """What the second round trip asks about one group, and what it already knows."""
+
+    info: dict[str, Any]
+    oldest: bool  #: XPENDING - + 1 queued (the group holds deliveries)
+    consumers: bool  #: XINFO CONSUMERS queued (the group has consumers)
+    side: bool  #: the four reads of its retry side queued (a name streamwork accepts)
+
+
+def _gone(reply: Any, *markers: str) -> bool:
+    """Whether ``reply`` is an error reply whose text holds one of ``markers``."""
+    return isinstance(reply, redis.ResponseError) and any(
+        m in str(reply).lower() for m in markers)
+
+
+def _checked(reply: Any) -> Any:
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
+
+
+def _not_found(client: Any, stream: str) -> StreamNotFound:
+    """Why XINFO STREAM found no stream: gone, or a key of another type (one TYPE)."""
+    kind = text(client.type(stream))
+    if kind in ("none", "stream"):  # gone, or made again since: not there when read
+        return StreamNotFound(stream)
+    return StreamNotFound(stream, f"is a {kind}, not a stream")
+
+
+def _queue_group(pipe: Any, stream: str, keys: StreamKeys, info: dict[str, Any],
+                 now_ms: int) -> _GroupPlan:
     name = text(info["name"])
+    plan = _GroupPlan(info, int(info.get("pending") or 0) > 0,
+                      int(info.get("consumers") or 0) > 0, True)
+    if plan.oldest:
+        pipe.xpending_range(stream, name, min="-", max="+", count=1)
+    if plan.consumers:
+        pipe.xinfo_consumers(stream, name)
     try:
-        summary = norm(client.xpending(stream, name))
-        oldest = client.xpending_range(stream, name, min="-", max="+", count=1)
-        consumers_raw = client.xinfo_consumers(stream, name)
-    except redis.ResponseError as exc:
-        if "NOGROUP" in str(exc):  # deleted between XINFO GROUPS and now
-            return None
-        raise
-    pending = int(summary.get("pending") or 0)
-    per_consumer = [(text(c["name"]), int(c["pending"]))
-                    for c in (norm(x) for x in summary.get("consumers") or [])]
-    per_consumer.sort(key=lambda np: (-np[1], np[0]))
+        gkeys = keys.group(name)
+    except ConfigError:  # a group streamwork would not accept has no retry keys
+        return dataclasses.replace(plan, side=False)
+    pipe.xinfo_groups(gkeys.retry)
+    pipe.xlen(gkeys.retry)
+    pipe.zcard(gkeys.retries)
+    pipe.zcount(gkeys.retries, "-inf", now_ms)
+    return plan
+
+
+def _group_stats(plan: _GroupPlan, replies: Iterator[Any]) -> GroupStats | None:
+    """A group's figures from its plan and its replies (consumed from ``replies``); None
+    when it was deleted between the two round trips."""
+    info, name = plan.info, text(plan.info["name"])
+    oldest = next(replies) if plan.oldest else []
+    consumers_raw = next(replies) if plan.consumers else []
+    side_replies = [next(replies) for _ in range(4)] if plan.side else []
+    if _gone(oldest, "nogroup", "no such key") or _gone(consumers_raw, "nogroup",
+                                                          "no such key"):
+        return None
     oldest_age: float | None = None
     oldest_id: str | None = None
-    if oldest:
+    if _checked(oldest):
         first = norm(oldest[0])
         oldest_id = text(first.get("message_id"))
         oldest_age = int(first.get("time_since_delivered") or 0) / 1000
     consumer_list = [
         ConsumerStats(text(c["name"]), int(c.get("pending") or 0), int(c.get("idle") or 0) / 1000)
-        for c in (norm(x) for x in consumers_raw)
+        for c in (norm(x) for x in _checked(consumers_raw))
     ]
     consumer_list.sort(key=lambda c: (-c.pending, c.name))
+    side = RetrySide()
+    if side_replies:
+        groups, length, waiting, due = side_replies
+        side = retry_side(name, groups, length, _checked(waiting), _checked(due))
     return GroupStats(
         name=name,
         consumers=int(info.get("consumers") or 0),
-        pending=pending,
+        pending=int(info.get("pending") or 0) + side.pending,
         oldest_pending_age_s=oldest_age,
-        lag=opt_int(info.get("lag")),
+        lag=side.total_lag(opt_int(info.get("lag"))),
         entries_read=opt_int(info.get("entries-read")),
         last_delivered_id=text(info.get("last-delivered-id") or b"0-0"),
-        top_consumers=per_consumer[:TOP_CONSUMERS],
+        top_consumers=[(c.name, c.pending) for c in consumer_list if c.pending > 0
+                       ][:TOP_CONSUMERS],
         consumer_list=consumer_list,
         oldest_pending_id=oldest_id,
+        retries_waiting=side.waiting,
+        retry_lag=side.lag,
+        retries_due=side.due,
     )
+
+
+def _read_chunk(client: Any, names: Sequence[str]) -> list[StreamStats | StreamNotFound]:
+    """:func:`read_streams` of at most :data:`CHUNK` streams: TIME, then two pipelined
+    round trips (the streams, then their groups)."""
+    now_ms = _now_ms(client)
+    keys = [StreamKeys.of_any(name) for name in names]
+    pipe = client.pipeline(transaction=False)
+    for name, k in zip(names, keys, strict=True):
+        pipe.xinfo_stream(name)
+        pipe.xinfo_groups(name)
+        pipe.zcard(k.delayed)
+        pipe.zcount(k.delayed, "-inf", now_ms)
+        pipe.xlen(k.dead)
+    first = pipe.execute(raise_on_error=False)
+    pipe = client.pipeline(transaction=False)
+    plans: list[list[_GroupPlan] | StreamNotFound] = []
+    for i, (name, k) in enumerate(zip(names, keys, strict=True)):
+        info, groups_raw = first[5 * i], first[5 * i + 1]
+        if _gone(info, "no such key") or _gone(groups_raw, "no such key"):
+            plans.append(StreamNotFound(name))
+        elif _gone(info, "wrongtype"):
+            plans.append(_not_found(client, name))
+        else:
+            _checked(info)
+            plans.append([_queue_group(pipe, name, k, norm(raw), now_ms)
+                          for raw in _checked(groups_raw)])
+    replies = iter(pipe.execute(raise_on_error=False) if len(pipe) else [])
+    out: list[StreamStats | StreamNotFound] = []
+    for i, (name, plan) in enumerate(zip(names, plans, strict=True)):
+        if isinstance(plan, StreamNotFound):
+            out.append(plan)
+            continue
+        read = [_group_stats(p, replies) for p in plan]
+        groups = sorted((g for g in read if g is not None), key=lambda g: g.name)
+        info = norm(first[5 * i])
+        delayed, due, dead = (_checked(x) for x in first[5 * i + 2: 5 * i + 5])
+        last = info.get("last-generated-id") or entry_id(info.get("last-entry")) or "0-0"
+        out.append(StreamStats(
+            stream=name,
+            length=int(info.get("length") or 0),
+            first_id=entry_id(info.get("first-entry")),
+            last_id=text(last),
+            groups=groups,
+            delayed_total=int(delayed) + sum(g.retries_waiting for g in groups),
+            delayed_due=int(due) + sum(g.retries_due for g in groups),
+            dead=int(dead),
+            entries_added=opt_int(info.get("entries-added")),
+            taken_at_ms=now_ms,
+        ))
+    return out
+
+
+def read_streams(client: Any, names: Sequence[str]) -> list[StreamStats | StreamNotFound]:
+    """The figures of each of ``names`` (a sync client with bytes replies), in order, or
+    the StreamNotFound saying why there are none: a TIME and two pipelined round trips
+    per :data:`CHUNK` streams, however many groups they have."""
+    out: list[StreamStats | StreamNotFound] = []
+    for i in range(0, len(names), CHUNK):
+        out += _read_chunk(client, names[i:i + CHUNK])
+    return out
 
 
 def stream_stats(client: Any, stream: str) -> StreamStats:
     """Figures of ``stream`` (a sync client with bytes replies); raises StreamNotFound."""
-    kind = text(client.type(stream))
-    if kind == "none":
-        raise StreamNotFound(stream)
-    if kind != "stream":
-        raise StreamNotFound(stream, f"is a {kind}, not a stream")
-    now_ms = _now_ms(client)
-    try:
-        info = norm(client.xinfo_stream(stream))
-        groups_raw = client.xinfo_groups(stream)
-    except redis.ResponseError as exc:
-        if "no such key" in str(exc).lower():  # deleted since TYPE
-            raise StreamNotFound(stream) from None
-        raise
-    keys = StreamKeys.of_any(stream)
-    groups, waiting, due = [], 0, 0
-    for raw in groups_raw:
-        g = _group_stats(client, stream, norm(raw))
-        if g is None:
-            continue
-        side = read_retry_side(client, keys, g.name, now_ms)
-        waiting, due = waiting + side.waiting, due + side.due
-        groups.append(dataclasses.replace(
-            g, lag=side.total_lag(g.lag), pending=g.pending + side.pending,
-            retries_waiting=side.waiting, retry_lag=side.lag, retries_due=side.due))
-    groups.sort(key=lambda g: g.name)
-    last = info.get("last-generated-id") or entry_id(info.get("last-entry")) or "0-0"
-    return StreamStats(
-        stream=stream,
-        length=int(info.get("length") or 0),
-        first_id=entry_id(info.get("first-entry")),
-        last_id=text(last),
-        groups=groups,
-        delayed_total=int(client.zcard(keys.delayed)) + waiting,
-        delayed_due=int(client.zcount(keys.delayed, "-inf", now_ms)) + due,
-        dead=int(client.xlen(keys.dead)),
-        entries_added=opt_int(info.get("entries-added")),
-        taken_at_ms=now_ms,
-    )
+    found = read_streams(client, [stream])[0]
+    if isinstance(found, StreamNotFound):
+        raise found
+    return found
 
 
 def discover_streams(client: Any, *, include_dead: bool = False) -> list[str]:
@@ -320,10 +408,4 @@ def discover_streams(client: Any, *, include_dead: bool = False) -> list[str]:
 def sample(client: Any, streams: Iterable[str] | None = None) -> list[StreamStats]:
     """Stats of ``streams`` (default: every discovered stream); missing ones are skipped."""
     names = list(streams) if streams is not None else discover_streams(client)
-    out: list[StreamStats] = []
-    for name in names:
-        try:
-            out.append(stream_stats(client, name))
-        except StreamNotFound:
-            continue
-    return out
+    return [s for s in read_streams(client, names) if isinstance(s, StreamStats)]
