@@ -89,11 +89,8 @@ def snapshot(client: Any) -> list[StreamStats]:
     split = {base: count for base, count in counts.items()
              if count > 1 and _names(base, count)}
     owned = {n for base, count in split.items() for n in _names(base, count)}
-    out = stats.sample(client, [name for name in names if name not in owned])
-    for found in partitioned.partitioned_many(client, split).values():
-        if isinstance(found, StreamStats):  # else gone since the scan
-            out.append(found)
-    return sorted(out, key=lambda s: s.stream)
+    return partitioned.sample_streams(client, [name for name in names if name not in owned],
+                                      split)
 
 
 def _names(base: str, count: int) -> tuple[str, ...]:

@@ -20,14 +20,14 @@ from streamwork._ops.stats import (
     StreamStats,
     discover_streams,
     read_streams,
-    sample,
 )
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names
 from streamwork.errors import ConfigError, StreamNotFound
 
 __all__ = ["merge_stats", "partition_base", "partitioned_many", "partitioned_stats",
-           "recorded_partitions", "recorded_partitions_many", "sample_partitioned"]
+           "recorded_partitions", "recorded_partitions_many", "sample_partitioned",
+           "sample_streams"]
 
 
 def _sum_known(values: Iterable[int | None]) -> int | None:
@@ -129,19 +129,22 @@ def _owner_reads(client: Any, parts: Sequence[tuple[str, StreamStats]],
             for names in asked]
 
 
-def partitioned_many(client: Any, streams: Mapping[str, int],
-                     only: int | None = None) -> dict[str, StreamStats | StreamNotFound]:
-    """:func:`partitioned_stats` of each partitioned stream (name -> partition count), all
-    read together: the partitions of every stream in :func:`read_streams`' few round trips,
-    their owners in one more. A stream none of whose partitions exists, or one of whose
-    partitions is a key of another type, maps to the StreamNotFound saying so."""
+def _picked(streams: Mapping[str, int], only: int | None) -> dict[str, list[tuple[int, str]]]:
+    """Each partitioned stream's ``(index, partition stream)`` pairs looked at."""
     picked: dict[str, list[tuple[int, str]]] = {}
     for stream, partitions in streams.items():
         names = partition_names(stream, partitions)
         picked[stream] = list(enumerate(names)) if only is None else [(only, names[only])]
-    flat = [name for pairs in picked.values() for _, name in pairs]
-    read = dict(zip(flat, read_streams(client, flat), strict=True))
-    existing = [(name, st) for name, st in read.items() if isinstance(st, StreamStats)]
+    return picked
+
+
+def _assemble(client: Any, streams: Mapping[str, int], picked: Mapping[str, list[tuple[int, str]]],
+              read: Mapping[str, StreamStats | StreamNotFound],
+              only: int | None) -> dict[str, StreamStats | StreamNotFound]:
+    """The partitioned streams' figures from their partitions' (``read``), with the owners
+    read in one more round trip."""
+    existing = [(name, st) for _, pairs in picked.items() for _, name in pairs
+                if isinstance(st := read[name], StreamStats)]
     owners = dict(zip((name for name, _ in existing), _owner_reads(client, existing),
                       strict=True))
     out: dict[str, StreamStats | StreamNotFound] = {}
@@ -156,6 +159,32 @@ def partitioned_many(client: Any, streams: Mapping[str, int],
                  for i, name in pairs]
         out[stream] = _merged(stream, streams[stream], parts, only)
     return out
+
+
+def partitioned_many(client: Any, streams: Mapping[str, int],
+                     only: int | None = None) -> dict[str, StreamStats | StreamNotFound]:
+    """:func:`partitioned_stats` of each partitioned stream (name -> partition count), all
+    read together: the partitions of every stream in :func:`read_streams`' few round trips,
+    their owners in one more. A stream none of whose partitions exists, or one of whose
+    partitions is a key of another type, maps to the StreamNotFound saying so."""
+    picked = _picked(streams, only)
+    flat = [name for pairs in picked.values() for _, name in pairs]
+    read = dict(zip(flat, read_streams(client, flat), strict=True))
+    return _assemble(client, streams, picked, read, only)
+
+
+def sample_streams(client: Any, plain: Sequence[str],
+                   split: Mapping[str, int]) -> list[StreamStats]:
+    """The figures of the ``plain`` streams and of the partitioned ones (``split``: name ->
+    partition count, summed over their partitions), all read together, sorted by name;
+    those that do not exist are left out."""
+    picked = _picked(split, None)
+    flat = list(plain) + [name for pairs in picked.values() for _, name in pairs]
+    read = dict(zip(flat, read_streams(client, flat), strict=True))
+    out = [st for name in plain if isinstance(st := read[name], StreamStats)]
+    out += [st for st in _assemble(client, split, picked, read, None).values()
+            if isinstance(st, StreamStats)]
+    return sorted(out, key=lambda s: s.stream)
 
 
 def _merged(stream: str, partitions: int, parts: list[PartitionStats],
@@ -247,7 +276,4 @@ def sample_partitioned(client: Any, partitions: int) -> list[StreamStats]:
             plain.append(name)
         else:
             bases.add(base)
-    out = sample(client, plain)
-    merged = partitioned_many(client, dict.fromkeys(sorted(bases), partitions))
-    out += [st for st in merged.values() if isinstance(st, StreamStats)]
-    return sorted(out, key=lambda s: s.stream)
+    return sample_streams(client, plain, dict.fromkeys(sorted(bases), partitions))
