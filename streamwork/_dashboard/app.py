@@ -96,6 +96,8 @@ class _Dashboard:
         self.settings = settings
         self.client = client
         self.templates = _templates()
+        for name in ("index.html", "error.html"):  # compiled now, not on the first request
+            self.templates.get_template(name)
         points = max(2, int(settings.window_s / settings.sample_interval_s))
         self.history = RateHistory(points)
         self.guard = Guard(settings.token)
@@ -112,6 +114,7 @@ class _Dashboard:
     def index(self, request: Request) -> Response:
         q = request.query_params
         streams = data.snapshot(self.client)
+        self.history.add(streams, first=True)
         shown = paging.listing(streams, q)
         dead = data.dead_letters(self.client, shown.shown)
         job = None

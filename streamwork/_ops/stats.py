@@ -2,17 +2,19 @@
 and the dashboard.
 
 :func:`read_streams` (behind :func:`stream_stats` and :func:`sample`) reads up to
-:data:`CHUNK` streams in a server ``TIME`` (the clock the promoter uses: ``now``) and two
+:data:`CHUNK` streams in a server ``TIME`` (the clock the promoter uses: ``now``) and three
 pipelined round trips, so that a server with thousands of streams costs a few round trips
 per thousand streams, never one per stream: first, per stream ``S``, ``XINFO STREAM S``,
-``XINFO GROUPS S``, ``ZCARD``/``ZCOUNT -inf now`` of ``{S}:delayed`` and ``XLEN {S}:dead``;
-then, per group, ``XPENDING S G - + 1`` (the oldest pending entry and its idle time; only
-when the group holds deliveries), ``XINFO CONSUMERS S G`` (only when it has consumers) and
-its own side: ``XINFO GROUPS`` and ``XLEN`` of its retry stream, ``ZCARD``/``ZCOUNT -inf
-now`` of its retry ZSET. Each command is O(1) or O(groups/consumers) on the server (no
-script, nothing that walks the keyspace but the ``SCAN`` of :func:`discover_streams`), so
-Redis is never blocked for long. Nothing is written. The commands are not one snapshot:
-figures of a busy stream can disagree by the few jobs that moved between two reads.
+``XINFO GROUPS S``, ``ZCARD {S}:delayed`` and ``XLEN {S}:dead``; then, per group ``G``,
+``XPENDING S G - + 1`` (the oldest pending entry and its idle time; only when the group
+holds deliveries), ``XINFO CONSUMERS S G`` (only when it has consumers), ``XINFO GROUPS``
+of its retry stream and ``ZCARD`` of its retry ZSET; last, only where they are needed, the
+due counts (``ZCOUNT -inf now`` of a ZSET that is not empty) and ``XLEN`` of a retry
+stream whose group cannot tell its lag. Each command is O(1) or O(groups/consumers) on the
+server (no script, nothing that walks the keyspace but the ``SCAN`` of
+:func:`discover_streams`), so Redis is never blocked for long. Nothing is written. The
+commands are not one snapshot: figures of a busy stream can disagree by the few jobs that
+moved between two reads.
 
 A group's ``lag`` is what will reach it without any new send: the stream's entries not yet
 delivered to it, plus its retry stream's (replayed dead letters, promoted retries), plus its
@@ -28,8 +30,9 @@ are :mod:`streamwork._ops.partitioned`'.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Final
 
 import redis
@@ -45,7 +48,6 @@ __all__ = [
     "RetrySide",
     "StreamStats",
     "discover_streams",
-    "read_retry_side",
     "read_streams",
     "retry_side",
     "sample",
@@ -190,13 +192,7 @@ def retry_side(group: str, groups_reply: Any, length: Any, waiting: Any, due: An
     deleted past the group's position) stays unknown, as on the stream itself, unless the
     retry stream is empty."""
     entries = 0 if isinstance(length, Exception) else int(length or 0)
-    found: dict[str, Any] | None = None
-    if not isinstance(groups_reply, Exception):
-        for raw in groups_reply or []:
-            info = norm(raw)
-            if text(info.get("name")) == group:
-                found = info
-                break
+    found = None if isinstance(groups_reply, Exception) else _named(groups_reply, group)
     if found is None:
         lag: int | None = entries
         pending = 0
@@ -208,33 +204,112 @@ def retry_side(group: str, groups_reply: Any, length: Any, waiting: Any, due: An
     return RetrySide(lag=lag, pending=pending, waiting=int(waiting or 0), due=int(due or 0))
 
 
-def read_retry_side(client: Any, keys: StreamKeys, name: str, now_ms: int) -> RetrySide:
-    """:class:`RetrySide` of group ``name`` (a sync client), read in one pipelined round
-    trip; empty for a group name streamwork would not accept (it has no retry keys)."""
-    try:
-        gkeys = keys.group(name)
-    except ConfigError:
-        return RetrySide()
-    pipe = client.pipeline(transaction=False)
-    pipe.xinfo_groups(gkeys.retry)
-    pipe.xlen(gkeys.retry)
-    pipe.zcard(gkeys.retries)
-    pipe.zcount(gkeys.retries, "-inf", now_ms)
-    groups, length, waiting, due = pipe.execute(raise_on_error=False)
-    for reply in (waiting, due):
-        if isinstance(reply, Exception):
-            raise reply
-    return retry_side(name, groups, length, waiting, due)
+class _Later:
+    """Commands queued on a pipeline, each with what to do with its reply."""
+
+    def __init__(self, client: Any) -> None:
+        self.pipe = client.pipeline(transaction=False)
+        self._then: list[Callable[[Any], None]] = []
+
+    def ask(self, then: Callable[[Any], None]) -> Any:
+        """The pipeline to queue one command on; ``then(reply)`` runs on :meth:`run`."""
+        self._then.append(then)
+        return self.pipe
+
+    def run(self) -> None:
+        """One round trip (none when nothing is queued); an error reply is handed over."""
+        if self._then:
+            for then, reply in zip(self._then, self.pipe.execute(raise_on_error=False),
+                                   strict=True):
+                then(reply)
 
 
-@dataclass(frozen=True, slots=True)
-class _GroupPlan:
-    """What the second round trip asks about one group, and what it already knows."""
+@dataclass(slots=True)
+class _Group:
+    """One group's replies as they come in (round trips 2 and 3 of :func:`_read_chunk`)."""
 
     info: dict[str, Any]
-    oldest: bool  #: XPENDING - + 1 queued (the group holds deliveries)
-    consumers: bool  #: XINFO CONSUMERS queued (the group has consumers)
-    side: bool  #: the four reads of its retry side queued (a name streamwork accepts)
+    name: str
+    oldest: Any = ()
+    consumers: Any = ()
+    side: bool = True  #: has a retry side (a group name streamwork accepts)
+    retry_groups: Any = None
+    length: Any = 0
+    waiting: Any = 0
+    due: Any = 0
+
+    def ask(self, now: _Later, later: _Later, stream: str, keys: StreamKeys,
+            now_ms: int) -> None:
+        """Queue the group's reads: its oldest pending delivery (when it holds any), its
+        consumers (when it has any), its retry side (what is unknown until then: later)."""
+        if int(self.info.get("pending") or 0) > 0:
+            now.ask(partial(setattr, self, "oldest")).xpending_range(
+                stream, self.name, min="-", max="+", count=1)
+        if int(self.info.get("consumers") or 0) > 0:
+            now.ask(partial(setattr, self, "consumers")).xinfo_consumers(stream, self.name)
+        try:
+            gkeys = keys.group(self.name)
+        except ConfigError:  # a group streamwork would not accept has no retry keys
+            self.side = False
+            return
+
+        def retry_groups(reply: Any) -> None:
+            self.retry_groups = reply
+            found = None if isinstance(reply, Exception) else _named(reply, self.name)
+            if not isinstance(reply, Exception) and (found is None or found.get("lag") is None):
+                later.ask(partial(setattr, self, "length")).xlen(gkeys.retry)
+
+        def waiting(reply: Any) -> None:
+            self.waiting = _checked(reply)
+            if int(reply or 0) > 0:
+                later.ask(partial(setattr, self, "due")).zcount(gkeys.retries, "-inf", now_ms)
+
+        now.ask(retry_groups).xinfo_groups(gkeys.retry)
+        now.ask(waiting).zcard(gkeys.retries)
+
+    def stats(self) -> GroupStats | None:
+        """The group's figures; None when it was deleted between two round trips."""
+        if any(_gone(x, "nogroup", "no such key") for x in (self.oldest, self.consumers)):
+            return None
+        info = self.info
+        oldest_age: float | None = None
+        oldest_id: str | None = None
+        if _checked(self.oldest):
+            first = norm(self.oldest[0])
+            oldest_id = text(first.get("message_id"))
+            oldest_age = int(first.get("time_since_delivered") or 0) / 1000
+        consumer_list = sorted(
+            (ConsumerStats(text(c["name"]), int(c.get("pending") or 0),
+                           int(c.get("idle") or 0) / 1000)
+             for c in (norm(x) for x in _checked(self.consumers))),
+            key=lambda c: (-c.pending, c.name))
+        side = (retry_side(self.name, self.retry_groups, self.length, self.waiting,
+                           _checked(self.due)) if self.side else RetrySide())
+        return GroupStats(
+            name=self.name,
+            consumers=int(info.get("consumers") or 0),
+            pending=int(info.get("pending") or 0) + side.pending,
+            oldest_pending_age_s=oldest_age,
+            lag=side.total_lag(opt_int(info.get("lag"))),
+            entries_read=opt_int(info.get("entries-read")),
+            last_delivered_id=text(info.get("last-delivered-id") or b"0-0"),
+            top_consumers=[(c.name, c.pending) for c in consumer_list if c.pending > 0
+                           ][:TOP_CONSUMERS],
+            consumer_list=consumer_list,
+            oldest_pending_id=oldest_id,
+            retries_waiting=side.waiting,
+            retry_lag=side.lag,
+            retries_due=side.due,
+        )
+
+
+def _named(groups_reply: Any, name: str) -> dict[str, Any] | None:
+    """The entry of group ``name`` in an XINFO GROUPS reply, None when it has none."""
+    for raw in groups_reply or []:
+        info = norm(raw)
+        if text(info.get("name")) == name:
+            return info
+    return None
 
 
 def _gone(reply: Any, *markers: str) -> bool:
@@ -257,118 +332,75 @@ def _not_found(client: Any, stream: str) -> StreamNotFound:
     return StreamNotFound(stream, f"is a {kind}, not a stream")
 
 
-def _queue_group(pipe: Any, stream: str, keys: StreamKeys, info: dict[str, Any],
-                 now_ms: int) -> _GroupPlan:
-    name = text(info["name"])
-    plan = _GroupPlan(info, int(info.get("pending") or 0) > 0,
-                      int(info.get("consumers") or 0) > 0, True)
-    if plan.oldest:
-        pipe.xpending_range(stream, name, min="-", max="+", count=1)
-    if plan.consumers:
-        pipe.xinfo_consumers(stream, name)
-    try:
-        gkeys = keys.group(name)
-    except ConfigError:  # a group streamwork would not accept has no retry keys
-        return dataclasses.replace(plan, side=False)
-    pipe.xinfo_groups(gkeys.retry)
-    pipe.xlen(gkeys.retry)
-    pipe.zcard(gkeys.retries)
-    pipe.zcount(gkeys.retries, "-inf", now_ms)
-    return plan
+@dataclass(slots=True)
+class _Stream:
+    """One stream's replies as they come in (round trips 1 to 3 of :func:`_read_chunk`)."""
 
+    name: str
+    keys: StreamKeys
+    info: Any = None
+    groups_raw: Any = None
+    delayed: Any = 0
+    due: Any = 0
+    dead: Any = 0
+    groups: list[_Group] = field(default_factory=list)
 
-def _group_stats(plan: _GroupPlan, replies: Iterator[Any]) -> GroupStats | None:
-    """A group's figures from its plan and its replies (consumed from ``replies``); None
-    when it was deleted between the two round trips."""
-    info, name = plan.info, text(plan.info["name"])
-    oldest = next(replies) if plan.oldest else []
-    consumers_raw = next(replies) if plan.consumers else []
-    side_replies = [next(replies) for _ in range(4)] if plan.side else []
-    if _gone(oldest, "nogroup", "no such key") or _gone(consumers_raw, "nogroup",
-                                                          "no such key"):
-        return None
-    oldest_age: float | None = None
-    oldest_id: str | None = None
-    if _checked(oldest):
-        first = norm(oldest[0])
-        oldest_id = text(first.get("message_id"))
-        oldest_age = int(first.get("time_since_delivered") or 0) / 1000
-    consumer_list = [
-        ConsumerStats(text(c["name"]), int(c.get("pending") or 0), int(c.get("idle") or 0) / 1000)
-        for c in (norm(x) for x in _checked(consumers_raw))
-    ]
-    consumer_list.sort(key=lambda c: (-c.pending, c.name))
-    side = RetrySide()
-    if side_replies:
-        groups, length, waiting, due = side_replies
-        side = retry_side(name, groups, length, _checked(waiting), _checked(due))
-    return GroupStats(
-        name=name,
-        consumers=int(info.get("consumers") or 0),
-        pending=int(info.get("pending") or 0) + side.pending,
-        oldest_pending_age_s=oldest_age,
-        lag=side.total_lag(opt_int(info.get("lag"))),
-        entries_read=opt_int(info.get("entries-read")),
-        last_delivered_id=text(info.get("last-delivered-id") or b"0-0"),
-        top_consumers=[(c.name, c.pending) for c in consumer_list if c.pending > 0
-                       ][:TOP_CONSUMERS],
-        consumer_list=consumer_list,
-        oldest_pending_id=oldest_id,
-        retries_waiting=side.waiting,
-        retry_lag=side.lag,
-        retries_due=side.due,
-    )
-
-
-def _read_chunk(client: Any, names: Sequence[str]) -> list[StreamStats | StreamNotFound]:
-    """:func:`read_streams` of at most :data:`CHUNK` streams: TIME, then two pipelined
-    round trips (the streams, then their groups)."""
-    now_ms = _now_ms(client)
-    keys = [StreamKeys.of_any(name) for name in names]
-    pipe = client.pipeline(transaction=False)
-    for name, k in zip(names, keys, strict=True):
-        pipe.xinfo_stream(name)
-        pipe.xinfo_groups(name)
-        pipe.zcard(k.delayed)
-        pipe.zcount(k.delayed, "-inf", now_ms)
-        pipe.xlen(k.dead)
-    first = pipe.execute(raise_on_error=False)
-    pipe = client.pipeline(transaction=False)
-    plans: list[list[_GroupPlan] | StreamNotFound] = []
-    for i, (name, k) in enumerate(zip(names, keys, strict=True)):
-        info, groups_raw = first[5 * i], first[5 * i + 1]
-        if _gone(info, "no such key") or _gone(groups_raw, "no such key"):
-            plans.append(StreamNotFound(name))
-        elif _gone(info, "wrongtype"):
-            plans.append(_not_found(client, name))
-        else:
-            _checked(info)
-            plans.append([_queue_group(pipe, name, k, norm(raw), now_ms)
-                          for raw in _checked(groups_raw)])
-    replies = iter(pipe.execute(raise_on_error=False) if len(pipe) else [])
-    out: list[StreamStats | StreamNotFound] = []
-    for i, (name, plan) in enumerate(zip(names, plans, strict=True)):
-        if isinstance(plan, StreamNotFound):
-            out.append(plan)
-            continue
-        read = [_group_stats(p, replies) for p in plan]
+    def stats(self, now_ms: int) -> StreamStats:
+        read = [g.stats() for g in self.groups]
         groups = sorted((g for g in read if g is not None), key=lambda g: g.name)
-        info = norm(first[5 * i])
-        delayed, due, dead = (_checked(x) for x in first[5 * i + 2: 5 * i + 5])
+        info = norm(self.info)
         last = info.get("last-generated-id") or entry_id(info.get("last-entry")) or "0-0"
-        out.append(StreamStats(
-            stream=name,
+        return StreamStats(
+            stream=self.name,
             length=int(info.get("length") or 0),
             first_id=entry_id(info.get("first-entry")),
             last_id=text(last),
             groups=groups,
-            delayed_total=int(delayed) + sum(g.retries_waiting for g in groups),
-            delayed_due=int(due) + sum(g.retries_due for g in groups),
-            dead=int(dead),
+            delayed_total=int(_checked(self.delayed)) + sum(g.retries_waiting for g in groups),
+            delayed_due=int(_checked(self.due)) + sum(g.retries_due for g in groups),
+            dead=int(_checked(self.dead)),
             entries_added=opt_int(info.get("entries-added")),
             taken_at_ms=now_ms,
-        ))
-    return out
+        )
+
+
+def _read_chunk(client: Any, names: Sequence[str]) -> list[StreamStats | StreamNotFound]:
+    """:func:`read_streams` of at most :data:`CHUNK` streams: TIME, then three pipelined
+    round trips: the streams; their groups; the counts only needed when some are not
+    zero (due delayed jobs and retries) or when a retry stream's group cannot tell its lag.
+    """
+    now_ms = _now_ms(client)
+    first, second, third = _Later(client), _Later(client), _Later(client)
+    streams = [_Stream(name, StreamKeys.of_any(name)) for name in names]
+    for st in streams:
+        first.ask(partial(setattr, st, "info")).xinfo_stream(st.name)
+        first.ask(partial(setattr, st, "groups_raw")).xinfo_groups(st.name)
+        first.ask(partial(_delayed, third, st, now_ms)).zcard(st.keys.delayed)
+        first.ask(partial(setattr, st, "dead")).xlen(st.keys.dead)
+    first.run()
+    out: list[StreamStats | StreamNotFound | _Stream] = []
+    for st in streams:
+        if _gone(st.info, "no such key") or _gone(st.groups_raw, "no such key"):
+            out.append(StreamNotFound(st.name))
+        elif _gone(st.info, "wrongtype"):
+            out.append(_not_found(client, st.name))
+        else:
+            _checked(st.info)
+            for raw in _checked(st.groups_raw):
+                info = norm(raw)
+                group = _Group(info, text(info["name"]))
+                group.ask(second, third, st.name, st.keys, now_ms)
+                st.groups.append(group)
+            out.append(st)
+    second.run()
+    third.run()
+    return [x.stats(now_ms) if isinstance(x, _Stream) else x for x in out]
+
+
+def _delayed(later: _Later, st: _Stream, now_ms: int, reply: Any) -> None:
+    st.delayed = reply
+    if not isinstance(reply, Exception) and int(reply or 0) > 0:
+        later.ask(partial(setattr, st, "due")).zcount(st.keys.delayed, "-inf", now_ms)
 
 
 def read_streams(client: Any, names: Sequence[str]) -> list[StreamStats | StreamNotFound]:
