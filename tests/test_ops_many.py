@@ -4,6 +4,7 @@ writes to its socket, and the commands Redis ran)."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +17,7 @@ from streamwork._ops.partitioned import partitioned_stats
 from streamwork._producer.shells import Producer
 from streamwork._redis import connection
 from streamwork._wire.keys import StreamKeys
+from streamwork._wire.partitions import partition_names
 from streamwork.errors import StreamNotFound
 
 pytest.importorskip("starlette", reason="the dashboard extra is not installed")
@@ -51,10 +53,10 @@ def seed(url: str, r: redis.Redis, n: int) -> None:
     with Producer.from_url(url) as producer:
         for i in range(n):
             producer.send_many(name(i), [{"i": i, "j": j} for j in range(jobs(i))])
-        for stream in PARTITIONED:
-            p3 = Producer.from_url(url, partitions=3)
-            with p3:
-                p3.send_many(stream, [{"j": j} for j in range(6)])
+    with Producer.from_url(url, partitions=3) as p3:
+        for stream in PARTITIONED:  # fixed keys: the same partitions every run
+            p3.send_many(stream, [{"j": j} for j in range(6)], keys=[f"k{j}" for j in range(6)])
+            assert all(r.exists(p) for p in partition_names(stream, 3)), "a partition is empty"
     pipe = r.pipeline(transaction=False)
     for i in range(n):
         keys = StreamKeys.for_stream(name(i))
@@ -239,3 +241,37 @@ def test_the_first_page_is_the_first_rate_sample(redis_url: str, r: redis.Redis)
         assert web.get("/").status_code == 200
     client.close()  # the lifespan is over: the sampler thread has stopped
     assert calls(r, "xinfo|stream") == 20 + 6  # each stream and partition read once
+
+
+def test_inspect_prints_a_line_per_stream_when_there_are_many(redis_url: str,
+                                                              r: redis.Redis) -> None:
+    """`streamwork inspect` over more than 50 streams prints one line each with the
+    figures of `inspect --json` (worst lag, pending summed over the groups), not three
+    tables each; the JSON is unchanged."""
+    from click.testing import CliRunner
+
+    from streamwork._cli.inspect import OVERVIEW_OVER
+    from streamwork._cli.main import main
+
+    seed(redis_url, r, MANY)
+    run = CliRunner().invoke(main, ["inspect", "--url", redis_url])
+    assert run.exit_code == 0, run.output
+    lines = run.stdout.splitlines()
+    assert lines[0].split() == ["stream", "length", "groups", "lag", "(max)", "pending",
+                                "oldest", "pending", "delayed", "due/all", "dead"]
+    # without --partitions, each partition is a stream of its own (as in --json)
+    expected = sorted([name(i) for i in range(MANY)]
+                      + [p for s in PARTITIONED for p in partition_names(s, 3)])
+    rows = {cells[0]: cells for cells in (line.split() for line in lines[1:len(expected) + 1])}
+    assert sorted(rows) == expected and len(expected) > OVERVIEW_OVER
+    docs = json.loads(CliRunner().invoke(main, ["inspect", "--json", "--url", redis_url]).stdout)
+    assert [doc["stream"] for doc in docs] == expected
+    for doc in docs:
+        cells = rows[doc["stream"]]
+        lag = max((g["lag"] for g in doc["groups"]), default="-")  # a partition: no group
+        pending = sum(g["pending"] for g in doc["groups"])
+        assert cells[1:5] == [str(doc["length"]), str(len(doc["groups"])), str(lag),
+                              str(pending)], cells
+        assert cells[-4:] == [str(doc["delayed_due"]), "/", str(doc["delayed_total"]),
+                              str(doc["dead"])]
+    assert "stream s-0001" not in run.stdout and "236 streams, one line each" in run.stdout

@@ -39,6 +39,7 @@ from streamwork._dashboard import data, paging
 from streamwork._dashboard.rates import RateHistory, Sampler
 from streamwork._dashboard.security import CSRF_FIELD, Guard, GuardMiddleware
 from streamwork._dashboard.svg import sparkline
+from streamwork._ops import summary
 from streamwork._ops.format import fmt_age, fmt_count, fmt_rate, fmt_when
 from streamwork._redis import connection
 from streamwork._wire.keys import StreamKeys
@@ -83,9 +84,10 @@ def _templates() -> jinja2.Environment:
         autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
         lstrip_blocks=True)
     env.filters.update(n=fmt_count, rate=fmt_rate, age=fmt_age, when=fmt_when)
-    env.globals.update(worst_lag=paging.worst_lag, oldest=paging.oldest, preview=data.preview,
-                       clip=data.clip, last=_last, sparkline=sparkline, csrf_field=CSRF_FIELD,
-                       total_pending=paging.total_pending, sorts=paging.SORTS)
+    env.globals.update(worst_lag=summary.worst_lag, oldest=summary.oldest,
+                       preview=data.preview, clip=data.clip, last=_last, sparkline=sparkline,
+                       csrf_field=CSRF_FIELD, total_pending=summary.total_pending,
+                       sorts=paging.SORTS)
     return env
 
 

@@ -18,26 +18,11 @@ from typing import Any, Final
 from urllib.parse import urlencode
 
 from streamwork._ops.stats import StreamStats
+from streamwork._ops.summary import oldest, total_pending, worst_lag
 
-__all__ = ["PAGE_SIZE", "SORTS", "Listing", "listing", "oldest", "total_pending", "worst_lag"]
+__all__ = ["PAGE_SIZE", "SORTS", "Listing", "listing"]
 
 PAGE_SIZE: Final = 100  #: streams per page (overview rows and cards)
-
-
-def worst_lag(s: StreamStats) -> int | None:
-    """The largest lag of ``s``'s groups; None when a group's is unknown or it has none."""
-    lags = [g.lag for g in s.groups]
-    return None if not lags or None in lags else max(g.lag or 0 for g in s.groups)
-
-
-def oldest(s: StreamStats) -> float | None:
-    """Idle seconds of the oldest pending delivery over ``s``'s groups (None: none)."""
-    return max((g.oldest_pending_age_s for g in s.groups
-                if g.oldest_pending_age_s is not None), default=None)
-
-
-def total_pending(s: StreamStats) -> int:
-    return sum(g.pending for g in s.groups)
 
 
 #: ``sort`` value -> (label, key; a larger key comes first, the name breaks ties)
