@@ -275,3 +275,41 @@ def test_inspect_prints_a_line_per_stream_when_there_are_many(redis_url: str,
         assert cells[-4:] == [str(doc["delayed_due"]), "/", str(doc["delayed_total"]),
                               str(doc["dead"])]
     assert "stream s-0001" not in run.stdout and "236 streams, one line each" in run.stdout
+
+
+def test_figures_on_a_cluster(make_server: Any) -> None:
+    """On a 3-master Cluster the pipelined reads (split per node by the client) give each
+    stream its own figures, and a partitioned stream its partitions' sums with each
+    partition's node, as one stream at a time did."""
+    from tests.helpers.cluster_util import local_cluster
+
+    with local_cluster(make_server, masters=3) as formed:
+        c = formed.client
+        names = [name(i) for i in range(40)]
+        for i, stream in enumerate(names):
+            for j in range(jobs(i)):
+                c.xadd(stream, {"d": f"{i}-{j}".encode()})
+            c.xgroup_create(stream, "work", id="0")
+            if held(i):
+                c.xreadgroup("work", "c0", {stream: ">"}, count=held(i))
+            if i % 7 == 0:
+                c.xadd(StreamKeys.for_stream(stream).dead, {"reason": "declined"})
+        with Producer.from_url(formed.url, partitions=3) as p3:
+            p3.send_many("events", [{"j": j} for j in range(6)],
+                         keys=[f"k{j}" for j in range(6)])
+        client = connection.sync_client(formed.url)
+        try:
+            got = {s.stream: s for s in stats.sample(client, names)}
+            for i, stream in enumerate(names):
+                s, work = got[stream], got[stream].group("work")
+                assert work is not None
+                assert (s.length, s.dead, work.lag, work.pending) == (
+                    jobs(i), 1 if i % 7 == 0 else 0, jobs(i) - held(i), held(i)), stream
+            events = partitioned_stats(client, "events", 3)
+            assert events.length == 6 and all(p.node for p in events.partitions)
+            assert len({p.node for p in events.partitions}) > 1
+            shown = {s.stream: s for s in data.snapshot(client)}
+            assert sorted(shown) == sorted([*names, "events"])
+            assert shown["events"].length == 6
+        finally:
+            client.close()
