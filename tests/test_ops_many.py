@@ -313,3 +313,15 @@ def test_figures_on_a_cluster(make_server: Any) -> None:
             assert shown["events"].length == 6
         finally:
             client.close()
+
+
+def test_a_job_lookup_keeps_the_page(web: TestClient) -> None:
+    """The lookup form carries the page, filter and order along: the answer comes on the
+    same list of streams."""
+    html = web.get("/?q=s-01&sort=lag&page=1").text
+    form = html.split('<section class="card" id="job">', 1)[1].split("</form>", 1)[0]
+    assert '<input type="hidden" name="q" value="s-01">' in form
+    assert '<input type="hidden" name="sort" value="lag">' in form
+    shown = page_streams(html)
+    looked = web.get(f"/?q=s-01&sort=lag&job_stream={name(150)}&job_key=nope").text
+    assert page_streams(looked) == shown and 'id="job-result"' in looked
