@@ -11,8 +11,9 @@ up on them (with its group's retry stream, consumers and job records). Then it m
 
 * ``page cold`` / ``page warm``: ``GET /`` of ``streamwork dashboard`` (a subprocess on a
   loopback port; the page is server-rendered and loads nothing else): the first request
-  after the server listens (templates not compiled yet, the rate sampler's first sample
-  running beside it, as when an operator starts it and opens the page), then the next one;
+  after the server listens (as when an operator starts it and opens the page: whatever
+  the dashboard does at start-up, such as a first rate sample, runs beside it), then the
+  next one;
 * ``sample``: one sample of the dashboard's rate sampler (``data.snapshot``, in-process);
 * ``inspect fn``: the function behind ``streamwork inspect`` (``sample_view`` of every
   stream, in-process, no rendering);
@@ -22,9 +23,10 @@ up on them (with its group's retry stream, consumers and job records). Then it m
 For each: wall seconds, CPU seconds of the client (this process, the CLI's or the
 dashboard's; they hardly depend on the machine's other load, wall seconds do) and of
 redis-server (INFO cpu), Redis commands (``CONFIG RESETSTAT`` before, ``INFO commandstats``
-after; the cold page's count includes the sampler's first sample, the warm page's does
-not: the sampler runs once an hour here), and the longest command in ``SLOWLOG`` (threshold
-1 ms, ``SLOWLOG RESET`` before; 0 when none took 1 ms). Processes are ended by their pid.
+after; the cold page's count includes a rate sample taken beside it, if any, the warm
+page's cannot: the sampler runs once an hour here), and the longest command in
+``SLOWLOG`` (threshold 1 ms, ``SLOWLOG RESET`` before; 0 when none took 1 ms). Processes
+are ended by their pid.
 """
 
 from __future__ import annotations
@@ -186,7 +188,8 @@ def _get(url: str) -> int:
 
 
 def _quiet(r: redis.Redis) -> None:
-    """Wait until the sampler's first sample is over (no command counted for 0.3 s)."""
+    """Wait until a rate sample taken at start-up, if any, is over (no command counted for
+    0.3 s)."""
     last, deadline = -1, time.monotonic() + 120
     while time.monotonic() < deadline:
         now = sum(commandstats(r).values())
@@ -230,7 +233,7 @@ def measure_page(url: str, r: redis.Redis) -> dict[str, Any]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    # the GET, not the server's start-up (its CPU: the sampler's first sample's as well)
+    # the GET, not the server's start-up (its CPU: a rate sample's beside it as well)
     out["cold"]["s"] = out["cold"].pop("page_s")
     out["cold"]["cpu_s"] = out["cold"].pop("page_cpu_s")
     return out
