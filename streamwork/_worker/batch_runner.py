@@ -90,9 +90,10 @@ def per_message(answer: Any, n: int) -> list[Any]:
         return [None] * n
     if isinstance(answer, (list, tuple)) and len(answer) == n:
         return list(answer)
-    got = (f"a {type(answer).__name__} of {len(answer)} item{'s' * (len(answer) != 1)}"
-           if isinstance(answer, Sequence) and not isinstance(answer, (str, bytes))
-           else f"a {type(answer).__name__}")
+    kind = type(answer).__name__
+    got = f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
+    if isinstance(answer, Sequence) and not isinstance(answer, (str, bytes)):
+        got += f" of {len(answer)} item{'s' * (len(answer) != 1)}"
     error = TypeError(
         f"handle_batch returned {got} for {n} message{'s' * (n != 1)}: return None (every "
         f"message succeeded) or a list of {n}, one item per message in the order of msgs: "
