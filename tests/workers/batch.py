@@ -9,24 +9,19 @@ import asyncio
 import os
 
 import streamwork as sw
-from tests.workers.ledger import ClientWorker
+from tests.workers.dedup import _Base
 
 STREAM = os.environ.get("SW_TEST_STREAM", "batched")
 
 
-class BatchLedgerWorker(ClientWorker):
+class BatchLedgerWorker(_Base):
+    """The once-only test workers' options (dedup on, short visibility), batched."""
+
     stream = STREAM
     group = "batchers"
     concurrency = 4
     batch_max = 50
     batch_wait = 0.01
-    visibility_timeout = 1.0
-    retry_delay = 0.05
-    retry_max_delay = 0.5
-    read_block = 0.1
-    reclaim_interval = 0.2
-    dedup = True
-    dedup_window = 600.0
 
     async def handle_batch(self, msgs: list[sw.Message]) -> None:
         client = self.client()
