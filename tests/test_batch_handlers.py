@@ -253,9 +253,10 @@ async def test_batch_max_caps_each_call(redis_url: str, r: redis.Redis) -> None:
 async def test_batch_wait_fills_a_batch_from_jobs_sent_one_by_one(
         redis_url: str, r: redis.Redis) -> None:
     """Jobs sent one at a time, each read on its own: with a long batch_wait the runner
-    holds the first until batch_max have come, so they arrive as one call."""
+    holds the first until batch_max have come (woken for each before the idle runner), so
+    they arrive as one call."""
     cls: type[Recorder] = type("Waiting", (Recorder,), {
-        "batch_max": 5, "batch_wait": 30.0, "concurrency": 1})
+        "batch_max": 5, "batch_wait": 30.0, "concurrency": 2})
     worker = cls.from_url(redis_url)
     task = asyncio.create_task(worker.serve())
     with sw.Producer.from_url(redis_url) as p:

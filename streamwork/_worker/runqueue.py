@@ -58,13 +58,18 @@ class RunQueue:
 
     async def get(self, until: float | None = None) -> Delivery | None:
         """The next ready delivery, waiting for one; with ``until`` (the loop's time) None
-        once that passes first (a batch runner filling its batch)."""
+        once that passes first: a batch runner filling its batch, woken before the parked
+        runners that have nothing yet (so trickling jobs fill one batch, not several)."""
         ready = self.ready
         loop = asyncio.get_running_loop()
         while not ready:
             getter: asyncio.Future[bool] = loop.create_future()
-            self._getters.append(getter)
-            timer = None if until is None else loop.call_at(until, _give_up, getter)
+            if until is None:
+                self._getters.append(getter)
+                timer = None
+            else:
+                self._getters.appendleft(getter)
+                timer = loop.call_at(until, _give_up, getter)
             try:
                 woken = await getter
             except BaseException:
