@@ -145,6 +145,31 @@ async def test_each_message_has_its_own_outcome(redis_url: str, r: redis.Redis,
         p.result(S, "bad0", group=G, timeout=5)
 
 
+class Asking(Recorder):
+    """Returns ``sw.DeadLetter`` for ``gone`` keys and ``sw.Retry`` for ``later`` ones on
+    their first attempt."""
+
+    def outcome(self, msg: sw.Message) -> Any:
+        if msg.key.startswith("gone"):
+            return sw.DeadLetter("unknown customer")
+        if msg.key.startswith("later") and msg.attempt == 1:
+            return sw.Retry(delay=0.01, reason="not yet")
+        return super().outcome(msg)
+
+
+async def test_returned_dead_letter_and_retry_act_as_raised(redis_url: str,
+                                                             r: redis.Redis) -> None:
+    """A ``sw.DeadLetter`` returned for a message dead-letters it at once; a ``sw.Retry``
+    retries it (after its delay), as they do raised from ``handle``."""
+    send(redis_url, {"gone1": {"n": 1}, "later1": {"n": 2}, "fine1": {"n": 3}})
+    worker = Asking.from_url(redis_url)
+    await run_until_idle(worker, r)
+    [dead] = list_dead(r, S)
+    assert (dead.key, dead.reason, dead.attempts) == ("gone1", "dead_letter: unknown customer", 1)
+    assert seen(Asking.calls) == Counter({"gone1": 1, "later1": 2, "fine1": 1})
+    assert results(redis_url, ["later1", "fine1"]) == [{"doubled": 4}, {"doubled": 6}]
+
+
 class Raising(Recorder):
     """Raises for the whole call while any message of it is on its first attempt."""
 

@@ -1,4 +1,5 @@
-"""StreamWorker: subclass it, set ``stream`` and ``group``, write ``handle()``, run it.
+"""StreamWorker: subclass it, set ``stream`` and ``group``, write ``handle()`` (or
+``handle_batch()``, several jobs per call), run it.
 
 The worker is asyncio throughout: ``run()`` is ``asyncio.run(self.serve())`` with
 SIGINT/SIGTERM handlers, ``serve()`` runs inside an existing loop, and ``stop()`` may be
