@@ -22,7 +22,7 @@ from streamwork._ops.deadletter import list_dead
 from streamwork._wire.keys import StreamKeys
 from streamwork._worker.batch_runner import per_message
 from streamwork.errors import ConfigError
-from streamwork.testing import Ledger, run_until_idle, stream_idle, wait_for
+from streamwork.testing import Ledger, await_for, run_until_idle, stream_idle, wait_for
 
 S, G = "rows", "loaders"
 DEAD = StreamKeys.for_stream(S).dead
@@ -339,6 +339,43 @@ async def test_a_job_cancelled_before_it_started_is_not_handed_over(
     assert Ledger(r).counts() == {"k0": 1, "k1": 1, "k3": 1}
     with sw.Producer.from_url(redis_url) as p:
         assert p.status(S, "k2", group=G).state == "cancelled"
+
+
+class Robbed(Recorder):
+    """Hands one message of its first call to another consumer (XCLAIM) while it runs."""
+
+    reclaim_interval = 3600.0  # no sweep takes the stolen delivery back during the test
+
+    async def handle_batch(self, msgs: list[sw.Message]) -> Any:
+        if not type(self).calls:
+            client = redis.Redis.from_url(self.url)
+            client.xclaim(S, G, "thief", 0, [msgs[0].id], justid=True)
+            client.close()
+        return self.run_batch(msgs)
+
+
+async def test_a_message_whose_lease_is_lost_during_the_call_is_dropped_alone(
+        redis_url: str, r: redis.Redis) -> None:
+    """One message of a call taken by another consumer while the call runs: its outcome
+    (and staged write) is dropped, left to its new owner; the others of the call are acked
+    with their staged writes."""
+    keys = [f"k{i}" for i in range(4)]
+    with sw.Producer.from_url(redis_url) as p:
+        r.xgroup_create(S, G, id="0", mkstream=True)
+        p.send_many(S, list(ones(keys).values()), keys=keys)
+    worker = Robbed.from_url(redis_url)
+    task = asyncio.create_task(worker.serve())
+    try:
+        await await_for(lambda: worker.counts["acked"] == 3 and worker.counts["lock_lost"] == 1,
+                        timeout=30, message="three acked, one lost")
+    finally:
+        worker.stop()
+        await task
+    [stolen] = Robbed.calls[0][:1]
+    assert len(Robbed.calls[0]) == 4, Robbed.calls
+    assert Ledger(r).counts() == {k: 1 for k in keys if k != stolen}
+    [pending] = r.xpending_range(S, G, "-", "+", 10)
+    assert pending["consumer"] == b"thief"
 
 
 class Slow(Recorder):
