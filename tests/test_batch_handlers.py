@@ -378,6 +378,48 @@ async def test_a_message_whose_lease_is_lost_during_the_call_is_dropped_alone(
     assert pending["consumer"] == b"thief"
 
 
+class CancelledMidCall(Recorder):
+    """Cancels the job of its first call's first message, waits until the heartbeat tells
+    that message, then returns a result for each."""
+
+    visibility_timeout = 1.0  # a heartbeat every third of a second
+
+    async def handle_batch(self, msgs: list[sw.Message]) -> Any:
+        if not type(self).calls:
+            with sw.Producer.from_url(self.url) as p:
+                p.cancel(S, msgs[0].key, group=G)
+            while not msgs[0].cancelled:
+                await asyncio.sleep(0.02)
+        return self.run_batch(msgs)
+
+
+async def test_a_job_cancelled_during_the_call_ends_cancelled_alone(
+        redis_url: str, r: redis.Redis) -> None:
+    """A job cancelled while its call runs sees msg.cancelled; whatever the call returns
+    for it, it ends cancelled (its staged write dropped); the others of the call are done."""
+    keys = [f"k{i}" for i in range(3)]
+    send(redis_url, ones(keys))
+    worker = CancelledMidCall.from_url(redis_url)
+    await run_until_idle(worker, r)
+    [first, *others] = CancelledMidCall.calls[0]
+    assert Ledger(r).counts() == dict.fromkeys(others, 1)
+    with sw.Producer.from_url(redis_url) as p:
+        assert p.status(S, first, group=G).state == "cancelled"
+        assert [p.status(S, k, group=G).state for k in others] == ["done"] * len(others)
+    assert worker.counts["cancelled"] == 1 and worker.counts["acked"] == len(others)
+
+
+async def test_a_rate_limit_counts_messages(redis_url: str, r: redis.Redis) -> None:
+    """rate_limit with a batch handler: each message takes a token before its call; every
+    job runs once, several per call."""
+    cls: type[Recorder] = type("Rated", (Recorder,), {"rate_limit": "500/s"})
+    keys = [f"k{i}" for i in range(40)]
+    send(redis_url, ones(keys))
+    await run_until_idle(cls.from_url(redis_url), r)
+    assert seen(cls.calls) == Counter(dict.fromkeys(keys, 1))
+    assert max(len(c) for c in cls.calls) > 1
+
+
 class Slow(Recorder):
     """Sleeps past the time limit on a message's first attempt."""
 
