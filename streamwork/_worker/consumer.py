@@ -6,8 +6,8 @@ Tasks, all on one event loop, each supervised (supervisor.py):
               deliveries held (waiting, queued, running, or finished and not yet written);
 * leaser    - retries the lease of deliveries that wait (a live duplicate holds the job,
               the lock quorum is down, Redis refused): waiting never uses up an attempt;
-* runners   - ``concurrency`` long-lived tasks that run handlers (runner.py), each bounded
-              by the job's time limit;
+* runners   - ``concurrency`` long-lived tasks that run handlers (runner.py; a batch of
+              jobs per call: batch_runner.py), each bounded by the job's time limit;
 * flusher   - writes outcomes in batches (outcomes.py);
 * heartbeat - keeps held deliveries alive (heartbeat.py);
 * reclaimer - takes over deliveries of dead consumers, one suspect at a time (reclaim.py);
