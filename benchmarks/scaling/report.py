@@ -110,12 +110,14 @@ def render_ops(ops: dict[str, Any], console: Console) -> None:
     from benchmarks.scenarios.ops_scale import ROWS
 
     t = _table("7. dashboard and streamwork inspect at many streams (ops_scale.py)",
-               "streams", "what", "seconds", "Redis commands", "SLOWLOG max (ms)")
+               "streams", "what", "wall s", "client CPU s", "Redis CPU s", "Redis commands",
+               "SLOWLOG max (ms)")
     for n, figures in ops["result"]["results"].items():
         for key, label in ROWS:
             f = figures[key]
             slow = f"{f['slowlog_max_ms']:.1f} ({f['slowest']})" if f["slowest"] else "0"
-            t.add_row(f"{int(n):,}", label, f"{f['s']:.3f}", f"{f['commands']:,}", slow)
+            t.add_row(f"{int(n):,}", label, f"{f['s']:.3f}", f"{f.get('cpu_s', 0):.3f}",
+                      f"{f.get('redis_cpu_s', 0):.3f}", f"{f['commands']:,}", slow)
     console.print(t)
 
 

@@ -11,18 +11,22 @@ up on them (with its group's retry stream, consumers and job records). Then it m
 
 * ``page cold`` / ``page warm``: ``GET /`` of ``streamwork dashboard`` (a subprocess on a
   loopback port; the page is server-rendered and loads nothing else): the first request
-  after the server listens (templates not compiled yet, the rate sampler's first sample
-  running beside it, as when an operator starts it and opens the page), then the next one;
+  after the server listens (as when an operator starts it and opens the page: whatever
+  the dashboard does at start-up, such as a first rate sample, runs beside it), then the
+  next one;
 * ``sample``: one sample of the dashboard's rate sampler (``data.snapshot``, in-process);
 * ``inspect fn``: the function behind ``streamwork inspect`` (``sample_view`` of every
   stream, in-process, no rendering);
 * ``inspect cli`` / ``inspect --json``: ``python -m streamwork inspect`` as a subprocess
   (interpreter start included).
 
-For each: wall seconds, Redis commands (``CONFIG RESETSTAT`` before, ``INFO commandstats``
-after; the cold page's count includes the sampler's first sample, the warm page's does
-not: the sampler runs once an hour here), and the longest command in ``SLOWLOG`` (threshold
-1 ms, ``SLOWLOG RESET`` before; 0 when none took 1 ms). Processes are ended by their pid.
+For each: wall seconds, CPU seconds of the client (this process, the CLI's or the
+dashboard's; they hardly depend on the machine's other load, wall seconds do) and of
+redis-server (INFO cpu), Redis commands (``CONFIG RESETSTAT`` before, ``INFO commandstats``
+after; the cold page's count includes a rate sample taken beside it, if any, the warm
+page's cannot: the sampler runs once an hour here), and the longest command in
+``SLOWLOG`` (threshold 1 ms, ``SLOWLOG RESET`` before; 0 when none took 1 ms). Processes
+are ended by their pid.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -123,15 +128,38 @@ def slowest_ms(r: redis.Redis) -> tuple[float, str]:
     return int(top["duration"]) / 1000, name
 
 
+def redis_cpu_s(r: redis.Redis) -> float:
+    cpu = r.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def client_cpu_s(pid: int | None = None) -> float:
+    """CPU seconds (user + system) of this process and its waited-for children, or of the
+    process ``pid`` (from /proc)."""
+    if pid is None:
+        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+            resource.RUSAGE_CHILDREN)
+        return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
-def counted(r: redis.Redis, into: dict[str, Any]) -> Iterator[None]:
-    """Time the block and count its Redis commands and its slowest command into ``into``."""
+def counted(r: redis.Redis, into: dict[str, Any], pid: Callable[[], int | None] = lambda: None,
+            ) -> Iterator[None]:
+    """Time the block (wall, and CPU of this process and its children or of the process
+    ``pid()``, and of redis-server) and count its Redis commands and its slowest command
+    into ``into``. CPU seconds hardly depend on what else runs on the machine; wall
+    seconds do."""
     r.config_set("slowlog-log-slower-than", SLOW_US)
     r.slowlog_reset()
     r.config_resetstat()
+    cpu, server_cpu = client_cpu_s(pid()), redis_cpu_s(r)
     started = time.perf_counter()
     yield
     into["s"] = round(time.perf_counter() - started, 3)
+    into["cpu_s"] = round(client_cpu_s(pid()) - cpu, 3)
+    into["redis_cpu_s"] = round(redis_cpu_s(r) - server_cpu, 3)
     calls = commandstats(r)
     calls.pop("config", None)
     into["commands"] = sum(calls.values())
@@ -160,7 +188,8 @@ def _get(url: str) -> int:
 
 
 def _quiet(r: redis.Redis) -> None:
-    """Wait until the sampler's first sample is over (no command counted for 0.3 s)."""
+    """Wait until a rate sample taken at start-up, if any, is over (no command counted for
+    0.3 s)."""
     last, deadline = -1, time.monotonic() + 120
     while time.monotonic() < deadline:
         now = sum(commandstats(r).values())
@@ -185,16 +214,17 @@ def measure_page(url: str, r: redis.Redis) -> dict[str, Any]:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the dashboard did not start: {proc.stderr!r}")
                 time.sleep(0.02)
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), client_cpu_s(proc.pid)
             out["bytes"] = _get(f"http://127.0.0.1:{port}/")
             out["cold"]["page_s"] = round(time.perf_counter() - started, 3)
+            out["cold"]["page_cpu_s"] = round(client_cpu_s(proc.pid) - cpu, 3)
             _quiet(r)
         except BaseException:
             proc.kill()
             proc.wait()
             raise
     try:
-        with counted(r, out["warm"]):
+        with counted(r, out["warm"], lambda: proc.pid):
             _get(f"http://127.0.0.1:{port}/")
     finally:
         proc.terminate()
@@ -203,7 +233,9 @@ def measure_page(url: str, r: redis.Redis) -> dict[str, Any]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    out["cold"]["s"] = out["cold"].pop("page_s")  # the GET, not the server's start-up
+    # the GET, not the server's start-up (its CPU: a rate sample's beside it as well)
+    out["cold"]["s"] = out["cold"].pop("page_s")
+    out["cold"]["cpu_s"] = out["cold"].pop("page_cpu_s")
     return out
 
 
@@ -269,13 +301,14 @@ ROWS: Final = (("page_cold", "dashboard GET / (cold)"), ("page_warm", "dashboard
 
 def table(result: dict[str, Any]) -> str:
     """The result as a Markdown table."""
-    lines = ["| streams | what | seconds | Redis commands | SLOWLOG max (ms) |",
-             "|---:|---|---:|---:|---:|"]
+    lines = ["| streams | what | wall s | client CPU s | Redis CPU s | Redis commands "
+             "| SLOWLOG max (ms) |", "|---:|---|---:|---:|---:|---:|---:|"]
     for n, figures in result["results"].items():
         for key, label in ROWS:
             f = figures[key]
             slow = f"{f['slowlog_max_ms']:.1f} ({f['slowest']})" if f["slowest"] else "0"
-            lines.append(f"| {int(n):,} | {label} | {f['s']:.3f} | {f['commands']:,} | {slow} |")
+            lines.append(f"| {int(n):,} | {label} | {f['s']:.3f} | {f['cpu_s']:.3f} | "
+                         f"{f['redis_cpu_s']:.3f} | {f['commands']:,} | {slow} |")
     return "\n".join(lines)
 
 
