@@ -117,8 +117,7 @@ class Consumer:
         self.outcomes = Outcomes(self.ctx, self.holdings, codec)
         self.sup = Supervisor(self._recreate_group, self._distrust_cache, link=link,
                               stream=cfg.stream, group=cfg.group, consumer=name)
-        self.joined = False
-        self.stopped = False
+        self.joined = self.stopped = False
         self.tally.refresh()
         # one XREADGROUP reads the stream and the group's retry stream (both from ">")
         self._read_args = (cfg.stream, ctx.gkeys.retry, ">", ">")
@@ -128,6 +127,8 @@ class Consumer:
         self._wait_pause = WAIT_RETRY
         self.runner = Runner(self.ctx, self.holdings, handle, starter=self.starter,
                              limits=self.limits, slots=slots, gate=self.gate)
+        if self.starter is not None and self.gate is None and self.limits is None and not slots:
+            self.starter.prestart(self.leases.expired)  # started before a runner takes them
 
     # ---- lifecycle -------------------------------------------------------------------
 

@@ -6,6 +6,11 @@ in the same step that checks the job was not cancelled meanwhile and the lease a
 delivery are still this worker's. So a cancel that reaches Redis before the start wins
 (the job never starts), and one that comes after finds it running. Runners that start jobs
 in the same turn of the event loop share one script call.
+
+Without limits (no rate, no concurrency key, no shared slots, not ordered), jobs are
+started before a runner takes them (`Starter.prestart`): as many at once as runners are
+idle, so each started job has a runner free for it at once, and a runner that finds its
+job's start answered goes on without a turn of the event loop per job.
 """
 
 from __future__ import annotations
@@ -13,12 +18,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from streamwork._redis import scripts
 from streamwork._redis.faults import Fault, classify
 from streamwork._redis.replies import LeaseMode
 from streamwork._telemetry.logs import WORKER_LOGGER, fields
+from streamwork._worker.delivery import State
 
 if TYPE_CHECKING:
     from streamwork._redis.scripts import AsyncScripts
@@ -44,11 +52,98 @@ class Starter:
         self._queue = queue
         self._batch: list[tuple[Delivery, str, int, asyncio.Future[int]]] = []
         self._sending: set[asyncio.Task[None]] = set()
+        self._held: deque[Delivery] = deque()  # queued, not started yet (prestart)
+        self._expired: Callable[[Delivery, float], bool] = lambda d, now: False
+        self._starting = 0  # deliveries whose start (prestart) is under way
+        self._pumping = False  # a pump is due in this turn of the loop
+        self._answers: dict[int, asyncio.Future[int]] = {}  # a done future per code
+
+    def prestart(self, expired: Callable[[Delivery, float], bool]) -> None:
+        """Start queued deliveries before a runner takes them, as many at once as runners
+        are idle (each then has a runner free for it), so runners need no turn of the loop
+        per job. Only without limits: a started job must not wait for a slot or a token.
+        ``expired``: whether a delivery's lease ran out (it is not started then)."""
+        q = self._queue
+        q.eager, q.deferred, q.feed, q.on_idle = False, True, self._feed, self._soon
+        self._expired = expired
 
     def start(self, d: Delivery) -> asyncio.Future[int]:
         """Ask to start ``d``'s handler; the future gives a ``replies.Start`` code (or
-        the error)."""
-        return self._add(d, "s", 0)
+        the error). One started already (prestart) gets its answer, done."""
+        got = d.start_code
+        if got is None:
+            return self._add(d, "s", 0)
+        d.start_code = None
+        if isinstance(got, BaseException) or got not in self._answers:
+            fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            if isinstance(got, BaseException):
+                fut.set_exception(got)
+                return fut
+            fut.set_result(got)
+            self._answers[got] = fut
+        return self._answers[got]
+
+    def _feed(self, ds: list[Delivery]) -> None:
+        self._held.extend(ds)
+        self._soon()
+
+    def _soon(self) -> None:
+        """Pump at the end of this turn of the loop: runners that park together and
+        deliveries queued together share one start.lua call."""
+        if not self._pumping:
+            self._pumping = True
+            asyncio.get_running_loop().call_soon(self._pump)
+
+    def _pump(self) -> None:
+        """Start as many held deliveries as runners are idle (not counting those whose
+        start is under way). One that may not start (dropped, decided, lease run out)
+        goes to a runner as it is: the runner's checks deal with it."""
+        self._pumping = False
+        q, held = self._queue, self._held
+        room = q.idle() - self._starting
+        if room <= 0 or not held:
+            return
+        now, expired, queued = time.monotonic(), self._expired, State.QUEUED
+        batch: list[Delivery] = []
+        while held and room > 0:
+            d = held.popleft()
+            room -= 1
+            if d.dropped or d.state != queued or expired(d, now):
+                q.ready.append(d)
+            else:
+                batch.append(d)
+        if batch:
+            self._starting += len(batch)
+            task = asyncio.get_running_loop().create_task(self._prestarted(batch),
+                                                          name="streamwork-start")
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+        q.kick()
+
+    async def _prestarted(self, batch: list[Delivery]) -> None:
+        """One start.lua call for ``batch``; each delivery keeps its answer (or the error)
+        and goes to the runners."""
+        got: Any
+        try:
+            got = await self._run.run(scripts.start(
+                self._gkeys, self._consumer, self._mode, self._ttl_ms,
+                [[d.entry_id for d in batch], [d.src for d in batch],
+                 [d.msg.key for d in batch], [d.lease_id for d in batch],
+                 [d.member for d in batch], ["s"] * len(batch),
+                 [d.msg.attempt for d in batch], [0] * len(batch)]))
+        except asyncio.CancelledError:
+            got = None  # stopping: the runners start them one by one, if they still run
+            raise
+        except Exception as exc:  # the runners deal with it as with their own start's
+            got = [exc] * len(batch)
+        finally:
+            self._starting -= len(batch)
+            for d, code in zip(batch, got or [None] * len(batch), strict=True):
+                d.start_code = code if isinstance(code, Exception) else (
+                    None if code is None else int(code))
+            self._queue.ready.extend(batch)
+            self._queue.kick()
+            self._soon()
 
     def unanswered(self, d: Delivery, exc: Exception) -> None:
         """``d``'s `start` failed with ``exc``: raised again when fatal, else logged (the
