@@ -108,7 +108,7 @@ class Consumer:
         self.holdings = Holdings(self.ctx, queue)
         # with job records, a handler starts only once start.lua has checked its record
         self.starter: Starter | None = (
-            Starter(self.scripts, ctx.gkeys, name, self.leases.mode, cfg.visibility_ms, queue)
+            Starter(self.scripts, ctx.gkeys, name, self.leases, cfg.visibility_ms, queue)
             if self.leases.claims else None)
         # ordered mode: the head of each order key's line alone may run
         self.gate = OrderedGate(self.holdings, self.starter) if cfg.ordered else None
@@ -128,7 +128,7 @@ class Consumer:
         self.runner = Runner(self.ctx, self.holdings, handle, starter=self.starter,
                              limits=self.limits, slots=slots, gate=self.gate)
         if self.starter is not None and self.gate is None and self.limits is None and not slots:
-            self.starter.prestart(self.leases.expired)  # started before a runner takes them
+            self.starter.prestart()  # started before a runner takes them
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -317,8 +317,8 @@ class Consumer:
             return False
         for d in batch:
             d.leasing = True
-        try:
-            res = await self.leases.take(batch)
+        try:  # the starter takes them (starting some at once: `Starter.take`) if there is one
+            res = await (self.starter or self.leases).take(batch)
         finally:
             for d in batch:
                 d.leasing = False

@@ -125,9 +125,8 @@ class Outcomes:
             staged_keys, done_columns(live, cfg, lease, self._pack),
             oom_ok=not cfg.dedup and not staged,
             lease_ttl_ms=cfg.visibility_ms))
-        acked = 0
+        acked, cache = 0, ctx.cache
         finished: list[Delivery] = []
-        cache = ctx.cache
         for d, code in zip(live, res, strict=True):
             if code == ACKED:
                 acked += 1

@@ -19,12 +19,12 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from streamwork._redis import scripts
 from streamwork._redis.faults import Fault, classify
-from streamwork._redis.replies import LeaseMode
+from streamwork._redis.replies import LeaseMode, Start
 from streamwork._telemetry.logs import WORKER_LOGGER, fields
 from streamwork._worker.delivery import State
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from streamwork._redis.scripts import AsyncScripts
     from streamwork._wire.keys import GroupKeys
     from streamwork._worker.delivery import Delivery
+    from streamwork._worker.leases import LeaseStrategy
     from streamwork._worker.runqueue import RunQueue
 
 log = logging.getLogger(WORKER_LOGGER)
@@ -42,30 +43,50 @@ MAX_SPINS: Final = 64  #: loop turns a start batch waits at most for runners sti
 class Starter:
     """Batches start.lua calls of one consumer's runners."""
 
-    def __init__(self, run: AsyncScripts, gkeys: GroupKeys, consumer: str, mode: LeaseMode,
-                 ttl_ms: int, queue: RunQueue) -> None:
+    def __init__(self, run: AsyncScripts, gkeys: GroupKeys, consumer: str,
+                 leases: LeaseStrategy, ttl_ms: int, queue: RunQueue) -> None:
         self._run = run
         self._gkeys = gkeys
         self._consumer = consumer
-        self._mode = mode
+        self._leases = leases
+        self._mode = leases.mode
         self._ttl_ms = ttl_ms
         self._queue = queue
         self._batch: list[tuple[Delivery, str, int, asyncio.Future[int]]] = []
         self._sending: set[asyncio.Task[None]] = set()
         self._held: deque[Delivery] = deque()  # queued, not started yet (prestart)
-        self._expired: Callable[[Delivery, float], bool] = lambda d, now: False
         self._starting = 0  # deliveries whose start (prestart) is under way
         self._pumping = False  # a pump is due in this turn of the loop
         self._answers: dict[int, asyncio.Future[int]] = {}  # a done future per code
+        self._prestart = False
 
-    def prestart(self, expired: Callable[[Delivery, float], bool]) -> None:
+    def prestart(self) -> None:
         """Start queued deliveries before a runner takes them, as many at once as runners
         are idle (each then has a runner free for it), so runners need no turn of the loop
-        per job. Only without limits: a started job must not wait for a slot or a token.
-        ``expired``: whether a delivery's lease ran out (it is not started then)."""
+        per job. Only without limits: a started job must not wait for a slot or a token."""
         q = self._queue
         q.eager, q.deferred, q.feed, q.on_idle = False, True, self._feed, self._soon
-        self._expired = expired
+        self._prestart = True
+
+    async def take(self, batch: Sequence[Delivery]) -> list[int]:
+        """Take the leases of ``batch`` (the strategy's `take`). With prestart, a lease in
+        the stream's Redis, and runners idle that no delivery waits for, the first as many
+        are started with their lease: claim.lua takes their records as the running ones,
+        as start.lua would right after, so they need no start.lua call."""
+        k = 0
+        if self._prestart and self._leases.mode == LeaseMode.REDIS:
+            k = max(0, min(len(batch), self._queue.idle() - self._starting - len(self._held)))
+        self._starting += k  # those runners are spoken for until the claim answers
+        try:
+            res = await self._leases.take(batch, k)
+        finally:
+            self._starting -= k
+            if k:
+                self._soon()
+        for d, token in zip(batch[:k], res, strict=False):
+            if token > 0:
+                d.start_code = Start.GO  # its record is the running one already
+        return res
 
     def start(self, d: Delivery) -> asyncio.Future[int]:
         """Ask to start ``d``'s handler; the future gives a ``replies.Start`` code (or
@@ -84,7 +105,11 @@ class Starter:
         return self._answers[got]
 
     def _feed(self, ds: list[Delivery]) -> None:
-        self._held.extend(ds)
+        """Deliveries that may run: started with their lease already (``start_code`` set)
+        go to the runners, the others wait for a start."""
+        for d in ds:
+            (self._queue.ready if d.start_code is not None else self._held).append(d)
+        self._queue.kick()
         self._soon()
 
     def _soon(self) -> None:
@@ -103,7 +128,7 @@ class Starter:
         room = q.idle() - self._starting
         if room <= 0 or not held:
             return
-        now, expired, queued = time.monotonic(), self._expired, State.QUEUED
+        now, expired, queued = time.monotonic(), self._leases.expired, State.QUEUED
         batch: list[Delivery] = []
         while held and room > 0:
             d = held.popleft()
