@@ -48,9 +48,8 @@ class Outcomes:
         self._pack = packer(codec).pack  # the flusher's, for records (results: codec's types)
 
     async def step(self) -> bool:
-        """Wait for something to flush, then flush it (one turn of the flusher loop). A
-        stop lets a flush under way finish: its scripts already ran. Returns whether Redis
-        was asked."""
+        """Wait for something to flush, then flush it (one turn of the flusher loop). A stop
+        lets a flush under way finish: its scripts already ran. Returns whether Redis was asked."""
         box, h = self.outbox, self.holdings
         await box.needed.wait()
         if box.size() < self.ctx.cfg.batch_size and h.held() > h.finishing:

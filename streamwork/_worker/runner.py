@@ -68,6 +68,7 @@ class Runner:
         running = State.RUNNING
         finish = h.succeeded
         slots, limits = self._slots, self._limits
+        checked = limits is not None or self._starter is not None  # else no lease to check
         cancellable = cfg.cancel_running and self.calls.is_async
         try:
             while True:
@@ -84,7 +85,8 @@ class Runner:
                     except asyncio.CancelledError:
                         h.forget(d)
                         raise
-                if not await (self._ready(d) if limits is not None else self._may_start(d)):
+                if (checked or d.dropped or d.state != State.QUEUED) and not await (
+                        self._ready(d) if limits is not None else self._may_start(d)):
                     if slots is not None:
                         slots.release()
                     continue
@@ -251,6 +253,5 @@ class Runner:
 
 
 def _dropped(d: Delivery) -> bool:
-    """``d.dropped`` read anew (after an await; a type checker keeps an earlier check's
-    answer)."""
+    """``d.dropped`` read anew after an await (a type checker keeps the earlier answer)."""
     return d.dropped
