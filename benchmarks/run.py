@@ -41,7 +41,7 @@ from benchmarks.measure import BATCH, LOAD_FRACTION, Params, Run, summary
 from benchmarks.peers import run_peers
 from streamwork.testing import RedisServer
 
-__all__ = ["GOALS", "PEER_GOALS", "run_bench"]
+__all__ = ["GOALS", "PEER_GOALS", "private_server", "run_bench"]
 
 GOALS: Final = (
     # name, scenario key, comparison, target
@@ -73,7 +73,7 @@ def run_bench(params: Params, say: Callable[[str], None] = lambda _: None,
     Starts (and at the end stops) a private redis-server, unless ``url`` names a loopback
     server (``redis://127.0.0.1:PORT/0``) that the harness may FLUSHALL and MONITOR.
     ``peers_jobs`` adds the peers scenario with that many jobs per run."""
-    with _server(url) as (server_url, port):
+    with private_server(url) as (server_url, port):
         h = Harness(server_url, port, params, say)
         try:
             return _run(h, params, say, peers_jobs)
@@ -82,7 +82,9 @@ def run_bench(params: Params, say: Callable[[str], None] = lambda _: None,
 
 
 @contextlib.contextmanager
-def _server(url: str | None) -> Iterator[tuple[str, int]]:
+def private_server(url: str | None) -> Iterator[tuple[str, int]]:
+    """``(url, port)`` of the Redis to measure: ``url`` as given (a loopback server the
+    caller may FLUSHALL), else a private redis-server started here and stopped after."""
     if url is not None:
         port = int(url.rsplit(":", 1)[1].split("/")[0])
         yield url, port

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from streamwork._wire.message import Message
     from streamwork._wire.records import JobStatus
     from streamwork._wire.schedules import Cron, Every
-    from streamwork._worker.function import worker
+    from streamwork._worker.function import batch_worker, worker
     from streamwork._worker.worker import Health, StreamWorker
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
@@ -58,6 +58,7 @@ _LAZY = {
     "Producer": "_producer.shells", "Health": "_worker.worker",
     "StreamWorker": "_worker.worker", "JobStatus": "_wire.records",
     "Cron": "_wire.schedules", "Every": "_wire.schedules", "worker": "_worker.function",
+    "batch_worker": "_worker.function",
     "Codec": "_wire.extensions",
 }
 
@@ -110,6 +111,7 @@ __all__ = [
     "WorkerFailed",
     "__version__",
     "async_fenced_set",
+    "batch_worker",
     "fenced_set",
     "worker",
 ]

@@ -307,3 +307,28 @@ def test_peers_scenario_installs_and_runs_every_peer(redis_url: str) -> None:
         assert "error" not in row, row
         assert row["jobs_per_s"] > 0 and row["ratio"] > 0, peer.name
         assert row["versions"], peer.name
+
+
+def test_ops_scale_measures_the_page_and_inspect() -> None:
+    """`python -m benchmarks.scenarios.ops_scale --streams 30 --json` runs end to end: every
+    row has its figures, and the page, a sample and inspect each cost the same commands
+    (one read of every stream)."""
+    try:
+        find_server_binary()
+    except StreamworkError as exc:
+        no_server(f"the scenario starts its own redis-server: {exc}")
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.scenarios.ops_scale", "--streams",
+                           "30", "--json"], cwd=ROOT, capture_output=True, timeout=170,
+                          check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    out = proc.stdout.decode()
+    assert "| 30 | dashboard GET / (warm) |" in out
+    figures = json.loads(out[out.index("\n{") + 1:])["results"]["30"]
+    for what in ("page_cold", "page_warm", "sample", "inspect_fn", "inspect_cli",
+                 "inspect_json"):
+        f = figures[what]
+        assert f["s"] > 0 and f["commands"] > 0 and f["slowlog_max_ms"] >= 0, what
+    reads = {figures[w]["commands"] - figures["inspect_fn"]["commands"]
+             for w in ("page_warm", "sample", "inspect_cli", "inspect_json")}
+    assert max(reads) <= 6, figures  # the page: + its dead letters; the CLI: + connecting
+    assert figures["page_warm"]["bytes"] > 10_000

@@ -231,7 +231,9 @@ async def test_cancel_with_redlock_leases(redis_url: str, r: redis.Redis,
     starts and a running one is told (msg.cancelled) and ends cancelled, even past the
     record's first TTL (the heartbeat keeps the record)."""
     masters = [make_server().url for _ in range(3)]
-    w = Slow.from_url(redis_url, lock_urls=masters, visibility_timeout=1.0)
+    # 2 s: at 1 s a very busy machine (load 16) kept the first job from starting for 30 s
+    # (a Redlock lease over three masters could not be taken within its validity)
+    w = Slow.from_url(redis_url, lock_urls=masters, visibility_timeout=2.0)
     with sw.Producer.from_url(redis_url) as p:
         p.send(STREAM, {}, key="first")
         p.send(STREAM, {}, key="second")
@@ -241,7 +243,7 @@ async def test_cancel_with_redlock_leases(redis_url: str, r: redis.Redis,
             await await_for(lambda: p.status(STREAM, "second", group=GROUP).state == "queued",
                             message="the second job to be read ahead")
             assert p.cancel(STREAM, "second", group=GROUP) == "queued"
-            await asyncio.sleep(2.5)  # past the record's first TTL (1 s): the job runs on
+            await asyncio.sleep(3.0)  # past the record's first TTL (2 s): the job runs on
             assert p.status(STREAM, "first", group=GROUP).state == "running"
             assert p.cancel(STREAM, "first", group=GROUP, reason="late") == "running"
             r.set(release_key("first"), 1)

@@ -256,7 +256,7 @@ def test_master_killed_mid_run_loses_only_unreplicated_writes(
                 wait_for(lambda: len(_since(sending, victim_parts, unreplicated_from))
                          >= LAG_SENDS and all(
                              cluster.client.hexists(ledger_key(NAMES[s.partition]), s.key)
-                             for s in slow), 10, 0.01,
+                             for s in slow), 30, 0.01,
                          message="jobs sent and slow jobs completed on the master alone")
             promoted = kill_master(cluster, server, timeout=20, then=killed)
             paused = False

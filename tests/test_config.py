@@ -33,6 +33,8 @@ BAD_VALUES: list[tuple[str, Any]] = [
     ("concurrency", "4"), ("concurrency", True), ("concurrency", None),
     ("max_deliveries", 0), ("max_deliveries", 2.0), ("max_deliveries", False),
     ("batch_size", 0), ("batch_size", 10_001), ("batch_size", "100"),
+    ("batch_max", 0), ("batch_max", 10_001), ("batch_max", "10"), ("batch_max", True),
+    ("batch_wait", -0.1), ("batch_wait", "0.1"), ("batch_wait", math.nan), ("batch_wait", 61.0),
     ("max_payload_bytes", 10), ("max_payload_bytes", 1.0e6),
     ("local_cache_size", -1), ("local_cache_size", 1.5),
     ("visibility_timeout", 0), ("visibility_timeout", -1.0), ("visibility_timeout", "30"),

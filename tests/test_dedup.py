@@ -173,6 +173,8 @@ async def test_round_trips_per_job_are_per_batch(redis_url: str, r: redis.Redis)
               f"calls: {calls}")
         assert worker.counts["acked"] == 2000
     # per job it would be 1 (dedup off: an ack) and 3 (on: claim, start, complete); per
-    # batch it is a small fraction, even when a busy machine makes the batches small
-    # (0.43 with dedup on was seen with both cores busy; about 0.1 idle)
-    assert figures[False] < 0.2 and figures[True] < 1.0, figures
+    # batch it is a small fraction. Starts are shared only by runners starting in the same
+    # turn of the event loop: on a very busy machine (load 16) each start went alone, 1.02
+    # in all (0.43 with both cores busy; about 0.1 idle), while claims and completions
+    # stayed per batch: the bound is what per-batch claims and completions guarantee
+    assert figures[False] < 0.2 and figures[True] < 1.5, figures

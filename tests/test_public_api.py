@@ -45,6 +45,7 @@ PUBLIC = [
     "WorkerFailed",
     "__version__",
     "async_fenced_set",
+    "batch_worker",
     "fenced_set",
     "worker",
 ]

@@ -186,15 +186,18 @@ async def test_duplicates_acked_by_a_slow_claim_are_not_counted_lost(
     done = [f"d{i}" for i in range(40)]
     fresh = [f"f{i}" for i in range(48)]
     urls = [m.url for m in masters]
-    opts: dict[str, Any] = {"lock_urls": urls, "visibility_timeout": 4.5, "batch_size": 200}
+    # every time here scales with the visibility timeout (per-master timeout a tenth of it,
+    # heartbeat a third): 9 s leaves the leases 3.6 s after the slow claim, 4.5 s left 1.8 s,
+    # which a very busy machine (load 14) used up before the handlers started
+    opts: dict[str, Any] = {"lock_urls": urls, "visibility_timeout": 9.0, "batch_size": 200}
     producer = sw.Producer.from_url(redis_url)
     producer.send_many(STREAM, [{}] * len(done), keys=done)
     await run_until_idle(StagedLedgerWorker.from_url(redis_url, **opts), r, timeout=60)
     producer.send_many(STREAM, [{}] * (len(done) + len(fresh)), keys=done + fresh)
     producer.close()
-    # a lease now takes two 0.45 s timeouts (acquire, fencing token), 16 at a time: the
-    # 48 fresh ones about 3 s, over the 1.5 s heartbeat interval, and the first of them
-    # taken lives on for about 1.5 s after the last one is (4.5 s from its own request)
+    # a lease now takes two 0.9 s timeouts (acquire, fencing token), 16 at a time: the
+    # 48 fresh ones about 5.4 s, over the 3 s heartbeat interval, and the first of them
+    # taken lives on for about 3.6 s after the last one is (9 s from its own request)
     worker = StagedLedgerWorker.from_url(redis_url, **opts)
     caplog.set_level(logging.ERROR, logger="streamwork.worker")
     os.kill(masters[2].pid, signal.SIGSTOP)

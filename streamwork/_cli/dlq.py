@@ -182,20 +182,18 @@ def dlq_list(stream: str, count: int, as_json: bool, partitions: int | None, par
     check_recorded_partitions(client, stream, partitions)
     if partitions == 1:
         entries = deadletter.list_dead(client, stream, count)
-        if as_json:
-            for e in entries:
-                click.echo(json.dumps(e.as_json()))
-            return
-        _show(f"dead letters of {stream} ({len(entries)} shown)",
-              [(None, e) for e in entries], partitioned=False)
-        return
-    merged = deadletter.list_dead_partitions(client, picked, count)
+        shown: Sequence[Any] = entries
+        rows: list[Listed] = [(None, e) for e in entries]
+        title = f"dead letters of {stream} ({len(entries)} shown)"
+    else:
+        merged = deadletter.list_dead_partitions(client, picked, count)
+        shown, rows = merged, [(d.partition, d.entry) for d in merged]
+        title = f"dead letters of {_which(stream, picked, partitions)} ({len(merged)} shown)"
     if as_json:
-        for d in merged:
-            click.echo(json.dumps(d.as_json()))
+        for item in shown:
+            click.echo(json.dumps(item.as_json()))
         return
-    _show(f"dead letters of {_which(stream, picked, partitions)} ({len(merged)} shown)",
-          [(d.partition, d.entry) for d in merged], partitioned=True)
+    _show(title, rows, partitioned=partitions != 1)
 
 
 def _located(client: Any, stream: str, picked: Sequence[tuple[int, str]],

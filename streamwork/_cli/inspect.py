@@ -1,5 +1,6 @@
 """``streamwork inspect``: a stream's (or every stream's) figures as tables or JSON, and
-``--fail-if`` thresholds checked against them.
+``--fail-if`` thresholds checked against them. With no STREAM and more than
+:data:`OVERVIEW_OVER` streams, the human view is one line per stream.
 
 Exit codes: 0 fine, 1 error (Redis unreachable, no such stream), 2 a ``--fail-if``
 threshold was crossed (click also uses 2 for a usage error, such as a bad ``--fail-if``
@@ -15,15 +16,17 @@ from typing import Any, Final
 import click
 
 from streamwork._cli.common import detect_partitions
-from streamwork._cli.render import render_inspect
+from streamwork._cli.render import render_inspect, render_overview
 from streamwork._cli.views import checked_view, redis_errors, sample_view, wide_console
 from streamwork._ops.stats import StreamStats
 from streamwork._ops.thresholds import Threshold, check_thresholds
 from streamwork._redis import connection
 
-__all__ = ["FAIL_EXIT_CODE", "inspect_command", "missing_partitions"]
+__all__ = ["FAIL_EXIT_CODE", "OVERVIEW_OVER", "inspect_command", "missing_partitions"]
 
 FAIL_EXIT_CODE: Final = 2  #: exit code of `inspect --fail-if` when a threshold is crossed
+#: with no STREAM, more streams than this are shown one line each (not three tables each)
+OVERVIEW_OVER: Final = 50
 
 
 def inspect_command(stream: str | None, as_json: bool, fail_if: Sequence[Threshold],
@@ -42,6 +45,10 @@ def inspect_command(stream: str | None, as_json: bool, fail_if: Sequence[Thresho
         doc: Any = (samples[0].as_json() if stream is not None
                     else [s.as_json() for s in samples])
         click.echo(json.dumps(doc, indent=None if quiet else 2))
+    elif not quiet and stream is None and len(samples) > OVERVIEW_OVER:
+        click.echo(render_overview(samples))
+        click.echo(f"\n{len(samples):,} streams, one line each: `streamwork inspect STREAM` "
+                   "shows a stream's groups and consumers, --json every figure of all")
     elif not quiet:
         console = wide_console()
         if not samples:

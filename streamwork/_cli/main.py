@@ -36,7 +36,7 @@ from streamwork._telemetry import logs
 from streamwork._telemetry import sdk as otel
 from streamwork._wire.partitions import partition_names, partition_of
 from streamwork._worker import config
-from streamwork._worker.function import FunctionWorker
+from streamwork._worker.function import BatchFunctionWorker, FunctionWorker
 from streamwork._worker.worker import StreamWorker
 from streamwork.errors import StreamworkError
 
@@ -44,7 +44,7 @@ from streamwork.errors import StreamworkError
 _NONE: Final = object()
 
 #: the base classes of workers, which are no workers themselves
-_BASES: Final = (StreamWorker, FunctionWorker)
+_BASES: Final = (StreamWorker, FunctionWorker, BatchFunctionWorker)
 
 #: the most worker processes `run --processes` starts (more is a typo, not a plan)
 MAX_PROCESSES: Final = 256

@@ -53,8 +53,9 @@ def register(main: click.Group) -> None:
                 quiet: bool, partitions: int | None, partition: int | None,
                 url: str | None) -> None:
         """Groups, consumers, lag, pending (count, oldest age), delayed and dead letters of
-        STREAM, or of every stream when none is given; a partitioned stream's totals and
-        each partition with --partitions P. A group's lag counts what will reach it
+        STREAM, or of every stream when none is given (one line each when there are more
+        than 50); a partitioned stream's totals and each partition with --partitions P. A
+        group's lag counts what will reach it
         without a new send: unread entries of the stream and of its retry stream (replayed
         dead letters, retries) and its due retries. Exit 0 OK, 1 error, 2 --fail-if hit."""
         inspect_command(stream, as_json, fail_if, quiet, url, partitions, partition)

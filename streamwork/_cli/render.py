@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Final
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -14,8 +15,14 @@ from rich.text import Text
 from streamwork._ops.format import fmt_age, fmt_count, fmt_rate
 from streamwork._ops.rates import StreamRates
 from streamwork._ops.stats import GroupStats, PartitionStats, StreamStats
+from streamwork._ops.summary import oldest, total_pending, worst_lag
 
-__all__ = ["render_inspect", "render_top"]
+__all__ = ["render_inspect", "render_overview", "render_top"]
+
+#: the overview's columns: (heading, right-aligned)
+_OVERVIEW: Final = (("stream", False), ("length", True), ("groups", True), ("lag (max)", True),
+                    ("pending", True), ("oldest pending", True), ("delayed due/all", True),
+                    ("dead", True))
 
 
 def _title(s: StreamStats) -> str:
@@ -113,6 +120,23 @@ def render_inspect(s: StreamStats) -> RenderableType:
         parts.append(_partitions_table(s))
     parts.append(Text(""))
     return Group(*parts)
+
+
+def render_overview(samples: Sequence[StreamStats]) -> str:
+    """One line per stream, as plain aligned text (the dashboard's stream list): what
+    ``inspect`` prints for many streams, where thousands of rich tables would take
+    seconds to draw."""
+    rows = [[s.stream + (f" ({s.partition_count} partitions)" if s.partitions else ""),
+             fmt_count(s.length), str(len(s.groups)),
+             fmt_count(worst_lag(s)) if s.groups else "-", fmt_count(total_pending(s)),
+             fmt_age(oldest(s)), f"{s.delayed_due:,} / {s.delayed_total:,}", fmt_count(s.dead)]
+            for s in samples]
+    heads = [head for head, _ in _OVERVIEW]
+    widths = [max(len(cells[i]) for cells in [heads, *rows]) for i in range(len(heads))]
+    return "\n".join(
+        "  ".join(cell.rjust(w) if right else cell.ljust(w)
+                  for cell, w, (_, right) in zip(cells, widths, _OVERVIEW, strict=True)).rstrip()
+        for cells in [heads, *rows])
 
 
 def render_top(samples: Sequence[StreamStats], rates: dict[str, StreamRates],

@@ -1,8 +1,10 @@
 """The dashboard's web app (Starlette): one server-rendered page and two POST actions.
 
-``GET /`` shows every stream (groups, consumers, lag, pending and the oldest pending age,
-delayed, dead, produced/s and acked/s sparklines), a job lookup by key (``?job_stream=S
-&job_key=K[&job_group=G]``) and each stream's oldest dead letters. ``POST /dlq/replay``
+``GET /`` shows the streams (groups, consumers, lag, pending and the oldest pending age,
+delayed, dead, produced/s and acked/s sparklines) and each one's oldest dead letters, a
+page of :data:`~streamwork._dashboard.paging.PAGE_SIZE` at a time (``?q=`` filters by
+name, ``?sort=`` orders worst first, ``?page=``: :mod:`streamwork._dashboard.paging`), and
+a job lookup by key (``?job_stream=S&job_key=K[&job_group=G]``). ``POST /dlq/replay``
 and ``POST /dlq/purge`` act on one dead letter (``id`` and ``where``, the stream or
 partition holding it) or all of a stream's; both need the page's CSRF token and redirect
 back to the page (303). Security (token, CSRF, headers) is
@@ -33,12 +35,12 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from streamwork._dashboard import data
+from streamwork._dashboard import data, paging
 from streamwork._dashboard.rates import RateHistory, Sampler
 from streamwork._dashboard.security import CSRF_FIELD, Guard, GuardMiddleware
 from streamwork._dashboard.svg import sparkline
+from streamwork._ops import summary
 from streamwork._ops.format import fmt_age, fmt_count, fmt_rate, fmt_when
-from streamwork._ops.stats import StreamStats
 from streamwork._redis import connection
 from streamwork._wire.keys import StreamKeys
 from streamwork.errors import ConfigError, StreamworkError
@@ -71,16 +73,6 @@ class DashboardSettings:
                                         f"{2 * self.sample_interval_s:g} s), got {self.window_s}")
 
 
-def _worst_lag(s: StreamStats) -> int | None:
-    lags = [g.lag for g in s.groups]
-    return None if not lags or None in lags else max(g.lag or 0 for g in s.groups)
-
-
-def _oldest(s: StreamStats) -> float | None:
-    return max((g.oldest_pending_age_s for g in s.groups
-                if g.oldest_pending_age_s is not None), default=None)
-
-
 def _last(series: Sequence[float | None]) -> float | None:
     """The newest known value of a series."""
     return next((v for v in reversed(series) if v is not None), None)
@@ -92,9 +84,10 @@ def _templates() -> jinja2.Environment:
         autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
         lstrip_blocks=True)
     env.filters.update(n=fmt_count, rate=fmt_rate, age=fmt_age, when=fmt_when)
-    env.globals.update(worst_lag=_worst_lag, oldest=_oldest, preview=data.preview,
-                       clip=data.clip, last=_last, sparkline=sparkline, csrf_field=CSRF_FIELD,
-                       total_pending=lambda s: sum(g.pending for g in s.groups))
+    env.globals.update(worst_lag=summary.worst_lag, oldest=summary.oldest,
+                       preview=data.preview, clip=data.clip, last=_last, sparkline=sparkline,
+                       csrf_field=CSRF_FIELD, total_pending=summary.total_pending,
+                       sorts=paging.SORTS)
     return env
 
 
@@ -105,6 +98,8 @@ class _Dashboard:
         self.settings = settings
         self.client = client
         self.templates = _templates()
+        for name in ("index.html", "error.html"):  # compiled now, not on the first request
+            self.templates.get_template(name)
         points = max(2, int(settings.window_s / settings.sample_interval_s))
         self.history = RateHistory(points)
         self.guard = Guard(settings.token)
@@ -121,14 +116,16 @@ class _Dashboard:
     def index(self, request: Request) -> Response:
         q = request.query_params
         streams = data.snapshot(self.client)
-        dead = {s.stream: data.dead_letters(self.client, s) for s in streams if s.dead}
+        self.history.add(streams, first=True)
+        shown = paging.listing(streams, q)
+        dead = data.dead_letters(self.client, shown.shown)
         job = None
         if q.get("job_key") is not None or q.get("job_stream"):
             job = data.lookup_job(self.client, streams, q.get("job_stream", ""),
                                   q.get("job_key", ""), q.get("job_group", ""))
-        keep = [(k, v) for k, v in q.multi_items() if k in _JOB_PARAMS]
+        keep = shown.query() + [(k, v) for k, v in q.multi_items() if k in _JOB_PARAMS]
         return self.render(
-            request, "index.html", streams=streams, dead=dead, job=job,
+            request, "index.html", streams=streams, listing=shown, dead=dead, job=job,
             flash=_flash(q), history=self.history,
             refresh_s=self.settings.refresh_s,
             refresh_url="/" + (f"?{urlencode(keep)}" if keep else ""),

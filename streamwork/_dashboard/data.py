@@ -20,6 +20,7 @@ from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
 from streamwork._ops import deadletter, partitioned, stats
+from streamwork._ops.replies import id_order
 from streamwork._ops.stats import StreamStats
 from streamwork._producer.shells import Producer
 from streamwork._wire.partitions import partition_names
@@ -80,24 +81,16 @@ def _recorded_partitions(client: Any, base: str) -> int:
 def snapshot(client: Any) -> list[StreamStats]:
     """Every stream on the server, sorted by name: plain streams as ``inspect --json``
     shows them, partitioned streams as the sums over their partitions (with each
-    partition in ``partitions``), as ``inspect S --json`` shows them."""
-    plain: list[str] = []
-    bases: dict[str, int] = {}
-    for name in stats.discover_streams(client):
-        base = partitioned.partition_base(name)
-        if base is not None and base not in bases:
-            bases[base] = _recorded_partitions(client, base)
-        count = bases.get(base, 1) if base is not None else 1
-        if base is None or count == 1 or name not in _names(base, count):
-            plain.append(name)
-    out = stats.sample(client, plain)
-    for base, count in bases.items():
-        if count > 1:
-            try:
-                out.append(partitioned.partitioned_stats(client, base, count))
-            except StreamworkError:  # gone since the scan, or a name that cannot split
-                continue
-    return sorted(out, key=lambda s: s.stream)
+    partition in ``partitions``), as ``inspect S --json`` shows them. A few pipelined
+    round trips per thousand streams (the SCAN, the partition counts, the figures)."""
+    names = stats.discover_streams(client)
+    bases = sorted({b for name in names if (b := partitioned.partition_base(name)) is not None})
+    counts = partitioned.recorded_partitions_many(client, bases)
+    split = {base: count for base, count in counts.items()
+             if count > 1 and _names(base, count)}
+    owned = {n for base, count in split.items() for n in _names(base, count)}
+    return partitioned.sample_streams(client, [name for name in names if name not in owned],
+                                      split)
 
 
 def _names(base: str, count: int) -> tuple[str, ...]:
@@ -154,14 +147,19 @@ class DeadRow:
         return clip(self.entry.detail)
 
 
-def dead_letters(client: Any, s: StreamStats, count: int = DEAD_SHOWN) -> list[DeadRow]:
-    """The oldest ``count`` dead letters of ``s`` (merged over its partitions)."""
-    places = partition_streams(s)
-    if not s.partitions:
-        return [DeadRow(s.stream, None, e) for e in deadletter.list_dead(client, s.stream, count)]
-    numbered = [(i, name) for i, name in places if i is not None]
-    return [DeadRow(d.stream, d.partition, d.entry)
-            for d in deadletter.list_dead_partitions(client, numbered, count)]
+def dead_letters(client: Any, streams: Sequence[StreamStats],
+                 count: int = DEAD_SHOWN) -> dict[str, list[DeadRow]]:
+    """The oldest ``count`` dead letters of each of ``streams`` that has any (merged over
+    a partitioned stream's partitions), by stream name: one pipelined read of them all."""
+    places = {s.stream: partition_streams(s) for s in streams if s.dead}
+    found = deadletter.list_dead_many(
+        client, [name for where in places.values() for _, name in where], count)
+    out: dict[str, list[DeadRow]] = {}
+    for stream, where in places.items():
+        rows = [DeadRow(name, i, e) for i, name in where for e in found[name]]
+        rows.sort(key=lambda d: (id_order(d.entry.id), d.partition or 0))
+        out[stream] = rows[:count]
+    return out
 
 
 def replay(client: Any, wheres: Sequence[str], ids: Sequence[str] | None) -> tuple[int, int]:

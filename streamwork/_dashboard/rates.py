@@ -1,7 +1,8 @@
 """Rates over the last minutes, for the dashboard's sparklines: kept in memory only.
 
 A :class:`Sampler` thread takes a :func:`~streamwork._dashboard.data.snapshot` every
-``interval_s`` seconds and hands it to a :class:`RateHistory`, which turns each pair of
+``interval_s`` seconds (the first page's read, if it comes first, is the first sample) and
+hands it to a :class:`RateHistory`, which turns each pair of
 consecutive samples of a stream into produced/s and acked/s per group
 (:func:`streamwork._ops.rates.compute_rates`, as ``streamwork top`` does) and keeps the last
 ``window_s`` seconds of them. Nothing is written to Redis; a restart starts afresh.
@@ -39,10 +40,16 @@ class RateHistory:
         self.points = points
         self._lock = threading.Lock()
         self._series: dict[str, _Series] = {}
+        self._taken = False  #: whether a sample was taken (streams or none)
 
-    def add(self, sample: Sequence[StreamStats]) -> None:
-        """Take one sample of every stream; streams no longer in it are forgotten."""
+    def add(self, sample: Sequence[StreamStats], *, first: bool = False) -> None:
+        """Take one sample of every stream; streams no longer in it are forgotten. With
+        ``first``, only when none was taken yet (the first page's read is the first sample:
+        the sampler does not read every stream again at the same moment)."""
         with self._lock:
+            if first and self._taken:
+                return
+            self._taken = True
             kept: dict[str, _Series] = {}
             for s in sample:
                 old = self._series.get(s.stream)
@@ -80,13 +87,13 @@ class Sampler:
                                         daemon=True)
 
     def _loop(self) -> None:
-        while True:
+        # the first sample after one interval: the first page's read is the first sample
+        # (RateHistory.add(first=True)), not a second read of every stream at the same moment
+        while not self._stop.wait(self.interval_s):
             try:
                 self.history.add(self._take())
             except Exception as exc:  # the page shows Redis errors; here only skip a point
                 log.warning("dashboard sample failed: %s: %s", type(exc).__name__, exc)
-            if self._stop.wait(self.interval_s):
-                return
 
     def start(self) -> Sampler:
         self._thread.start()

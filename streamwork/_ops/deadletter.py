@@ -29,8 +29,10 @@ from streamwork._wire.extensions import to_json
 from streamwork._wire.keys import StreamKeys
 from streamwork.errors import DecodeError
 
-__all__ = ["DeadLetterEntry", "PartitionDeadLetter", "list_dead", "list_dead_partitions",
-           "locate_dead", "purge_dead", "replay_dead"]
+__all__ = ["DeadLetterEntry", "PartitionDeadLetter", "list_dead", "list_dead_many",
+           "list_dead_partitions", "locate_dead", "purge_dead", "replay_dead"]
+
+CHUNK: Final = 200  #: dead-letter streams read per pipelined round trip
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +147,21 @@ def list_dead(
     return [_parse(eid, values) for eid, values in client.xrange(keys.dead, start, "+", count)]
 
 
+def list_dead_many(client: Any, streams: Sequence[str], count: int = 100,
+                   ) -> dict[str, list[DeadLetterEntry]]:
+    """The oldest ``count`` dead letters of each of ``streams``, read in one pipelined
+    round trip per :data:`CHUNK` streams (not one per stream)."""
+    out: dict[str, list[DeadLetterEntry]] = {}
+    for i in range(0, len(streams), CHUNK):
+        names = streams[i:i + CHUNK]
+        pipe = client.pipeline(transaction=False)
+        for name in names:
+            pipe.xrange(StreamKeys.for_stream(name).dead, "-", "+", count)
+        for name, page in zip(names, pipe.execute(), strict=True):
+            out[name] = [_parse(eid, values) for eid, values in page]
+    return out
+
+
 def replay_dead(client: Any, stream: str, ids: Sequence[str] | None = None,
                 batch: int = 100, *, group: str | None = None) -> tuple[int, int]:
     """Hand dead letters (all when ``ids`` is None; only ``group``'s when given) back to
@@ -217,9 +234,9 @@ def list_dead_partitions(client: Any, partitions: Iterable[tuple[int, str]],
                          count: int = 100) -> list[PartitionDeadLetter]:
     """The oldest ``count`` dead letters over ``partitions`` (``(number, stream name)``
     pairs), oldest first: dead-letter ids are times, so they order across partitions."""
-    merged: list[PartitionDeadLetter] = []
-    for i, name in partitions:
-        merged += [PartitionDeadLetter(i, name, e) for e in list_dead(client, name, count)]
+    pairs = list(partitions)
+    found = list_dead_many(client, [name for _, name in pairs], count)
+    merged = [PartitionDeadLetter(i, name, e) for i, name in pairs for e in found[name]]
     merged.sort(key=lambda d: (id_order(d.entry.id), d.partition))
     return merged[:count]
 

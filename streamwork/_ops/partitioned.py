@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from streamwork._ops.replies import id_order, text
@@ -19,15 +19,15 @@ from streamwork._ops.stats import (
     PartitionStats,
     StreamStats,
     discover_streams,
-    sample,
-    stream_stats,
+    read_streams,
 )
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names
 from streamwork.errors import ConfigError, StreamNotFound
 
-__all__ = ["merge_stats", "partition_base", "partitioned_stats", "recorded_partitions",
-           "sample_partitioned"]
+__all__ = ["merge_stats", "partition_base", "partitioned_many", "partitioned_stats",
+           "recorded_partitions", "recorded_partitions_many", "sample_partitioned",
+           "sample_streams"]
 
 
 def _sum_known(values: Iterable[int | None]) -> int | None:
@@ -108,17 +108,97 @@ def _node_of(client: Any, key: str) -> str | None:
     return None if node is None else f"{node.host}:{node.port}"
 
 
-def _owners(client: Any, stream: str, groups: Iterable[GroupStats]) -> dict[str, str | None]:
-    keys = StreamKeys.of_any(stream)
-    owners: dict[str, str | None] = {}
-    for g in groups:
-        try:
-            owner_key = keys.group(g.name).owner
-        except ConfigError:
+def _owner_reads(client: Any, parts: Sequence[tuple[str, StreamStats]],
+                 ) -> list[dict[str, str | None]]:
+    """Each partition's group -> lease holder (ordered mode), in one pipelined round trip."""
+    pipe = client.pipeline(transaction=False)
+    asked: list[list[str]] = []
+    for name, st in parts:
+        keys = StreamKeys.of_any(name)
+        names: list[str] = []
+        for g in st.groups:
+            try:
+                owner_key = keys.group(g.name).owner
+            except ConfigError:
+                continue
+            pipe.get(owner_key)
+            names.append(g.name)
+        asked.append(names)
+    replies = iter(pipe.execute() if len(pipe) else [])
+    return [{g: None if (raw := next(replies)) is None else text(raw) for g in names}
+            for names in asked]
+
+
+def _picked(streams: Mapping[str, int], only: int | None) -> dict[str, list[tuple[int, str]]]:
+    """Each partitioned stream's ``(index, partition stream)`` pairs looked at."""
+    picked: dict[str, list[tuple[int, str]]] = {}
+    for stream, partitions in streams.items():
+        names = partition_names(stream, partitions)
+        picked[stream] = list(enumerate(names)) if only is None else [(only, names[only])]
+    return picked
+
+
+def _assemble(client: Any, streams: Mapping[str, int], picked: Mapping[str, list[tuple[int, str]]],
+              read: Mapping[str, StreamStats | StreamNotFound],
+              only: int | None) -> dict[str, StreamStats | StreamNotFound]:
+    """The partitioned streams' figures from their partitions' (``read``), with the owners
+    read in one more round trip."""
+    existing = [(name, st) for _, pairs in picked.items() for _, name in pairs
+                if isinstance(st := read[name], StreamStats)]
+    owners = dict(zip((name for name, _ in existing), _owner_reads(client, existing),
+                      strict=True))
+    out: dict[str, StreamStats | StreamNotFound] = {}
+    for stream, pairs in picked.items():
+        wrong = [st for _, name in pairs if isinstance(st := read[name], StreamNotFound)
+                 and "does not exist" not in str(st)]
+        if wrong:  # a partition's name holds a key of another type
+            out[stream] = wrong[0]
             continue
-        raw = client.get(owner_key)
-        owners[g.name] = None if raw is None else text(raw)
-    return owners
+        parts = [PartitionStats(i, name, st if isinstance(st := read[name], StreamStats)
+                                else None, owners.get(name, {}), _node_of(client, name))
+                 for i, name in pairs]
+        out[stream] = _merged(stream, streams[stream], parts, only)
+    return out
+
+
+def partitioned_many(client: Any, streams: Mapping[str, int],
+                     only: int | None = None) -> dict[str, StreamStats | StreamNotFound]:
+    """:func:`partitioned_stats` of each partitioned stream (name -> partition count), all
+    read together: the partitions of every stream in :func:`read_streams`' few round trips,
+    their owners in one more. A stream none of whose partitions exists, or one of whose
+    partitions is a key of another type, maps to the StreamNotFound saying so."""
+    picked = _picked(streams, only)
+    flat = [name for pairs in picked.values() for _, name in pairs]
+    read = dict(zip(flat, read_streams(client, flat), strict=True))
+    return _assemble(client, streams, picked, read, only)
+
+
+def sample_streams(client: Any, plain: Sequence[str],
+                   split: Mapping[str, int]) -> list[StreamStats]:
+    """The figures of the ``plain`` streams and of the partitioned ones (``split``: name ->
+    partition count, summed over their partitions), all read together, sorted by name;
+    those that do not exist are left out."""
+    picked = _picked(split, None)
+    flat = list(plain) + [name for pairs in picked.values() for _, name in pairs]
+    read = dict(zip(flat, read_streams(client, flat), strict=True))
+    out = [st for name in plain if isinstance(st := read[name], StreamStats)]
+    out += [st for st in _assemble(client, split, picked, read, None).values()
+            if isinstance(st, StreamStats)]
+    return sorted(out, key=lambda s: s.stream)
+
+
+def _merged(stream: str, partitions: int, parts: list[PartitionStats],
+            only: int | None) -> StreamStats | StreamNotFound:
+    found = [p.stats for p in parts if p.stats is not None]
+    if not found:
+        first, last = parts[0].stream, parts[-1].stream
+        which = (f"partition {only} ({first})" if only is not None else
+                 f"any of its {partitions} partitions ({first} ... {last})")
+        return StreamNotFound(stream, f"has no stream for {which}: check --partitions "
+                                      "(the partitions= its producers use)")
+    label = stream if only is None else parts[0].stream
+    merged = merge_stats(label, found)
+    return dataclasses.replace(merged, partitions=tuple(parts), partition_count=partitions)
 
 
 def partitioned_stats(client: Any, stream: str, partitions: int,
@@ -127,27 +207,10 @@ def partitioned_stats(client: Any, stream: str, partitions: int,
     (or over partition ``only``, then named by its own stream name), with each partition's
     own figures, owner (ordered mode) and Cluster node in ``partitions``. Raises
     StreamNotFound when none of the partitions looked at exists."""
-    names = partition_names(stream, partitions)
-    picked = list(enumerate(names)) if only is None else [(only, names[only])]
-    parts: list[PartitionStats] = []
-    for i, name in picked:
-        try:
-            st: StreamStats | None = stream_stats(client, name)
-        except StreamNotFound as exc:
-            if "does not exist" not in str(exc):
-                raise
-            st = None
-        owners = {} if st is None else _owners(client, name, st.groups)
-        parts.append(PartitionStats(i, name, st, owners, _node_of(client, name)))
-    found = [p.stats for p in parts if p.stats is not None]
-    if not found:
-        which = (f"partition {only} ({names[only]})" if only is not None else
-                 f"any of its {partitions} partitions ({names[0]} ... {names[-1]})")
-        raise StreamNotFound(stream, f"has no stream for {which}: check --partitions "
-                                     "(the partitions= its producers use)")
-    label = stream if only is None else names[only]
-    merged = merge_stats(label, found)
-    return dataclasses.replace(merged, partitions=tuple(parts), partition_count=partitions)
+    found = partitioned_many(client, {stream: partitions}, only)[stream]
+    if isinstance(found, StreamNotFound):
+        raise found
+    return found
 
 
 _PARTITION_NAME: Final = re.compile(r"^(?P<base>.+)#(?P<i>\d+)\.\d+$")
@@ -159,6 +222,28 @@ def recorded_partitions(client: Any, stream: str) -> int | None:
     a name that cannot be partitioned, ValueError for a value that is not a count."""
     raw = client.get(StreamKeys.for_stream(stream).partitions)
     return None if raw is None else int(raw)
+
+
+def recorded_partitions_many(client: Any, streams: Sequence[str]) -> dict[str, int]:
+    """The partition count recorded for each of ``streams`` in one pipelined round trip:
+    1 when none is, or for a name that cannot be partitioned, or a value that is not a
+    count (as the dashboard reads them)."""
+    keyed: list[tuple[str, str]] = []
+    for stream in streams:
+        try:
+            keyed.append((stream, StreamKeys.for_stream(stream).partitions))
+        except ConfigError:
+            continue
+    pipe = client.pipeline(transaction=False)
+    for _, key in keyed:
+        pipe.get(key)
+    counts = dict.fromkeys(streams, 1)
+    for (stream, _), raw in zip(keyed, pipe.execute() if keyed else [], strict=True):
+        try:
+            counts[stream] = 1 if raw is None else int(raw)
+        except ValueError:
+            continue
+    return counts
 
 
 def partition_base(name: str) -> str | None:
@@ -191,10 +276,4 @@ def sample_partitioned(client: Any, partitions: int) -> list[StreamStats]:
             plain.append(name)
         else:
             bases.add(base)
-    out = sample(client, plain)
-    for base in bases:
-        try:
-            out.append(partitioned_stats(client, base, partitions))
-        except StreamNotFound:
-            continue
-    return sorted(out, key=lambda s: s.stream)
+    return sample_streams(client, plain, dict.fromkeys(sorted(bases), partitions))

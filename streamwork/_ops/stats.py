@@ -1,14 +1,20 @@
 """Read-only figures of streams and consumer groups, for ``streamwork inspect`` and ``top``
 and the dashboard.
 
-One call of :func:`stream_stats` reads, for stream ``S``: ``XINFO STREAM S``, ``XINFO
-GROUPS S`` and per group ``XPENDING S G`` (summary), ``XPENDING S G - + 1`` (the oldest
-pending entry and its idle time), ``XINFO CONSUMERS S G``, and one pipelined round trip on
-the group's own side (:func:`read_retry_side`): ``XINFO GROUPS`` and ``XLEN`` of its retry
-stream, ``ZCARD``/``ZCOUNT -inf now`` of its retry ZSET; then the same counts of
-``{S}:delayed`` (``now`` from the server's ``TIME``, the clock the promoter uses) and ``XLEN
-{S}:dead``. Nothing is written. The commands are not one snapshot: figures of a busy stream
-can disagree by the few jobs that moved between two reads.
+:func:`read_streams` (behind :func:`stream_stats` and :func:`sample`) reads up to
+:data:`CHUNK` streams in a server ``TIME`` (the clock the promoter uses: ``now``) and three
+pipelined round trips, so that a server with thousands of streams costs a few round trips
+per thousand streams, never one per stream: first, per stream ``S``, ``XINFO STREAM S``,
+``XINFO GROUPS S``, ``ZCARD {S}:delayed`` and ``XLEN {S}:dead``; then, per group ``G``,
+``XPENDING S G - + 1`` (the oldest pending entry and its idle time; only when the group
+holds deliveries), ``XINFO CONSUMERS S G`` (only when it has consumers), ``XINFO GROUPS``
+of its retry stream and ``ZCARD`` of its retry ZSET; last, only where they are needed, the
+due counts (``ZCOUNT -inf now`` of a ZSET that is not empty) and ``XLEN`` of a retry
+stream whose group cannot tell its lag. Each command is O(1) or O(groups/consumers) on the
+server (no script, nothing that walks the keyspace but the ``SCAN`` of
+:func:`discover_streams`), so Redis is never blocked for long. Nothing is written. The
+commands are not one snapshot: figures of a busy stream can disagree by the few jobs that
+moved between two reads.
 
 A group's ``lag`` is what will reach it without any new send: the stream's entries not yet
 delivered to it, plus its retry stream's (replayed dead letters, promoted retries), plus its
@@ -24,8 +30,9 @@ are :mod:`streamwork._ops.partitioned`'.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Final
 
 import redis
@@ -41,13 +48,15 @@ __all__ = [
     "RetrySide",
     "StreamStats",
     "discover_streams",
-    "read_retry_side",
+    "read_streams",
     "retry_side",
     "sample",
     "stream_stats",
 ]
 
 TOP_CONSUMERS: Final = 3  #: consumers listed in ``GroupStats.top_consumers``
+#: streams read per pipelined round trip (at most a few thousand commands in one)
+CHUNK: Final = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,13 +192,7 @@ def retry_side(group: str, groups_reply: Any, length: Any, waiting: Any, due: An
     deleted past the group's position) stays unknown, as on the stream itself, unless the
     retry stream is empty."""
     entries = 0 if isinstance(length, Exception) else int(length or 0)
-    found: dict[str, Any] | None = None
-    if not isinstance(groups_reply, Exception):
-        for raw in groups_reply or []:
-            info = norm(raw)
-            if text(info.get("name")) == group:
-                found = info
-                break
+    found = None if isinstance(groups_reply, Exception) else _named(groups_reply, group)
     if found is None:
         lag: int | None = entries
         pending = 0
@@ -201,104 +204,221 @@ def retry_side(group: str, groups_reply: Any, length: Any, waiting: Any, due: An
     return RetrySide(lag=lag, pending=pending, waiting=int(waiting or 0), due=int(due or 0))
 
 
-def read_retry_side(client: Any, keys: StreamKeys, name: str, now_ms: int) -> RetrySide:
-    """:class:`RetrySide` of group ``name`` (a sync client), read in one pipelined round
-    trip; empty for a group name streamwork would not accept (it has no retry keys)."""
-    try:
-        gkeys = keys.group(name)
-    except ConfigError:
-        return RetrySide()
-    pipe = client.pipeline(transaction=False)
-    pipe.xinfo_groups(gkeys.retry)
-    pipe.xlen(gkeys.retry)
-    pipe.zcard(gkeys.retries)
-    pipe.zcount(gkeys.retries, "-inf", now_ms)
-    groups, length, waiting, due = pipe.execute(raise_on_error=False)
-    for reply in (waiting, due):
-        if isinstance(reply, Exception):
-            raise reply
-    return retry_side(name, groups, length, waiting, due)
+class _Later:
+    """Commands queued on a pipeline, each with what to do with its reply."""
+
+    def __init__(self, client: Any) -> None:
+        self.pipe = client.pipeline(transaction=False)
+        self._then: list[Callable[[Any], None]] = []
+
+    def ask(self, then: Callable[[Any], None]) -> Any:
+        """The pipeline to queue one command on; ``then(reply)`` runs on :meth:`run`."""
+        self._then.append(then)
+        return self.pipe
+
+    def run(self) -> None:
+        """One round trip (none when nothing is queued); an error reply is handed over."""
+        if self._then:
+            for then, reply in zip(self._then, self.pipe.execute(raise_on_error=False),
+                                   strict=True):
+                then(reply)
 
 
-def _group_stats(client: Any, stream: str, info: Mapping[str, Any]) -> GroupStats | None:
-    name = text(info["name"])
-    try:
-        summary = norm(client.xpending(stream, name))
-        oldest = client.xpending_range(stream, name, min="-", max="+", count=1)
-        consumers_raw = client.xinfo_consumers(stream, name)
-    except redis.ResponseError as exc:
-        if "NOGROUP" in str(exc):  # deleted between XINFO GROUPS and now
+@dataclass(slots=True)
+class _Group:
+    """One group's replies as they come in (round trips 2 and 3 of :func:`_read_chunk`)."""
+
+    info: dict[str, Any]
+    name: str
+    oldest: Any = ()
+    consumers: Any = ()
+    side: bool = True  #: has a retry side (a group name streamwork accepts)
+    retry_groups: Any = None
+    length: Any = 0
+    waiting: Any = 0
+    due: Any = 0
+
+    def ask(self, now: _Later, later: _Later, stream: str, keys: StreamKeys,
+            now_ms: int) -> None:
+        """Queue the group's reads: its oldest pending delivery (when it holds any), its
+        consumers (when it has any), its retry side (what is unknown until then: later)."""
+        if int(self.info.get("pending") or 0) > 0:
+            now.ask(partial(setattr, self, "oldest")).xpending_range(
+                stream, self.name, min="-", max="+", count=1)
+        if int(self.info.get("consumers") or 0) > 0:
+            now.ask(partial(setattr, self, "consumers")).xinfo_consumers(stream, self.name)
+        try:
+            gkeys = keys.group(self.name)
+        except ConfigError:  # a group streamwork would not accept has no retry keys
+            self.side = False
+            return
+
+        def retry_groups(reply: Any) -> None:
+            self.retry_groups = reply
+            found = None if isinstance(reply, Exception) else _named(reply, self.name)
+            if not isinstance(reply, Exception) and (found is None or found.get("lag") is None):
+                later.ask(partial(setattr, self, "length")).xlen(gkeys.retry)
+
+        def waiting(reply: Any) -> None:
+            self.waiting = _checked(reply)
+            if int(reply or 0) > 0:
+                later.ask(partial(setattr, self, "due")).zcount(gkeys.retries, "-inf", now_ms)
+
+        now.ask(retry_groups).xinfo_groups(gkeys.retry)
+        now.ask(waiting).zcard(gkeys.retries)
+
+    def stats(self) -> GroupStats | None:
+        """The group's figures; None when it was deleted between two round trips."""
+        if any(_gone(x, "nogroup", "no such key") for x in (self.oldest, self.consumers)):
             return None
-        raise
-    pending = int(summary.get("pending") or 0)
-    per_consumer = [(text(c["name"]), int(c["pending"]))
-                    for c in (norm(x) for x in summary.get("consumers") or [])]
-    per_consumer.sort(key=lambda np: (-np[1], np[0]))
-    oldest_age: float | None = None
-    oldest_id: str | None = None
-    if oldest:
-        first = norm(oldest[0])
-        oldest_id = text(first.get("message_id"))
-        oldest_age = int(first.get("time_since_delivered") or 0) / 1000
-    consumer_list = [
-        ConsumerStats(text(c["name"]), int(c.get("pending") or 0), int(c.get("idle") or 0) / 1000)
-        for c in (norm(x) for x in consumers_raw)
-    ]
-    consumer_list.sort(key=lambda c: (-c.pending, c.name))
-    return GroupStats(
-        name=name,
-        consumers=int(info.get("consumers") or 0),
-        pending=pending,
-        oldest_pending_age_s=oldest_age,
-        lag=opt_int(info.get("lag")),
-        entries_read=opt_int(info.get("entries-read")),
-        last_delivered_id=text(info.get("last-delivered-id") or b"0-0"),
-        top_consumers=per_consumer[:TOP_CONSUMERS],
-        consumer_list=consumer_list,
-        oldest_pending_id=oldest_id,
-    )
+        info = self.info
+        oldest_age: float | None = None
+        oldest_id: str | None = None
+        if _checked(self.oldest):
+            first = norm(self.oldest[0])
+            oldest_id = text(first.get("message_id"))
+            oldest_age = int(first.get("time_since_delivered") or 0) / 1000
+        consumer_list = sorted(
+            (ConsumerStats(text(c["name"]), int(c.get("pending") or 0),
+                           int(c.get("idle") or 0) / 1000)
+             for c in (norm(x) for x in _checked(self.consumers))),
+            key=lambda c: (-c.pending, c.name))
+        side = (retry_side(self.name, self.retry_groups, self.length, self.waiting,
+                           _checked(self.due)) if self.side else RetrySide())
+        return GroupStats(
+            name=self.name,
+            consumers=int(info.get("consumers") or 0),
+            pending=int(info.get("pending") or 0) + side.pending,
+            oldest_pending_age_s=oldest_age,
+            lag=side.total_lag(opt_int(info.get("lag"))),
+            entries_read=opt_int(info.get("entries-read")),
+            last_delivered_id=text(info.get("last-delivered-id") or b"0-0"),
+            top_consumers=[(c.name, c.pending) for c in consumer_list if c.pending > 0
+                           ][:TOP_CONSUMERS],
+            consumer_list=consumer_list,
+            oldest_pending_id=oldest_id,
+            retries_waiting=side.waiting,
+            retry_lag=side.lag,
+            retries_due=side.due,
+        )
+
+
+def _named(groups_reply: Any, name: str) -> dict[str, Any] | None:
+    """The entry of group ``name`` in an XINFO GROUPS reply, None when it has none."""
+    for raw in groups_reply or []:
+        info = norm(raw)
+        if text(info.get("name")) == name:
+            return info
+    return None
+
+
+def _gone(reply: Any, *markers: str) -> bool:
+    """Whether ``reply`` is an error reply whose text holds one of ``markers``."""
+    return isinstance(reply, redis.ResponseError) and any(
+        m in str(reply).lower() for m in markers)
+
+
+def _checked(reply: Any) -> Any:
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
+
+
+def _not_found(client: Any, stream: str) -> StreamNotFound:
+    """Why XINFO STREAM found no stream: gone, or a key of another type (one TYPE)."""
+    kind = text(client.type(stream))
+    if kind in ("none", "stream"):  # gone, or made again since: not there when read
+        return StreamNotFound(stream)
+    return StreamNotFound(stream, f"is a {kind}, not a stream")
+
+
+@dataclass(slots=True)
+class _Stream:
+    """One stream's replies as they come in (round trips 1 to 3 of :func:`_read_chunk`)."""
+
+    name: str
+    keys: StreamKeys
+    info: Any = None
+    groups_raw: Any = None
+    delayed: Any = 0
+    due: Any = 0
+    dead: Any = 0
+    groups: list[_Group] = field(default_factory=list)
+
+    def stats(self, now_ms: int) -> StreamStats:
+        read = [g.stats() for g in self.groups]
+        groups = sorted((g for g in read if g is not None), key=lambda g: g.name)
+        info = norm(self.info)
+        last = info.get("last-generated-id") or entry_id(info.get("last-entry")) or "0-0"
+        return StreamStats(
+            stream=self.name,
+            length=int(info.get("length") or 0),
+            first_id=entry_id(info.get("first-entry")),
+            last_id=text(last),
+            groups=groups,
+            delayed_total=int(_checked(self.delayed)) + sum(g.retries_waiting for g in groups),
+            delayed_due=int(_checked(self.due)) + sum(g.retries_due for g in groups),
+            dead=int(_checked(self.dead)),
+            entries_added=opt_int(info.get("entries-added")),
+            taken_at_ms=now_ms,
+        )
+
+
+def _read_chunk(client: Any, names: Sequence[str]) -> list[StreamStats | StreamNotFound]:
+    """:func:`read_streams` of at most :data:`CHUNK` streams: TIME, then three pipelined
+    round trips: the streams; their groups; the counts only needed when some are not
+    zero (due delayed jobs and retries) or when a retry stream's group cannot tell its lag.
+    """
+    now_ms = _now_ms(client)
+    first, second, third = _Later(client), _Later(client), _Later(client)
+    streams = [_Stream(name, StreamKeys.of_any(name)) for name in names]
+    for st in streams:
+        first.ask(partial(setattr, st, "info")).xinfo_stream(st.name)
+        first.ask(partial(setattr, st, "groups_raw")).xinfo_groups(st.name)
+        first.ask(partial(_delayed, third, st, now_ms)).zcard(st.keys.delayed)
+        first.ask(partial(setattr, st, "dead")).xlen(st.keys.dead)
+    first.run()
+    out: list[StreamStats | StreamNotFound | _Stream] = []
+    for st in streams:
+        if _gone(st.info, "no such key") or _gone(st.groups_raw, "no such key"):
+            out.append(StreamNotFound(st.name))
+        elif _gone(st.info, "wrongtype"):
+            out.append(_not_found(client, st.name))
+        else:
+            _checked(st.info)
+            for raw in _checked(st.groups_raw):
+                info = norm(raw)
+                group = _Group(info, text(info["name"]))
+                group.ask(second, third, st.name, st.keys, now_ms)
+                st.groups.append(group)
+            out.append(st)
+    second.run()
+    third.run()
+    return [x.stats(now_ms) if isinstance(x, _Stream) else x for x in out]
+
+
+def _delayed(later: _Later, st: _Stream, now_ms: int, reply: Any) -> None:
+    st.delayed = reply
+    if not isinstance(reply, Exception) and int(reply or 0) > 0:
+        later.ask(partial(setattr, st, "due")).zcount(st.keys.delayed, "-inf", now_ms)
+
+
+def read_streams(client: Any, names: Sequence[str]) -> list[StreamStats | StreamNotFound]:
+    """The figures of each of ``names`` (a sync client with bytes replies), in order, or
+    the StreamNotFound saying why there are none: a TIME and two pipelined round trips
+    per :data:`CHUNK` streams, however many groups they have."""
+    out: list[StreamStats | StreamNotFound] = []
+    for i in range(0, len(names), CHUNK):
+        out += _read_chunk(client, names[i:i + CHUNK])
+    return out
 
 
 def stream_stats(client: Any, stream: str) -> StreamStats:
     """Figures of ``stream`` (a sync client with bytes replies); raises StreamNotFound."""
-    kind = text(client.type(stream))
-    if kind == "none":
-        raise StreamNotFound(stream)
-    if kind != "stream":
-        raise StreamNotFound(stream, f"is a {kind}, not a stream")
-    now_ms = _now_ms(client)
-    try:
-        info = norm(client.xinfo_stream(stream))
-        groups_raw = client.xinfo_groups(stream)
-    except redis.ResponseError as exc:
-        if "no such key" in str(exc).lower():  # deleted since TYPE
-            raise StreamNotFound(stream) from None
-        raise
-    keys = StreamKeys.of_any(stream)
-    groups, waiting, due = [], 0, 0
-    for raw in groups_raw:
-        g = _group_stats(client, stream, norm(raw))
-        if g is None:
-            continue
-        side = read_retry_side(client, keys, g.name, now_ms)
-        waiting, due = waiting + side.waiting, due + side.due
-        groups.append(dataclasses.replace(
-            g, lag=side.total_lag(g.lag), pending=g.pending + side.pending,
-            retries_waiting=side.waiting, retry_lag=side.lag, retries_due=side.due))
-    groups.sort(key=lambda g: g.name)
-    last = info.get("last-generated-id") or entry_id(info.get("last-entry")) or "0-0"
-    return StreamStats(
-        stream=stream,
-        length=int(info.get("length") or 0),
-        first_id=entry_id(info.get("first-entry")),
-        last_id=text(last),
-        groups=groups,
-        delayed_total=int(client.zcard(keys.delayed)) + waiting,
-        delayed_due=int(client.zcount(keys.delayed, "-inf", now_ms)) + due,
-        dead=int(client.xlen(keys.dead)),
-        entries_added=opt_int(info.get("entries-added")),
-        taken_at_ms=now_ms,
-    )
+    found = read_streams(client, [stream])[0]
+    if isinstance(found, StreamNotFound):
+        raise found
+    return found
 
 
 def discover_streams(client: Any, *, include_dead: bool = False) -> list[str]:
@@ -320,10 +440,4 @@ def discover_streams(client: Any, *, include_dead: bool = False) -> list[str]:
 def sample(client: Any, streams: Iterable[str] | None = None) -> list[StreamStats]:
     """Stats of ``streams`` (default: every discovered stream); missing ones are skipped."""
     names = list(streams) if streams is not None else discover_streams(client)
-    out: list[StreamStats] = []
-    for name in names:
-        try:
-            out.append(stream_stats(client, name))
-        except StreamNotFound:
-            continue
-    return out
+    return [s for s in read_streams(client, names) if isinstance(s, StreamStats)]

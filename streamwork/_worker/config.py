@@ -71,6 +71,8 @@ class WorkerOptions:
     rate_limit: str | None = None
     concurrency_per_key: int = 1
     catch_up: str = "last"
+    batch_max: int = 100
+    batch_wait: float = 0.02
 
 
 #: one line of help per option (``streamwork run --help``; tests check every option has one)
@@ -109,6 +111,9 @@ HELP: Final[dict[str, str]] = {
                       "msg.cancelled)",
     "catch_up": "ticks of the schedules missed while no worker ran: last (run the latest), "
                 "all, or none",
+    "batch_max": "most messages per handle_batch call (batch handlers only)",
+    "batch_wait": "s a batch handler's runner waits to fill a batch once it has one message "
+                  "(0: take what is ready)",
 }
 
 
@@ -174,6 +179,8 @@ class WorkerConfig(WorkerOptions):
         if self.timeout is not None:
             _num(self, "timeout", 0.001)
         _int(self, "concurrency_per_key", 1, 1_000_000)
+        _int(self, "batch_max", 1, 10_000)
+        _num(self, "batch_wait", 0.0, 60.0)
         if self.rate_limit is not None:
             parse_rate(self.rate_limit)
         check_catch_up(self.catch_up)

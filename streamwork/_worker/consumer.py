@@ -6,8 +6,8 @@ Tasks, all on one event loop, each supervised (supervisor.py):
               deliveries held (waiting, queued, running, or finished and not yet written);
 * leaser    - retries the lease of deliveries that wait (a live duplicate holds the job,
               the lock quorum is down, Redis refused): waiting never uses up an attempt;
-* runners   - ``concurrency`` long-lived tasks that run handlers (runner.py), each bounded
-              by the job's time limit;
+* runners   - ``concurrency`` long-lived tasks that run handlers (runner.py; a batch of
+              jobs per call: batch_runner.py), each bounded by the job's time limit;
 * flusher   - writes outcomes in batches (outcomes.py);
 * heartbeat - keeps held deliveries alive (heartbeat.py);
 * reclaimer - takes over deliveries of dead consumers, one suspect at a time (reclaim.py);
@@ -37,6 +37,7 @@ from streamwork._wire.keys import GroupKeys
 from streamwork._wire.message import Message
 from streamwork._worker import context
 from streamwork._worker.arrival import Arrival
+from streamwork._worker.batch_runner import AnyHandler, make_runner, per_call
 from streamwork._worker.config import WorkerConfig, parse_rate
 from streamwork._worker.delivery import MAIN, RETRY, Delivery, Entry, State, ref
 from streamwork._worker.done_cache import KeyCache
@@ -46,7 +47,6 @@ from streamwork._worker.limits import Limits, hold_ms
 from streamwork._worker.loops import gauges, heartbeat, reclaim, upkeep
 from streamwork._worker.ordered import OrderedGate
 from streamwork._worker.outcomes import Outcomes
-from streamwork._worker.runner import Handler, Runner
 from streamwork._worker.runqueue import RunQueue
 from streamwork._worker.start import Starter
 from streamwork._worker.supervisor import (
@@ -79,7 +79,7 @@ def max_held(concurrency: int, batch_size: int) -> int:
 class Consumer:
     """Runs one handler against a stream's consumer group until stopped."""
 
-    def __init__(self, handle: Handler, cfg: WorkerConfig, url: str, name: str,
+    def __init__(self, handle: AnyHandler, cfg: WorkerConfig, url: str, name: str,
                  worker_name: str = "", cache: KeyCache | str | None = "built-in", *,
                  client: Any = None, slots: asyncio.Semaphore | None = None,
                  convert: Callable[[Any], Any] | None = None,
@@ -113,7 +113,8 @@ class Consumer:
         # ordered mode: the head of each order key's line alone may run
         self.gate = OrderedGate(self.holdings, self.starter) if cfg.ordered else None
         self._enqueue = queue.put_many if self.gate is None else self.gate.enqueue
-        self.capacity = cfg.concurrency + cfg.batch_size  # work to come (max_held: all)
+        # work to come (max_held: all); a batch handler's call runs up to batch_max jobs
+        self.capacity = cfg.concurrency * per_call(handle, cfg.batch_max) + cfg.batch_size
         self.outcomes = Outcomes(self.ctx, self.holdings, codec)
         self.sup = Supervisor(self._recreate_group, self._distrust_cache, link=link,
                               stream=cfg.stream, group=cfg.group, consumer=name)
@@ -125,10 +126,11 @@ class Consumer:
         self.redis.set_response_callback("XREADGROUP", lambda response, **options: response)
         self._main = cfg.stream.encode()
         self._wait_pause = WAIT_RETRY
-        self.runner = Runner(self.ctx, self.holdings, handle, starter=self.starter,
-                             limits=self.limits, slots=slots, gate=self.gate)
-        if self.starter is not None and self.gate is None and self.limits is None and not slots:
-            self.starter.prestart()  # started before a runner takes them
+        self.runner = make_runner(self.ctx, self.holdings, handle, starter=self.starter,
+                                  limits=self.limits, slots=slots, gate=self.gate)
+        if (self.starter is not None and self.gate is None and self.limits is None and not slots
+                and per_call(handle, cfg.batch_max) == 1):
+            self.starter.prestart()  # no limits: started before a runner takes them
 
     # ---- lifecycle -------------------------------------------------------------------
 

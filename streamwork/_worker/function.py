@@ -5,7 +5,8 @@ name, qualified name and docstring are the function's), so the decorated name is
 class like any other: ``send_email.from_url(url).run()``, ``await ....serve()``,
 ``streamwork run myapp:send_email``; the function itself stays callable as
 ``send_email.fn(msg)``. Options are checked when the decorator runs, by the same checks a
-worker class gets when it is built.
+worker class gets when it is built. ``@sw.batch_worker`` does the same for a function
+taking a list of messages: the worker's ``handle_batch``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from streamwork._worker.config import WorkerConfig, did_you_mean
 from streamwork._worker.worker import _CLASS_OPTIONS, StreamWorker
 from streamwork.errors import ConfigError
 
-__all__ = ["FunctionWorker", "WorkerKeywords", "worker"]
+__all__ = ["BatchFunctionWorker", "FunctionWorker", "WorkerKeywords", "batch_worker", "worker"]
 
 #: what the decorated function returns (its job's result; a coroutine for an async def)
 R = TypeVar("R", default=Any)
@@ -82,6 +83,8 @@ class WorkerKeywords(TypedDict, total=False):
     rate_limit: str | None
     concurrency_per_key: int
     catch_up: str
+    batch_max: int
+    batch_wait: float
     local_cache: Any
     concurrency_key: Callable[[Message[Any]], str] | None
     schedules: Sequence[Every | Cron]
@@ -97,6 +100,14 @@ class FunctionWorker(StreamWorker[P], Generic[P, R]):
 
     #: the decorated function, callable as it was: ``send_email.fn(msg)``
     fn: Callable[[Message[P]], R]
+
+
+class BatchFunctionWorker(StreamWorker[P], Generic[P, R]):
+    """The class ``@sw.batch_worker`` makes of a function: a `StreamWorker` whose
+    ``handle_batch`` is the function, called with a list of up to ``batch_max`` messages."""
+
+    #: the decorated function, callable as it was: ``save_rows.fn(msgs)``
+    fn: Callable[[list[Message[P]]], R]
 
 
 @overload
@@ -121,32 +132,71 @@ def worker(stream: str, *, group: str | None = None, payload_type: Any = None,
     arguments. The decorated name is a `StreamWorker` subclass named after the function
     (run it with ``from_url(url).run()`` or ``streamwork run module:name``), the function
     stays callable as ``.fn``. A bad option raises `ConfigError` naming it, here."""
+    if "batch_max" in options or "batch_wait" in options:
+        option = "batch_max" if "batch_max" in options else "batch_wait"
+        raise ConfigError(option, "is an option of batch handlers: decorate a function "
+                                  "taking a list of messages with @sw.batch_worker(...) "
+                                  "instead of @sw.worker(...)")
+    return _decorator("worker", stream, group, payload_type, options)
+
+
+@overload
+def batch_worker(stream: str, *, group: str, payload_type: None = None,
+                 **options: Unpack[WorkerKeywords],
+                 ) -> Callable[[Callable[[list[Message[P]]], R]],
+                               type[BatchFunctionWorker[P, R]]]: ...
+
+
+@overload
+def batch_worker(stream: str, *, group: str, payload_type: type[P],
+                 **options: Unpack[WorkerKeywords],
+                 ) -> Callable[[Callable[[list[Message[P]]], R]],
+                               type[BatchFunctionWorker[P, R]]]: ...
+
+
+def batch_worker(stream: str, *, group: str | None = None, payload_type: Any = None,
+                 **options: Any
+                 ) -> Callable[[Callable[..., Any]], type[BatchFunctionWorker[Any, Any]]]:
+    """Make a worker of a batch handler: ``@sw.batch_worker("rows", group="loader",
+    batch_max=500)`` over ``async def save_rows(msgs: list[sw.Message]) -> None`` (or a
+    plain ``def``), called with up to ``batch_max`` messages at a time and returning as a
+    worker class's ``handle_batch`` does: None (each succeeded) or one result or
+    exception per message. Otherwise as `worker`: every option as a keyword, the function
+    callable as ``.fn``, a bad option raising `ConfigError` here."""
+    return _decorator("batch_worker", stream, group, payload_type, options)
+
+
+def _decorator(kind: str, stream: str, group: str | None, payload_type: Any,
+               options: dict[str, Any]) -> Callable[[Callable[..., Any]], Any]:
+    """What ``@sw.worker(...)`` and ``@sw.batch_worker(...)`` (``kind``) return: the
+    options checked, a function making the class."""
     if callable(stream) and not isinstance(stream, str):
-        raise TypeError("@sw.worker takes the stream and group first: "
-                        "@sw.worker('emails', group='mailer') above the function")
+        raise TypeError(f"@sw.{kind} takes the stream and group first: "
+                        f"@sw.{kind}('emails', group='mailer') above the function")
     for name, value in (("stream", stream), ("group", group)):
         if not isinstance(value, str) or not value:
             raise ConfigError(name, f"must be a non-empty str, got {value!r}: "
-                                    "@sw.worker('emails', group='mailer')")
+                                    f"@sw.{kind}('emails', group='mailer')")
     unknown = sorted(set(options) - set(KEYWORDS))
     if unknown:
-        raise ConfigError(unknown[0], f"is not an option of @sw.worker"
+        raise ConfigError(unknown[0], f"is not an option of @sw.{kind}"
                                       f"{did_you_mean(unknown[0], KEYWORDS)}; known options: "
                                       f"payload_type, {', '.join(KEYWORDS)}")
     assert group is not None
 
-    def decorate(fn: Callable[..., Any]) -> type[FunctionWorker[Any, Any]]:
-        return _make_class(fn, stream, group, payload_type, options)
+    def decorate(fn: Callable[..., Any]) -> Any:
+        return _make_class(fn, stream, group, payload_type, options, kind == "batch_worker")
 
     return decorate
 
 
 def _make_class(fn: Callable[..., Any], stream: str, group: str, payload_type: Any,
-                options: dict[str, Any]) -> type[FunctionWorker[Any, Any]]:
+                options: dict[str, Any], batch: bool = False) -> type[StreamWorker[Any]]:
     """The `FunctionWorker` subclass of ``fn`` with these options as its class attributes
     (so ``from_url`` and ``streamwork run --option`` still override them), checked by
-    building one worker of it, which is where a worker class's options are checked."""
-    name = _check_function(fn)
+    building one worker of it, which is where a worker class's options are checked.
+    ``batch``: ``fn`` is the worker's ``handle_batch``, else its ``handle``."""
+    name = _check_function(fn, batch)
     attrs: dict[str, Any] = {
         "__module__": getattr(fn, "__module__", None) or __name__,
         "__qualname__": getattr(fn, "__qualname__", None) or name,
@@ -155,7 +205,7 @@ def _make_class(fn: Callable[..., Any], stream: str, group: str, payload_type: A
         "group": group,
         "payload_type": payload_type,
         "fn": staticmethod(fn),
-        "handle": staticmethod(_handler(fn)),
+        "handle_batch" if batch else "handle": staticmethod(_handler(fn)),
     }
     for option, value in options.items():
         if option in _HOOKS:
@@ -165,17 +215,23 @@ def _make_class(fn: Callable[..., Any], stream: str, group: str, payload_type: A
         if option in _FUNCTIONS and value is not None:
             value = staticmethod(value)
         attrs[option] = value
-    cls = cast("type[FunctionWorker[Any, Any]]", type(name, (FunctionWorker,), attrs))
+    base = BatchFunctionWorker if batch else FunctionWorker
+    cls = cast("type[StreamWorker[Any]]", type(name, (base,), attrs))
     cls(_CHECK_URL)  # every check a worker class gets when built; a bad option raises here
-    _check_annotation(fn, payload_type)
+    _check_annotation(fn, payload_type, batch)
     return cls
 
 
-def _check_function(fn: object) -> str:
-    """``fn``'s name, once it is seen to be a function taking the message."""
+def _check_function(fn: object, batch: bool = False) -> str:
+    """``fn``'s name, once it is seen to be a function taking the message (``batch``: the
+    list of messages)."""
+    takes = "the list of messages" if batch else "the message"
+    example = ("async def save_rows(msgs: list[sw.Message])" if batch
+               else "async def send_email(msg: sw.Message)")
     if not callable(fn) or isinstance(fn, type):
-        raise ConfigError("handle", f"@sw.worker(...) decorates a function taking the message "
-                                    f"(`async def send_email(msg: sw.Message)`), got {fn!r}")
+        raise ConfigError("handle_batch" if batch else "handle", (
+            f"@sw.{'batch_worker' if batch else 'worker'}(...) decorates a function taking "
+            f"{takes} (`{example}`), got {fn!r}"))
     name = getattr(fn, "__name__", None) or type(fn).__name__
     try:
         signature = inspect.signature(fn)
@@ -184,8 +240,10 @@ def _check_function(fn: object) -> str:
     try:
         signature.bind(None)
     except TypeError:
-        raise ConfigError("handle", f"{name}{signature} must take the message as its one "
-                                    f"argument: `def {name}(msg: sw.Message)`") from None
+        arg = "msgs: list[sw.Message]" if batch else "msg: sw.Message"
+        raise ConfigError("handle_batch" if batch else "handle",
+                          f"{name}{signature} must take {takes} as its one "
+                          f"argument: `def {name}({arg})`") from None
     return name
 
 
@@ -196,7 +254,7 @@ def _handler(fn: Callable[..., Any]) -> Callable[..., Any]:
     if inspect.iscoroutinefunction(fn) or not inspect.iscoroutinefunction(type(fn).__call__):
         return fn
 
-    async def handle(msg: Message[Any]) -> Any:
+    async def handle(msg: Any) -> Any:
         return await fn(msg)
     return handle
 
@@ -218,16 +276,19 @@ def _check_hook(option: str, hook: object) -> None:
                                   f"`def`), called once per worker, got {hook!r}")
 
 
-def _check_annotation(fn: Callable[..., Any], payload_type: Any) -> None:
+def _check_annotation(fn: Callable[..., Any], payload_type: Any, batch: bool = False) -> None:
     """Refuse a function whose parameter says ``sw.Message[Invoice]`` for a payload type
     the worker does not convert to: without ``payload_type=Invoice`` its ``msg.payload``
     would be the decoded map, and fail only when a job runs. Annotations that cannot be
-    resolved (names defined later) are not looked at."""
+    resolved (names defined later) are not looked at. ``batch``: the parameter is a list
+    of messages (``list[sw.Message[Invoice]]``)."""
     try:
         params = list(inspect.signature(fn).parameters)
         hint = typing.get_type_hints(fn).get(params[0]) if params else None
     except Exception:  # an annotation naming what is not there yet, no signature, ...
         return
+    if batch and typing.get_origin(hint) is list and typing.get_args(hint):
+        hint = typing.get_args(hint)[0]
     if typing.get_origin(hint) is not Message or not typing.get_args(hint):
         return
     declared = typing.get_args(hint)[0]

@@ -34,10 +34,10 @@ from streamwork._telemetry.logs import WORKER_LOGGER, fields
 from streamwork._wire.extensions import Codec
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import check_recorded, partition_names
+from streamwork._worker.batch_runner import AnyHandler
 from streamwork._worker.config import WorkerConfig
 from streamwork._worker.consumer import Consumer
 from streamwork._worker.done_cache import KeyCache
-from streamwork._worker.runner import Handler
 from streamwork._worker.supervisor import Link, StoppedBeforeStart, Supervisor
 from streamwork.errors import WorkerFailed
 
@@ -76,7 +76,7 @@ def _allowed(member: str) -> frozenset[int] | None:
 class Partitioned:
     """Serves every stream a worker consumes (partitions, or one stream in ordered mode)."""
 
-    def __init__(self, handle: Handler, cfg: WorkerConfig, url: str, name: str,
+    def __init__(self, handle: AnyHandler, cfg: WorkerConfig, url: str, name: str,
                  worker_name: str, cache: KeyCache | None,
                  convert: Callable[[Any], Any] | None = None,
                  key_of: Callable[[Any], str] | None = None,

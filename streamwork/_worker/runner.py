@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any
 
 from opentelemetry import trace
 
-from streamwork._redis.replies import FailAction, Start
+from streamwork._redis.replies import FailAction
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER, describe, error_message, seconds
 from streamwork._wire.message import Message, revoke
@@ -28,20 +27,19 @@ from streamwork._worker.holdings import Holdings
 from streamwork._worker.limits import Limits, retry_key_after
 from streamwork._worker.ordered import OrderedGate
 from streamwork._worker.pool import Calls
-from streamwork._worker.start import Starter
+from streamwork._worker.start import Starter, may_start
 from streamwork._worker.timelimit import TimeLimit, uncancel
 
 log = logging.getLogger(WORKER_LOGGER)
-
-START_RETRY: Final = 0.2  #: s before a job whose start Redis could not record tries again
 
 Handler = Callable[[Message], Any]  #: ``async def handle(msg)`` or a plain ``def``
 
 
 class Runner:
-    """The handler and how to run it; ``loop()`` is one runner task."""
+    """The handler (or a `BatchRunner`'s handle_batch) and how to run it; ``loop()`` is one
+    runner task."""
 
-    def __init__(self, ctx: Context, holdings: Holdings, handle: Handler, *,
+    def __init__(self, ctx: Context, holdings: Holdings, handle: Callable[[Any], Any], *,
                  starter: Starter | None = None, limits: Limits | None = None,
                  slots: asyncio.Semaphore | None = None, gate: OrderedGate | None = None) -> None:
         self.ctx = ctx
@@ -86,7 +84,8 @@ class Runner:
                         h.forget(d)
                         raise
                 if (checked or d.dropped or d.state != State.QUEUED) and not await (
-                        self._ready(d) if limits is not None else self._may_start(d)):
+                        self._ready(d) if limits is not None
+                        else may_start(d, h, ctx.leases, self._starter)):
                     if slots is not None:
                         slots.release()
                     continue
@@ -151,57 +150,30 @@ class Runner:
             watch.close()
 
     async def _ready(self, d: Delivery) -> bool:
-        """Whether ``d`` may run now, after every wait (a slot, its turn): not dropped
-        meanwhile, within the group's limits (else it waits, using no attempt) and
-        allowed to start (`_may_start`, which the runner awaits directly without limits)."""
+        """Whether ``d`` may run now, after every wait (a slot, its turn): `_allowed`, then
+        allowed to start (`start.may_start`, which the runner awaits directly without
+        limits)."""
+        if await self._allowed(d) and await may_start(d, self.holdings, self.ctx.leases,
+                                                      self._starter):
+            return True
+        if self._limits is not None:
+            await self._limits.release(d)
+        return False
+
+    async def _allowed(self, d: Delivery) -> bool:
+        """Whether ``d``, not dropped meanwhile, is within the group's limits (else it
+        waits, using no attempt, or fails if the user's concurrency_key raised)."""
         h, limits = self.holdings, self._limits
         if d.dropped:
             h.forget(d)
-        elif limits is not None and (allowed := await limits.allow(d)) is not True:
-            if isinstance(allowed, Exception):  # the user's concurrency_key raised
-                d.started = asyncio.get_running_loop().time()
-                self._failed(d, allowed)
-            else:
-                h.requeue_later(d, retry_key_after())
             return False
-        elif await self._may_start(d):
+        if limits is None or (allowed := await limits.allow(d)) is True:
             return True
-        if limits is not None:
-            await limits.release(d)
-        return False
-
-    async def _may_start(self, d: Delivery) -> bool:
-        """Whether ``d``'s handler may start now: not dropped, its lease not run out, and
-        (with job records) start.lua turned its record into the running one. A delivery
-        that may not start is let go, acknowledged as cancelled, or waits (Redis busy)."""
-        h = self.holdings
-        if d.dropped:
-            h.forget(d)
-            return False
-        if d.state != State.QUEUED:  # decided meanwhile (cancelled before it started)
-            return False
-        if self.ctx.leases.expired(d, time.monotonic()):
-            h.lose(d, "its lease ran out before the handler started", leave=True)
-            return False
-        if self._starter is None:
-            return True
-        try:
-            code = await self._starter.start(d)
-        except asyncio.CancelledError:
-            h.forget(d)
-            raise
-        except Exception as exc:  # Redis could not answer
-            self._starter.unanswered(d, exc)
-            h.requeue_later(d, START_RETRY)  # held meanwhile; uses no attempt
-            return False
-        dropped = _dropped(d)  # it may have been dropped while start.lua ran
-        if code == Start.GO and not dropped:
-            return True
-        if dropped:
-            h.forget(d)
+        if isinstance(allowed, Exception):  # the user's concurrency_key raised
+            d.started = asyncio.get_running_loop().time()
+            self._failed(d, allowed)
         else:
-            h.not_started(d, code, "another worker took the job before its handler started",
-                          leave=True)
+            h.requeue_later(d, retry_key_after())
         return False
 
     def _time_out(self, d: Delivery, runner: asyncio.Task[None]) -> None:
@@ -212,8 +184,9 @@ class Runner:
             revoke(d.msg)  # msg.check() now raises: the job is someone else's again
             runner.cancel()
 
-    def _timed_out(self, d: Delivery, debug: bool) -> None:
-        self.calls.abandon()
+    def _timed_out(self, d: Delivery, debug: bool, abandon: bool = True) -> None:
+        if abandon:  # a batch's jobs share one call
+            self.calls.abandon()
         self._finished(d, "timeout", debug)
         self.ctx.count("timed_out", 1)
         self._failed(d, overran(d.limit, self.calls.is_async))
@@ -250,8 +223,3 @@ class Runner:
             self._gate.retry_in_place(d, verdict.delay)
             return
         self.holdings.failed(failure(d, exc, verdict, took_ms))
-
-
-def _dropped(d: Delivery) -> bool:
-    """``d.dropped`` read anew after an await (a type checker keeps the earlier answer)."""
-    return d.dropped

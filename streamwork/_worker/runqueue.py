@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 if TYPE_CHECKING:
     from streamwork._worker.delivery import Delivery
@@ -37,7 +37,7 @@ class RunQueue:
 
     def __init__(self, eager: bool = False) -> None:
         self.ready: deque[Delivery] = deque()
-        self._getters: deque[asyncio.Future[None]] = deque()
+        self._getters: deque[asyncio.Future[bool]] = deque()
         self.waking = 0  # runners woken that have not taken a delivery yet
         #: wake a parked runner per ready delivery at once, not one after another: when
         #: every start waits for Redis (start.lua), the runners' starts then share a call
@@ -79,23 +79,45 @@ class RunQueue:
         while self._getters and self.waking < len(self.ready):
             self._wake_next()
 
-    async def get(self) -> Delivery:
+    @overload
+    async def get(self) -> Delivery: ...
+
+    @overload
+    async def get(self, until: float) -> Delivery | None: ...
+
+    async def get(self, until: float | None = None) -> Delivery | None:
+        """The next ready delivery, waiting for one; with ``until`` (the loop's time) None
+        once that passes first: a batch runner filling its batch, woken before the parked
+        runners that have nothing yet (so trickling jobs fill one batch, not several)."""
         ready = self.ready
+        loop = asyncio.get_running_loop()
         while not ready:
-            getter = asyncio.get_running_loop().create_future()
-            self._getters.append(getter)
+            getter: asyncio.Future[bool] = loop.create_future()
+            if until is None:
+                self._getters.append(getter)
+                timer = None
+            else:
+                self._getters.appendleft(getter)
+                timer = loop.call_at(until, _give_up, getter)
             if self.on_idle is not None:
                 self.on_idle()
             try:
-                await getter
+                woken = await getter
             except BaseException:
-                if getter.done() and not getter.cancelled():
+                if getter.done() and not getter.cancelled() and getter.result():
                     self.waking -= 1  # woken, then cancelled before it could run
                 getter.cancel()
                 with contextlib.suppress(ValueError):
                     self._getters.remove(getter)
                 self.kick()
                 raise
+            finally:
+                if timer is not None:
+                    timer.cancel()
+            if not woken:  # its time is up (not woken: ``waking`` does not count it)
+                with contextlib.suppress(ValueError):
+                    self._getters.remove(getter)
+                return None
             self.waking -= 1
         d = ready.popleft()
         if ready:
@@ -107,6 +129,12 @@ class RunQueue:
         while getters:
             getter = getters.popleft()
             if not getter.done():
-                getter.set_result(None)
+                getter.set_result(True)
                 self.waking += 1
                 break
+
+
+def _give_up(getter: asyncio.Future[bool]) -> None:
+    """A parked getter's time is up: it returns empty-handed (if not woken first)."""
+    if not getter.done():
+        getter.set_result(False)

@@ -32,12 +32,14 @@ if TYPE_CHECKING:
     from streamwork._redis.scripts import AsyncScripts
     from streamwork._wire.keys import GroupKeys
     from streamwork._worker.delivery import Delivery
+    from streamwork._worker.holdings import Holdings
     from streamwork._worker.leases import LeaseStrategy
     from streamwork._worker.runqueue import RunQueue
 
 log = logging.getLogger(WORKER_LOGGER)
 
 MAX_SPINS: Final = 64  #: loop turns a start batch waits at most for runners still waking
+START_RETRY: Final = 0.2  #: s before a job whose start Redis could not record tries again
 
 
 class Starter:
@@ -224,3 +226,72 @@ class Starter:
         """Wait for start calls under way (their answers may matter to a draining worker)."""
         if self._sending:
             await asyncio.gather(*self._sending, return_exceptions=True)
+
+
+def startable(d: Delivery, h: Holdings, leases: LeaseStrategy) -> bool:
+    """The checks before start.lua: ``d`` not dropped, not decided meanwhile (cancelled
+    before it started) and its lease not run out; one that fails them is let go."""
+    if d.dropped:
+        h.forget(d)
+        return False
+    if d.state != State.QUEUED:
+        return False
+    if leases.expired(d, time.monotonic()):
+        h.lose(d, "its lease ran out before the handler started", leave=True)
+        return False
+    return True
+
+
+def started(d: Delivery, h: Holdings, starter: Starter, answer: int | Exception) -> bool:
+    """Whether start.lua's ``answer`` lets ``d``'s handler start. A delivery that may not
+    start is let go, acknowledged as cancelled, or waits (Redis could not answer)."""
+    if isinstance(answer, Exception):
+        starter.unanswered(d, answer)
+        h.requeue_later(d, START_RETRY)  # held meanwhile; uses no attempt
+        return False
+    dropped = d.dropped  # it may have been dropped while start.lua ran
+    if answer == Start.GO and not dropped:
+        return True
+    if dropped:
+        h.forget(d)
+    else:
+        h.not_started(d, answer, "another worker took the job before its handler started",
+                      leave=True)
+    return False
+
+
+async def may_start(d: Delivery, h: Holdings, leases: LeaseStrategy,
+                    starter: Starter | None) -> bool:
+    """Whether ``d``'s handler may start now: `startable`, and (with job records) start.lua
+    turned its record into the running one (`started`)."""
+    if not startable(d, h, leases):
+        return False
+    if starter is None:
+        return True
+    try:
+        code: int | Exception = await starter.start(d)
+    except asyncio.CancelledError:
+        h.forget(d)
+        raise
+    except Exception as exc:  # Redis could not answer
+        code = exc
+    return started(d, h, starter, code)
+
+
+async def may_start_all(ds: list[Delivery], h: Holdings, leases: LeaseStrategy,
+                        starter: Starter | None) -> list[Delivery]:
+    """`may_start` for a batch handler's deliveries, their starts in one start.lua call:
+    those that may start."""
+    ds = [d for d in ds if startable(d, h, leases)]
+    if starter is None or not ds:
+        return ds
+    asked = [starter.start(d) for d in ds]  # one batch: sent once the loop turns
+    try:
+        answers = await asyncio.gather(*asked, return_exceptions=True)
+        if any(not isinstance(a, (int, Exception)) for a in answers):
+            raise asyncio.CancelledError  # the start call was cancelled (the worker stops)
+    except asyncio.CancelledError:
+        h.forget_all(ds, "lost")
+        raise
+    return [d for d, answer in zip(ds, answers, strict=True)
+            if started(d, h, starter, answer)]  # type: ignore[arg-type]

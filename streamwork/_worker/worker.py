@@ -1,4 +1,5 @@
-"""StreamWorker: subclass it, set ``stream`` and ``group``, write ``handle()``, run it.
+"""StreamWorker: subclass it, set ``stream`` and ``group``, write ``handle()`` (or
+``handle_batch()``, several jobs per call), run it.
 
 The worker is asyncio throughout: ``run()`` is ``asyncio.run(self.serve())`` with
 SIGINT/SIGTERM handlers, ``serve()`` runs inside an existing loop, and ``stop()`` may be
@@ -28,6 +29,7 @@ from streamwork._wire.keys import check_name
 from streamwork._wire.message import Message, P
 from streamwork._wire.payloads import converter
 from streamwork._wire.schedules import check_schedules
+from streamwork._worker.batch_runner import AnyHandler, BatchHandler, check_batch
 from streamwork._worker.config import WorkerConfig, WorkerOptions, check_attributes
 from streamwork._worker.consumer import Consumer
 from streamwork._worker.done_cache import local_cache
@@ -114,7 +116,8 @@ class StreamWorker(WorkerOptions, Generic[P]):
         self.codec = check_codec(options.pop("codec", type(self).codec))
         schedules = options.pop("schedules", type(self).schedules)
         self.config = WorkerConfig.build(type(self), options)
-        _check_handle(type(self))
+        self._batch = _check_handle(type(self))
+        check_batch(self.config, self._batch, type(self).__qualname__)
         self.schedules = check_schedules(schedules, self.config.max_payload_bytes,
                                          self._convert, self.codec)
         self.local_cache = cache_option
@@ -141,6 +144,13 @@ class StreamWorker(WorkerOptions, Generic[P]):
         raise NotImplementedError(
             f"{type(self).__name__} must define `async def handle(self, msg)` (or a plain def)"
         )
+
+    async def handle_batch(self, msgs: list[Message[P]]) -> Any:
+        """Instead of ``handle``: process up to ``batch_max`` jobs in one call. Return None
+        (each succeeded) or a list of one item per message, in order: its job's result, or
+        an exception instance (that job alone fails: retried, then dead-lettered). If it
+        raises, each job of the call fails with that error."""
+        raise NotImplementedError(f"{type(self).__name__} defines no handle_batch")
 
     async def on_start(self) -> None:
         """Called once in ``serve()`` before the first read: open pools and clients here.
@@ -196,13 +206,14 @@ class StreamWorker(WorkerOptions, Generic[P]):
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._loop.add_signal_handler(sig, self.stop)
         cfg = self.config
+        handle: AnyHandler = BatchHandler(self.handle_batch) if self._batch else self.handle
         runner: Consumer | Partitioned
         if cfg.partitions > 1 or cfg.ordered:
             runner = self._partitioned = Partitioned(
-                self.handle, cfg, self.url, self.consumer_name, self.worker_name, self._cache,
+                handle, cfg, self.url, self.consumer_name, self.worker_name, self._cache,
                 convert=self._convert, key_of=self._key_of, codec=self.codec)
         else:
-            runner = self._consumer = Consumer(self.handle, cfg, self.url, self.consumer_name,
+            runner = self._consumer = Consumer(handle, cfg, self.url, self.consumer_name,
                                                self.worker_name, cache=self._cache,
                                                convert=self._convert, key_of=self._key_of,
                                                codec=self.codec)
@@ -244,12 +255,21 @@ class StreamWorker(WorkerOptions, Generic[P]):
         )
 
 
-def _check_handle(cls: type[StreamWorker[Any]]) -> None:
-    """Refuse a worker class without ``handle``: it would start, then fail every job."""
-    if cls.handle is StreamWorker.handle:
+def _check_handle(cls: type[StreamWorker[Any]]) -> bool:
+    """Whether ``cls`` runs a batch handler; refuse one that defines neither ``handle`` nor
+    ``handle_batch`` (it would start, then fail every job), or both (which one runs?)."""
+    single = cls.handle is not StreamWorker.handle
+    batch = cls.handle_batch is not StreamWorker.handle_batch
+    if single and batch:
+        raise ConfigError("handle_batch", (
+            f"{cls.__qualname__} defines both handle() and handle_batch(): define one "
+            "(handle runs each job alone, handle_batch runs up to batch_max jobs per call)"))
+    if not (single or batch):
         raise ConfigError("handle", (
             f"{cls.__qualname__} does not define handle(): give the class an "
-            "`async def handle(self, msg)` (or a plain def), which runs each job"))
+            "`async def handle(self, msg)` (or a plain def), which runs each job, or an "
+            "`async def handle_batch(self, msgs)`, which runs a list of them"))
+    return batch
 
 
 def _key_function(worker: StreamWorker[Any], given: Any) -> Callable[[Message], str] | None:

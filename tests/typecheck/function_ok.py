@@ -50,3 +50,26 @@ def use() -> None:
 
 async def serve() -> None:
     await bill.from_url().serve()
+
+
+@sw.batch_worker("rows", group="loader", payload_type=Invoice, batch_max=500, batch_wait=0.1)
+async def load(msgs: list[sw.Message[Invoice]]) -> list[int | Exception]:
+    assert_type(msgs[0].payload, Invoice)
+    return [m.payload.amount_cents for m in msgs]
+
+
+class Loader(sw.StreamWorker[Invoice]):
+    stream = "rows"
+    group = "loader"
+    batch_max = 200
+
+    async def handle_batch(self, msgs: list[sw.Message[Invoice]]) -> list[int]:
+        return [m.payload.order_id for m in msgs]
+
+
+def use_batch() -> None:
+    load.from_url().run()
+    assert_type(load.fn, Callable[[list[sw.Message[Invoice]]],
+                                  Coroutine[Any, Any, list[int | Exception]]])
+    classes: list[type[sw.StreamWorker[Invoice]]] = [load, Loader]
+    print(classes)

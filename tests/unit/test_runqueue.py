@@ -108,3 +108,34 @@ async def test_feed_takes_what_is_put_and_on_idle_hears_of_each_parked_runner() 
     q.kick()
     assert await asyncio.wait_for(getters[0], 1) is items[0]
     getters[1].cancel()
+
+
+async def test_a_getter_with_a_deadline_returns_none_once_it_passes() -> None:
+    """get(until): None once the loop's time passes ``until`` with nothing put, and the
+    queue's count of woken runners stays right (a later put wakes the next runner)."""
+    q = RunQueue()
+    loop = asyncio.get_running_loop()
+    assert await asyncio.wait_for(q.get(loop.time() + 0.01), 1) is None
+    assert q.waking == 0
+    parked = asyncio.create_task(q.get())
+    await asyncio.sleep(0)
+    item = object()
+    q.put_many([item])  # type: ignore[list-item]
+    assert await asyncio.wait_for(parked, 1) is item
+    assert q.waking == 0
+
+
+async def test_a_runner_filling_its_batch_is_woken_before_idle_ones() -> None:
+    """A batch runner waiting for more (get with a deadline) takes the next delivery
+    before a runner that parked earlier with nothing."""
+    q = RunQueue()
+    loop = asyncio.get_running_loop()
+    idle = asyncio.create_task(q.get())
+    await asyncio.sleep(0)
+    filling = asyncio.create_task(q.get(loop.time() + 5))
+    await asyncio.sleep(0)
+    item = object()
+    q.put_many([item])  # type: ignore[list-item]
+    assert await asyncio.wait_for(filling, 1) is item
+    assert not idle.done()
+    idle.cancel()
