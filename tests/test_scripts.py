@@ -54,6 +54,24 @@ def test_claim_tokens_increase_in_batch_order_and_same_key_copies_are_busy(
     assert res[0] > 0
 
 
+def test_claim_takes_the_records_of_deliveries_to_start_at_once_as_running(
+    r: redis.Redis,
+) -> None:
+    """claim.lua's optional start column (a runner is idle for them): those records are
+    taken as the running ones, as start.lua would make them; the others are held."""
+    ids = _held(r, 2)
+    g = StreamKeys.for_stream("s").group("g")
+    res = scripts.SyncScripts(r).run(scripts.claim(
+        g, "me", 10_000, "owner", "lease", [ids, [0] * 2, ["a", "b"], [1] * 2, [], [1, 0]]))
+    assert res[0] > 0 and res[1] > res[0]
+    assert r.get(g.job("a")).startswith(f"Rowner:{res[0]}|1|".encode())  # running
+    assert r.get(g.job("b")).startswith(f"Howner:{res[1]}|1|".encode())  # held
+    # start.lua finds the running one its own: the runner's start goes ahead
+    started = scripts.SyncScripts(r).run(scripts.start(g, "me", 1, 10_000, [
+        [ids[0]], [0], ["a"], [f"owner:{res[0]}"], [""], ["s"], [1], [0]]))
+    assert started == [1]
+
+
 def test_every_key_of_a_stream_shares_its_slot() -> None:
     """Every key a script touches for stream S hashes to S's slot (Redis Cluster)."""
     for stream in ("orders", "a:b", "{tag}:x", "日本"):

@@ -118,7 +118,8 @@ def _group_keys(g: GroupKeys) -> list[Arg]:
 def claim(g: GroupKeys, consumer: str, ttl_ms: int, owner: str, mode: str,
           batch: list[list[Any]]) -> Call:
     """claim.lua: take (``mode`` "lease"), check ("check") or mark ("mark") job records;
-    ``batch`` is [[entry id...], [src...], [job key...], [attempt...]]."""
+    ``batch`` is [[entry id...], [src...], [job key...], [attempt...], [lease...]], and in
+    "lease" mode optionally [start (1: taken as running at once)...]."""
     return Call("claim", [g.stream.stream, g.retry, g.stream.fence],
                 [g.name, consumer, ttl_ms, owner, g.job_prefix, mode, pack(batch)])
 

@@ -108,7 +108,7 @@ class Consumer:
         self.holdings = Holdings(self.ctx, queue)
         # with job records, a handler starts only once start.lua has checked its record
         self.starter: Starter | None = (
-            Starter(self.scripts, ctx.gkeys, name, self.leases.mode, cfg.visibility_ms, queue)
+            Starter(self.scripts, ctx.gkeys, name, self.leases, cfg.visibility_ms, queue)
             if self.leases.claims else None)
         # ordered mode: the head of each order key's line alone may run
         self.gate = OrderedGate(self.holdings, self.starter) if cfg.ordered else None
@@ -118,8 +118,7 @@ class Consumer:
         self.outcomes = Outcomes(self.ctx, self.holdings, codec)
         self.sup = Supervisor(self._recreate_group, self._distrust_cache, link=link,
                               stream=cfg.stream, group=cfg.group, consumer=name)
-        self.joined = False
-        self.stopped = False
+        self.joined = self.stopped = False
         self.tally.refresh()
         # one XREADGROUP reads the stream and the group's retry stream (both from ">")
         self._read_args = (cfg.stream, ctx.gkeys.retry, ">", ">")
@@ -129,6 +128,9 @@ class Consumer:
         self._wait_pause = WAIT_RETRY
         self.runner = make_runner(self.ctx, self.holdings, handle, starter=self.starter,
                                   limits=self.limits, slots=slots, gate=self.gate)
+        if (self.starter is not None and self.gate is None and self.limits is None and not slots
+                and per_call(handle, cfg.batch_max) == 1):
+            self.starter.prestart()  # no limits: started before a runner takes them
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -317,8 +319,8 @@ class Consumer:
             return False
         for d in batch:
             d.leasing = True
-        try:
-            res = await self.leases.take(batch)
+        try:  # the starter takes them (starting some at once: `Starter.take`) if there is one
+            res = await (self.starter or self.leases).take(batch)
         finally:
             for d in batch:
                 d.leasing = False

@@ -60,4 +60,5 @@ class Delivery:
     task: asyncio.Task[None] | None = None  # the runner running it (with cancel_running)
     grant: AsyncHeldLock | None = None  # the Redlock grant, when leases come from lock_urls
     span: Any = None  # the delivery's OpenTelemetry span, ended when Redis has the outcome
+    start_code: int | Exception | None = None  # start.lua's answer, if started before a runner
     result: Any = None  # what handle() returned

@@ -46,8 +46,9 @@ class LeaseStrategy:
         self.consumer = consumer
         self.owner = owner
 
-    async def take(self, batch: Sequence[Delivery]) -> list[int]:
-        """Take the leases of ``batch``: a fencing token or a Claim code per delivery."""
+    async def take(self, batch: Sequence[Delivery], starts: int = 0) -> list[int]:
+        """Take the leases of ``batch``: a fencing token or a Claim code per delivery (with
+        the first ``starts`` taken as running, where the job record is the lease)."""
         return [Claim.GO] * len(batch)
 
     def value(self, d: Delivery) -> str:
@@ -77,12 +78,13 @@ class LeaseStrategy:
     async def close(self) -> None:
         """Close connections of its own."""
 
-    async def _claim(self, batch: Sequence[Delivery], mode: str) -> list[int]:
-        """claim.lua over ``batch`` in ``mode`` (lease / check / mark)."""
+    async def _claim(self, batch: Sequence[Delivery], mode: str, starts: int = 0) -> list[int]:
+        """claim.lua over ``batch`` in ``mode`` (lease / check / mark; ``starts``: see take)."""
         return list(await self._run.run(scripts.claim(
             self.keys, self.consumer, self.cfg.visibility_ms, self.owner, mode,
             [[d.entry_id for d in batch], [d.src for d in batch], [d.msg.key for d in batch],
-             [d.msg.attempt for d in batch], [d.lease_id for d in batch]])))
+             [d.msg.attempt for d in batch], [d.lease_id for d in batch],
+             [1] * starts + [0] * (len(batch) - starts)])))
 
 
 class RedisLease(LeaseStrategy):
@@ -94,9 +96,9 @@ class RedisLease(LeaseStrategy):
     mode = LeaseMode.REDIS
     claims = True
 
-    async def take(self, batch: Sequence[Delivery]) -> list[int]:
+    async def take(self, batch: Sequence[Delivery], starts: int = 0) -> list[int]:
         sent = time.monotonic()
-        res = await self._claim(batch, "lease")
+        res = await self._claim(batch, "lease", starts)
         owner, deadline = self.owner, lease_deadline(sent, self.cfg.visibility_timeout)
         for d, token in zip(batch, res, strict=True):
             if token > 0:

@@ -32,8 +32,6 @@ log = logging.getLogger(WORKER_LOGGER)
 
 FLUSH_CHUNK: Final = 500  #: outcomes per script call (keeps one call around a millisecond)
 FLUSH_WINDOW: Final = 0.002  #: s a flush waits for handlers still running to finish too
-
-
 ACKED: Final = int(Done.ACKED)
 #: what a failure's fail.lua answer means for its span and its delivery's leaving
 OUTCOME: Final = {Failed.RETRIED: "retried", Failed.DEAD: "dead_lettered",
@@ -50,9 +48,8 @@ class Outcomes:
         self._pack = packer(codec).pack  # the flusher's, for records (results: codec's types)
 
     async def step(self) -> bool:
-        """Wait for something to flush, then flush it (one turn of the flusher loop). A
-        stop lets a flush under way finish: its scripts already ran. Returns whether Redis
-        was asked."""
+        """Wait for something to flush, then flush it (one turn of the flusher loop). A stop
+        lets a flush under way finish: its scripts already ran. Returns whether Redis was asked."""
         box, h = self.outbox, self.holdings
         await box.needed.wait()
         if box.size() < self.ctx.cfg.batch_size and h.held() > h.finishing:
@@ -127,9 +124,8 @@ class Outcomes:
             staged_keys, done_columns(live, cfg, lease, self._pack),
             oom_ok=not cfg.dedup and not staged,
             lease_ttl_ms=cfg.visibility_ms))
-        acked = 0
+        acked, cache = 0, ctx.cache
         finished: list[Delivery] = []
-        cache = ctx.cache
         for d, code in zip(live, res, strict=True):
             if code == ACKED:
                 acked += 1
@@ -164,11 +160,10 @@ class Outcomes:
 
     async def _send_failures(self, failed: list[Failure]) -> None:
         ctx = self.ctx
-        live = failed
         res = await ctx.scripts.run(scripts.fail(
             ctx.gkeys, ctx.name, ctx.worker_name, ctx.leases.mode,
-            round(ctx.cfg.dedup_window * 1000), [fail_row(f) for f in live])) if live else []
-        for f, code in zip(live, res, strict=True):
+            round(ctx.cfg.dedup_window * 1000), [fail_row(f) for f in failed])) if failed else []
+        for f, code in zip(failed, res, strict=True):
             self._failed(f, code)
         await ctx.leases.release([f.delivery for f in failed if f.delivery is not None])
 

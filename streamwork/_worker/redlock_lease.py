@@ -54,7 +54,7 @@ class RedlockLease(LeaseStrategy):
         async with self._slots:
             return await op()
 
-    async def take(self, batch: Sequence[Delivery]) -> list[int]:
+    async def take(self, batch: Sequence[Delivery], starts: int = 0) -> list[int]:
         out = await self._claim(batch, "check")  # only look: done records and ownership
         go = [i for i, code in enumerate(out) if code == Claim.GO]
         results = await asyncio.gather(

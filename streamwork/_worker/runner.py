@@ -66,6 +66,7 @@ class Runner:
         running = State.RUNNING
         finish = h.succeeded
         slots, limits = self._slots, self._limits
+        checked = limits is not None or self._starter is not None  # else no lease to check
         cancellable = cfg.cancel_running and self.calls.is_async
         try:
             while True:
@@ -82,8 +83,9 @@ class Runner:
                     except asyncio.CancelledError:
                         h.forget(d)
                         raise
-                if not await (self._ready(d) if limits is not None
-                               else may_start(d, h, ctx.leases, self._starter)):
+                if (checked or d.dropped or d.state != State.QUEUED) and not await (
+                        self._ready(d) if limits is not None
+                        else may_start(d, h, ctx.leases, self._starter)):
                     if slots is not None:
                         slots.release()
                     continue

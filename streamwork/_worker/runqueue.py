@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, overload
 
 if TYPE_CHECKING:
@@ -21,9 +22,18 @@ class RunQueue:
     suspend (I/O) so still get one runner each, while a batch of handlers that finish
     without suspending is run back to back by one runner, with no wake-up per job.
     Eager (with job records, where every start waits for Redis anyway), one parked runner
-    is woken per ready delivery at once."""
+    is woken per ready delivery at once.
 
-    __slots__ = ("_getters", "eager", "ready", "waking")
+    Deferred, a runner is woken per ready delivery at the end of the loop's turn, for what
+    is still ready then: a runner whose handlers finish without suspending takes them all
+    first, with no wake-up; one whose handler suspends leaves the rest to as many runners
+    at once.
+
+    With ``feed`` set (job records, no limits: see `Starter.prestart`), what is put goes
+    to ``feed`` first, which starts deliveries for the runners that are idle and puts them
+    in ``ready`` once start.lua answered; ``on_idle`` is told when a runner parks."""
+
+    __slots__ = ("_due", "_getters", "deferred", "eager", "feed", "on_idle", "ready", "waking")
 
     def __init__(self, eager: bool = False) -> None:
         self.ready: deque[Delivery] = deque()
@@ -32,21 +42,40 @@ class RunQueue:
         #: wake a parked runner per ready delivery at once, not one after another: when
         #: every start waits for Redis (start.lua), the runners' starts then share a call
         self.eager = eager
+        self.deferred = False  # wake runners for what is still ready at the turn's end
+        self._due = False  # a deferred wake-up is scheduled
+        self.feed: Callable[[list[Delivery]], None] | None = None
+        self.on_idle: Callable[[], None] | None = None
 
     def put_many(self, ds: list[Delivery]) -> None:
         """Queue ``ds``, in order, and wake a runner for them if none is on its way."""
+        if self.feed is not None:
+            self.feed(ds)
+            return
         self.ready.extend(ds)
         self.kick()
 
+    def idle(self) -> int:
+        """Runners parked or woken that no ready delivery is waiting for yet."""
+        return len(self._getters) + self.waking - len(self.ready)
+
     def kick(self) -> None:
         """Wake one parked runner if deliveries are ready and none is on its way (eager:
-        as many as there are ready deliveries)."""
+        as many as there are ready deliveries; deferred: that, at the end of the turn)."""
         if not (self.ready and self._getters):
             return
-        if not self.eager:
+        if self.deferred:
+            if not self._due:
+                self._due = True
+                asyncio.get_running_loop().call_soon(self._wake_all)
+        elif not self.eager:
             if not self.waking:
                 self._wake_next()
-            return
+        else:
+            self._wake_all()
+
+    def _wake_all(self) -> None:
+        self._due = False
         while self._getters and self.waking < len(self.ready):
             self._wake_next()
 
@@ -70,6 +99,8 @@ class RunQueue:
             else:
                 self._getters.appendleft(getter)
                 timer = loop.call_at(until, _give_up, getter)
+            if self.on_idle is not None:
+                self.on_idle()
             try:
                 woken = await getter
             except BaseException:

@@ -6,6 +6,11 @@ in the same step that checks the job was not cancelled meanwhile and the lease a
 delivery are still this worker's. So a cancel that reaches Redis before the start wins
 (the job never starts), and one that comes after finds it running. Runners that start jobs
 in the same turn of the event loop share one script call.
+
+Without limits (no rate, no concurrency key, no shared slots, not ordered), jobs are
+started before a runner takes them (`Starter.prestart`): as many at once as runners are
+idle, so each started job has a runner free for it at once, and a runner that finds its
+job's start answered goes on without a turn of the event loop per job.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from streamwork._redis import scripts
@@ -38,21 +45,132 @@ START_RETRY: Final = 0.2  #: s before a job whose start Redis could not record t
 class Starter:
     """Batches start.lua calls of one consumer's runners."""
 
-    def __init__(self, run: AsyncScripts, gkeys: GroupKeys, consumer: str, mode: LeaseMode,
-                 ttl_ms: int, queue: RunQueue) -> None:
+    def __init__(self, run: AsyncScripts, gkeys: GroupKeys, consumer: str,
+                 leases: LeaseStrategy, ttl_ms: int, queue: RunQueue) -> None:
         self._run = run
         self._gkeys = gkeys
         self._consumer = consumer
-        self._mode = mode
+        self._leases = leases
+        self._mode = leases.mode
         self._ttl_ms = ttl_ms
         self._queue = queue
         self._batch: list[tuple[Delivery, str, int, asyncio.Future[int]]] = []
         self._sending: set[asyncio.Task[None]] = set()
+        self._held: deque[Delivery] = deque()  # queued, not started yet (prestart)
+        self._starting = 0  # deliveries whose start (prestart) is under way
+        self._pumping = False  # a pump is due in this turn of the loop
+        self._answers: dict[int, asyncio.Future[int]] = {}  # a done future per code
+        self._prestart = False
+
+    def prestart(self) -> None:
+        """Start queued deliveries before a runner takes them, as many at once as runners
+        are idle (each then has a runner free for it), so runners need no turn of the loop
+        per job. Only without limits: a started job must not wait for a slot or a token."""
+        q = self._queue
+        q.eager, q.deferred, q.feed, q.on_idle = False, True, self._feed, self._soon
+        self._prestart = True
+
+    async def take(self, batch: Sequence[Delivery]) -> list[int]:
+        """Take the leases of ``batch`` (the strategy's `take`). With prestart, a lease in
+        the stream's Redis, and runners idle that no delivery waits for, the first as many
+        are started with their lease: claim.lua takes their records as the running ones,
+        as start.lua would right after, so they need no start.lua call."""
+        k = 0
+        if self._prestart and self._leases.mode == LeaseMode.REDIS:
+            k = max(0, min(len(batch), self._queue.idle() - self._starting - len(self._held)))
+        self._starting += k  # those runners are spoken for until the claim answers
+        try:
+            res = await self._leases.take(batch, k)
+        finally:
+            self._starting -= k
+            if k:
+                self._soon()
+        for d, token in zip(batch[:k], res, strict=False):
+            if token > 0:
+                d.start_code = Start.GO  # its record is the running one already
+        return res
 
     def start(self, d: Delivery) -> asyncio.Future[int]:
         """Ask to start ``d``'s handler; the future gives a ``replies.Start`` code (or
-        the error)."""
-        return self._add(d, "s", 0)
+        the error). One started already (prestart) gets its answer, done."""
+        got = d.start_code
+        if got is None:
+            return self._add(d, "s", 0)
+        d.start_code = None
+        if isinstance(got, BaseException) or got not in self._answers:
+            fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            if isinstance(got, BaseException):
+                fut.set_exception(got)
+                return fut
+            fut.set_result(got)
+            self._answers[got] = fut
+        return self._answers[got]
+
+    def _feed(self, ds: list[Delivery]) -> None:
+        """Deliveries that may run: started with their lease already (``start_code`` set)
+        go to the runners, the others wait for a start."""
+        for d in ds:
+            (self._queue.ready if d.start_code is not None else self._held).append(d)
+        self._queue.kick()
+        self._soon()
+
+    def _soon(self) -> None:
+        """Pump at the end of this turn of the loop: runners that park together and
+        deliveries queued together share one start.lua call."""
+        if not self._pumping:
+            self._pumping = True
+            asyncio.get_running_loop().call_soon(self._pump)
+
+    def _pump(self) -> None:
+        """Start as many held deliveries as runners are idle (not counting those whose
+        start is under way). One that may not start (dropped, decided, lease run out)
+        goes to a runner as it is: the runner's checks deal with it."""
+        self._pumping = False
+        q, held = self._queue, self._held
+        room = q.idle() - self._starting
+        if room <= 0 or not held:
+            return
+        now, expired, queued = time.monotonic(), self._leases.expired, State.QUEUED
+        batch: list[Delivery] = []
+        while held and room > 0:
+            d = held.popleft()
+            room -= 1
+            if d.dropped or d.state != queued or expired(d, now):
+                q.ready.append(d)
+            else:
+                batch.append(d)
+        if batch:
+            self._starting += len(batch)
+            task = asyncio.get_running_loop().create_task(self._prestarted(batch),
+                                                          name="streamwork-start")
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+        q.kick()
+
+    async def _prestarted(self, batch: list[Delivery]) -> None:
+        """One start.lua call for ``batch``; each delivery keeps its answer (or the error)
+        and goes to the runners."""
+        got: Any
+        try:
+            got = await self._run.run(scripts.start(
+                self._gkeys, self._consumer, self._mode, self._ttl_ms,
+                [[d.entry_id for d in batch], [d.src for d in batch],
+                 [d.msg.key for d in batch], [d.lease_id for d in batch],
+                 [d.member for d in batch], ["s"] * len(batch),
+                 [d.msg.attempt for d in batch], [0] * len(batch)]))
+        except asyncio.CancelledError:
+            got = None  # stopping: the runners start them one by one, if they still run
+            raise
+        except Exception as exc:  # the runners deal with it as with their own start's
+            got = [exc] * len(batch)
+        finally:
+            self._starting -= len(batch)
+            for d, code in zip(batch, got or [None] * len(batch), strict=True):
+                d.start_code = code if isinstance(code, Exception) else (
+                    None if code is None else int(code))
+            self._queue.ready.extend(batch)
+            self._queue.kick()
+            self._soon()
 
     def unanswered(self, d: Delivery, exc: Exception) -> None:
         """``d``'s `start` failed with ``exc``: raised again when fatal, else logged (the

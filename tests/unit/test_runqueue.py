@@ -74,6 +74,42 @@ async def test_kick_without_parked_runners_does_nothing() -> None:
     assert q.waking == 0 and len(q.ready) == 2
 
 
+async def test_deferred_wakes_runners_at_the_turns_end_for_what_is_still_ready() -> None:
+    q = RunQueue()
+    q.deferred = True
+    getters = [asyncio.create_task(q.get()) for _ in range(3)]
+    await asyncio.sleep(0)  # all three parked
+    items = _items(3)
+    q.put_many(items)
+    assert q.waking == 0  # nobody woken yet: a runner still in its turn may take them
+    assert q.ready.popleft() is items[0]  # ... as one does here, without a wake-up
+    await asyncio.sleep(0)  # the turn ends: one runner per delivery still ready, at once
+    assert q.waking == 2
+    got = await asyncio.wait_for(asyncio.gather(*getters[:2]), 1)
+    assert sorted(map(id, got)) == sorted(map(id, items[1:]))
+    assert not getters[2].done() and q.waking == 0
+    getters[2].cancel()
+
+
+async def test_feed_takes_what_is_put_and_on_idle_hears_of_each_parked_runner() -> None:
+    q = RunQueue()
+    fed: list[Any] = []
+    parked: list[int] = []
+    q.feed = fed.extend
+    q.on_idle = lambda: parked.append(q.idle())
+    items = _items(2)
+    q.put_many(items)
+    assert fed == items and not q.ready  # the feed puts them in ready when they may run
+    getters = [asyncio.create_task(q.get()) for _ in range(2)]
+    await asyncio.sleep(0)
+    assert parked == [1, 2]  # idle runners, as each parks
+    q.ready.append(items[0])
+    assert q.idle() == 1  # one of the two has a delivery waiting for it
+    q.kick()
+    assert await asyncio.wait_for(getters[0], 1) is items[0]
+    getters[1].cancel()
+
+
 async def test_a_getter_with_a_deadline_returns_none_once_it_passes() -> None:
     """get(until): None once the loop's time passes ``until`` with nothing put, and the
     queue's count of woken runners stays right (a later put wakes the next runner)."""

@@ -4,8 +4,10 @@
 -- ARGV[5] job record prefix of the group (from _keys.py), ARGV[6] mode: "lease" (take the
 -- record as this consumer's lease), "check" (only look: the lease is taken elsewhere, a
 -- Redlock), "mark" (the Redlock lease is held: write the held record unless done),
--- ARGV[7] MessagePack [[entry id...], [src...], [job key...], [attempt...], [lease...]]
--- (leases: the Redlock leases held, in "mark" mode)
+-- ARGV[7] MessagePack [[entry id...], [src...], [job key...], [attempt...], [lease...],
+-- [start...]] (leases: the Redlock leases held, in "mark" mode; start, optional, "lease"
+-- mode: 1 when a runner is idle for it, so its record is taken as the running one at once,
+-- as start.lua would make it right after)
 -- Returns per entry: a fencing token (> 0) when the record was taken (its value is the held
 -- lease "H<owner prefix>:<token>|<attempt>|<now>": start.lua turns it into the running one
 -- when the handler starts), -1 duplicate (the record says done: acknowledged, skip),
@@ -20,6 +22,7 @@ local group, consumer, ttl, owner, prefix, mode = ARGV[1], ARGV[2], ARGV[3], ARG
   ARGV[5], ARGV[6]
 local batch = cmsgpack.unpack(ARGV[7])
 local ids, srcs, jobs, attempts, leases = batch[1], batch[2], batch[3], batch[4], batch[5]
+local starts = batch[6] or {}
 local owned = owned_by_src(streams, group, consumer, ids, srcs)
 local now = now_ms()
 
@@ -62,7 +65,8 @@ if #todo > 0 then
   for _, i in ipairs(todo) do
     token = token + 1
     local key = prefix .. jobs[i]
-    local value = 'H' .. owner .. ':' .. token .. '|' .. attempts[i] .. '|' .. now
+    local state = starts[i] == 1 and 'R' or 'H'
+    local value = state .. owner .. ':' .. token .. '|' .. attempts[i] .. '|' .. now
     local ok, old = pcall(redis.call, 'SET', key, value, 'NX', 'PX', ttl, 'GET')
     if not ok then  -- a server without SET NX GET (before 7.0): two commands
       old = redis.call('GET', key)
