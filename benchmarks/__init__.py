@@ -13,6 +13,8 @@ It lives outside the library, and only a source checkout has it; see ``benchmark
                   cached throwaway virtualenv, beside streamwork and the bare-handler ceiling
     peer_workers/ one small worker program per peer (run in the peer's virtualenv)
     report.py     rich tables and the matplotlib plots
+    scaling/      the scaling study (--scaling): cost against backlog, streams, payload size,
+                  processes; memory per item, a worker's RSS over a soak, the trimmer
     scenarios/    diagnostic tools built on the harness (profiling, GC pauses) and benchmarks
                   run on their own (recovery after a SIGKILL, operations over many streams)
 """

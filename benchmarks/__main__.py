@@ -1,4 +1,5 @@
-"""``python -m benchmarks [--json] [--plot FILE.png] [--repeats N] [--jobs N] [--quick]``."""
+"""``python -m benchmarks [--json] [--plot FILE.png] [--repeats N] [--jobs N] [--quick]
+[--scaling]``."""
 
 from benchmarks.cli import main
 

@@ -35,17 +35,27 @@ __all__ = ["bench_command", "main"]
                    "throwaway virtualenv), streamwork and the bare-handler ceiling.")
 @click.option("--peers-jobs", type=click.IntRange(min=1), default=5000, show_default=True,
               help="Jobs per run of the peers scenario.")
+@click.option("--scaling", is_flag=True,
+              help="Run the scaling study instead: cost against backlog, streams per "
+                   "process, payload size, processes, memory, the trimmer (--quick: tiny "
+                   "sizes; --plot: one PNG of every curve).")
 @click.option("--url", default=None, hidden=True,
               help="A Redis the bench may FLUSHALL, instead of its own redis-server.")
 def bench_command(as_json: bool, plot_path: str | None, repeats: int, jobs: int | None,
-                  quick: bool, peers: bool, peers_jobs: int, url: str | None) -> None:
+                  quick: bool, peers: bool, peers_jobs: int, scaling: bool,
+                  url: str | None) -> None:
     """Benchmark streamwork against raw redis-py on a private redis-server."""
+    if scaling and peers:
+        raise click.UsageError("--scaling and --peers are separate runs: give one")
     if plot_path:
         try:
             importlib.import_module("matplotlib")
         except ImportError:
             raise click.ClickException("--plot needs matplotlib: pip install matplotlib") from None
     err = Console(stderr=True)
+    if scaling:
+        _scaling(as_json, plot_path, quick, url, err)
+        return
     try:
         params = Params.make(jobs=jobs, repeats=repeats, quick=quick)
         result = run_bench(params, say=lambda m: err.print(f"[dim]{m}[/dim]"), url=url,
@@ -64,6 +74,29 @@ def bench_command(as_json: bool, plot_path: str | None, repeats: int, jobs: int 
         for key in ("plot", "plot_peers"):
             if key in result:
                 click.echo(f"plot written to {result[key]}")
+
+
+def _scaling(as_json: bool, plot_path: str | None, quick: bool, url: str | None,
+             err: Console) -> None:
+    """``--scaling``: the scaling study (``benchmarks/scaling/``), its tables or JSON."""
+    from benchmarks.scaling import report as scaling_report
+    from benchmarks.scaling.run import run_scaling
+    from benchmarks.scaling.sizes import ScalingSizes
+
+    try:
+        result = run_scaling(ScalingSizes.make(quick=quick),
+                             say=lambda m: err.print(f"[dim]{m}[/dim]"), url=url)
+        if plot_path:
+            scaling_report.plot(result, plot_path)
+            result["plot"] = plot_path
+    except StreamworkError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        scaling_report.render(result, Console(width=None if sys.stdout.isatty() else 160))
+        if plot_path:
+            click.echo(f"plot written to {plot_path}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

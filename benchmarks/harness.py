@@ -59,6 +59,12 @@ class Harness:
         self.r = redis.Redis.from_url(url)  # bytes replies, hiredis parser when installed
         self._serial = 0
         self.last_stats: dict[str, int] = {}
+        #: what a run sends (the scaling study changes these: payload sizes, big batches)
+        self.make_jobs: Callable[[int], tuple[list[str], list[Any]]] = make_jobs
+        self.batch = BATCH  #: jobs per pipeline / XREADGROUP COUNT / send_many call
+        #: options of the no-op worker beyond concurrency, batch size and dedup
+        self.worker_options: dict[str, Any] = {}
+        self.producer_options: dict[str, Any] = {}  #: options of ``Producer.from_url``
 
     def close(self) -> None:
         self.r.close()
@@ -72,9 +78,10 @@ class Harness:
     def prefill(self, stream: str, keys: Sequence[str], payloads: Sequence[Any],
                 group: bool) -> None:
         """Enqueue encoded jobs (untimed), and create the raw baselines' group."""
-        for i in range(0, len(keys), BATCH):
+        step = self.batch
+        for i in range(0, len(keys), step):
             pipe = self.r.pipeline(transaction=False)
-            for key, payload in zip(keys[i : i + BATCH], payloads[i : i + BATCH], strict=True):
+            for key, payload in zip(keys[i : i + step], payloads[i : i + step], strict=True):
                 pipe.xadd(stream, {BODY_FIELD: encode_body(key, payload)})
             pipe.execute()
         if group:
@@ -92,13 +99,14 @@ class Harness:
 
     def raw_xadd_once(self) -> Run:
         stream = self.fresh_stream("raw-xadd")
-        keys, payloads = make_jobs(self.params.jobs)
+        keys, payloads = self.make_jobs(self.params.jobs)
+        step = self.batch
         span = Span(self.r)
         span.start()
-        for i in range(0, len(keys), BATCH):
+        for i in range(0, len(keys), step):
             pipe = self.r.pipeline(transaction=False)
             now = int(time.time() * 1000)
-            for key, payload in zip(keys[i : i + BATCH], payloads[i : i + BATCH], strict=True):
+            for key, payload in zip(keys[i : i + step], payloads[i : i + step], strict=True):
                 body = msgpack.packb({"v": 1, "k": key, "t": now, "h": {}, "p": payload})
                 pipe.xadd(stream, {b"d": body})
             pipe.execute()
@@ -106,13 +114,13 @@ class Harness:
 
     def raw_consume_once(self) -> Run:
         stream = self.fresh_stream("raw-consume")
-        keys, payloads = make_jobs(self.params.jobs)
+        keys, payloads = self.make_jobs(self.params.jobs)
         self.prefill(stream, keys, payloads, group=True)
         r, left = self.r, len(keys)
         span = Span(r)
         span.start()
         while left > 0:
-            entries = _entries(r.xreadgroup(GROUP, "c1", {stream: ">"}, count=BATCH))
+            entries = _entries(r.xreadgroup(GROUP, "c1", {stream: ">"}, count=self.batch))
             r.xack(stream, GROUP, *(entry_id for entry_id, _ in entries))
             left -= len(entries)
         return span.stop(len(keys))
@@ -161,15 +169,16 @@ class Harness:
 
     def produce_once(self) -> Run:
         stream = self.fresh_stream("produce")
-        keys, payloads = make_jobs(self.params.jobs)
-        producer = Producer.from_url(self.url)
+        keys, payloads = self.make_jobs(self.params.jobs)
+        producer = Producer.from_url(self.url, **self.producer_options)
         try:
             producer.send_many(stream, payloads[:1], keys[:1])  # connect outside the timing
             self.r.delete(stream)
             span = Span(self.r)
             span.start()
-            for i in range(0, len(keys), BATCH):
-                producer.send_many(stream, payloads[i : i + BATCH], keys[i : i + BATCH])
+            for i in range(0, len(keys), self.batch):
+                producer.send_many(stream, payloads[i : i + self.batch],
+                                   keys[i : i + self.batch])
             return span.stop(len(keys))
         finally:
             producer.close()
@@ -180,10 +189,11 @@ class Harness:
         """Serve a prefilled stream with a no-op worker until every job is acknowledged."""
         n = self.params.accounting_jobs if monitor or accounting else self.params.jobs
         stream = self.fresh_stream("consume-on" if dedup else "consume-off")
-        keys, payloads = make_jobs(n)
+        keys, payloads = self.make_jobs(n)
         self.prefill(stream, keys, payloads, group=False)
         worker = NoopWorker.from_url(self.url, stream=stream, group=GROUP, dedup=dedup,
-                                     concurrency=concurrency, batch_size=batch_size)
+                                     concurrency=concurrency, batch_size=batch_size,
+                                     **self.worker_options)
         extra: dict[str, Any] = {}
         tally: Monitor | None = None
         marker = f"bench-end-{uuid.uuid4().hex}"
@@ -213,9 +223,12 @@ class Harness:
         return self.consume_once(dedup, concurrency, batch_size)[0]
 
     def latency_once(self, dedup: bool, rate: float, concurrency: int,
-                     batch_size: int) -> dict[str, float]:
+                     batch_size: int, stream: str | None = None) -> dict[str, float]:
+        """Enqueue -> handler start at a steady offered ``rate``; on a fresh server, or on
+        ``stream`` as it is (the scaling study: behind a consumed backlog)."""
         n = max(50, round(rate * self.params.latency_seconds))
-        stream = self.fresh_stream("latency-on" if dedup else "latency-off")
+        if stream is None:
+            stream = self.fresh_stream("latency-on" if dedup else "latency-off")
         worker = LatencyWorker.from_url(self.url, stream=stream, group=GROUP, dedup=dedup,
                                         concurrency=concurrency, batch_size=batch_size)
         # as `streamwork run` does once started: move what lives on (here: everything the

@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from benchmarks.measure import GROUP
-from streamwork import Message, StreamWorker
+from streamwork import DeadLetter, Message, StreamWorker
 
 
 class NoopWorker(StreamWorker):
@@ -35,3 +35,13 @@ class LatencyWorker(StreamWorker):
         payload = msg.payload
         sent = payload.get("sent_at") if isinstance(payload, dict) else None
         self.latencies.append(time.time() - (sent if sent is not None else msg.enqueued_at))
+
+
+class DeadLetterWorker(StreamWorker):
+    """Sends every job to the dead letters at once (the memory of a dead letter)."""
+
+    stream = "bench"
+    group = GROUP
+
+    async def handle(self, msg: Message) -> None:
+        raise DeadLetter("bench: dead-lettered on purpose")
