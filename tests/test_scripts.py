@@ -80,3 +80,19 @@ def test_every_key_of_a_stream_shares_its_slot() -> None:
         g = k.group("billing")
         for key in (k.dead, k.delayed, k.fence, g.retry, g.retries, g.job("x")):
             assert key_slot(key) == slot, (stream, key)
+
+
+def test_one_promote_call_serves_the_delayed_sends_and_the_retries(r: redis.Redis) -> None:
+    """promote.lua moves the due members of each (ZSET, stream) pair it is given and says
+    per pair when the next is due: a worker polls its delayed sends and its group's
+    retries in one call (an idle worker serving many streams costs half as much)."""
+    keys, g = StreamKeys.for_stream("s"), StreamKeys.for_stream("s").group("g")
+    r.zadd(keys.delayed, {b"0:1-0:due-send": 1, b"0:2-0:later-send": 2**50})
+    r.zadd(g.retries, {b"2:3-0:due-retry": 1})
+    res = scripts.SyncScripts(r).run(scripts.promote(
+        [(keys.delayed, keys.stream), (g.retries, g.retry)], 100))
+    assert res[0] == 1 and res[1] > 0 and res[2:] == [1, -1]
+    assert [f[b"d"] for _, f in r.xrange(keys.stream)] == [b"due-send"]
+    [(_, retried)] = r.xrange(g.retry)
+    assert retried[b"d"] == b"due-retry" and retried[b"a"] == b"2"
+    assert r.zcard(keys.delayed) == 1 and r.zcard(g.retries) == 0

@@ -171,10 +171,11 @@ def reclaim(stream: str, dead: str, group: str, consumer: str, min_idle_ms: int,
     return Call("reclaim", [stream, dead], [group, consumer, min_idle_ms, cursor, count, worker])
 
 
-def promote(zset: str, stream: str, count: int) -> Call:
-    """promote.lua: move due members of a ZSET (delayed sends, or a group's retries) onto a
-    stream (the stream itself, or that group's retry stream)."""
-    return Call("promote", [zset, stream], [count])
+def promote(pairs: list[tuple[str, str]], count: int) -> Call:
+    """promote.lua: move due members of each ZSET (delayed sends, or a group's retries) onto
+    its stream (the stream itself, or that group's retry stream), up to ``count`` a pair;
+    the reply is (moved, ms until the next is due or -1) per pair, flattened."""
+    return Call("promote", [key for pair in pairs for key in pair], [count])
 
 
 def trim(stream: str, cutoff_ms: int) -> Call:

@@ -30,10 +30,8 @@ async def promote_once(ctx: Context) -> bool:
     retries onto its retry stream (only this group gets them); pause until the next is due.
     Returns True: Redis answered (a supervised loop step)."""
     batch = ctx.cfg.batch_size
-    moved, wait_ms = await ctx.scripts.run(
-        scripts.promote(ctx.keys.delayed, ctx.keys.stream, batch))
-    retried, retry_wait = await ctx.scripts.run(
-        scripts.promote(ctx.gkeys.retries, ctx.gkeys.retry, batch))
+    moved, wait_ms, retried, retry_wait = await ctx.scripts.run(scripts.promote(
+        [(ctx.keys.delayed, ctx.keys.stream), (ctx.gkeys.retries, ctx.gkeys.retry)], batch))
     if moved or retried:
         ctx.count("promoted", moved + retried)
     if moved >= batch or retried >= batch:
