@@ -11,7 +11,9 @@ filled its capacity, alive but idle. Found by the nemesis campaign
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import redis
@@ -50,31 +52,41 @@ class Capped(sw.StreamWorker):
         self.ran.append(msg.key)
 
 
-async def test_waiting_jobs_whose_lease_is_lost_are_let_go(redis_url: str,
-                                                           r: redis.Redis) -> None:
-    """Three jobs of key "x" wait over its cap (a holder outside the worker has it) and fill
-    the worker's capacity; another consumer takes them over, so their leases are lost; the
-    worker must let them go and go on reading: a job of key "y" sent then runs."""
+@contextlib.asynccontextmanager
+async def three_stolen(redis_url: str, r: redis.Redis, worker: type[Capped],
+                       **claim: Any) -> AsyncIterator[tuple[Capped, sw.Producer, str]]:
+    """Three jobs of key "x" held by a ``worker`` while they wait over the key's cap (a
+    holder outside the worker has it), then taken over by a consumer "thief" (XCLAIM with
+    ``claim``); yields the worker, a producer and the key's semaphore."""
     semaphore = StreamKeys.for_stream(STREAM).group(GROUP).semaphore("x")
     r.zadd(semaphore, {"someone-else": int(time.time() * 1000) + 3_600_000})
     with sw.Producer.from_url(redis_url) as p:
         r.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
         for i in range(3):
             p.send(STREAM, {"k": "x"}, key=f"x{i}")
-        w = Capped.from_url(redis_url)
+        w = worker.from_url(redis_url)
         task = asyncio.create_task(w.serve())
         try:
             await await_for(lambda: int(r.xpending(STREAM, GROUP)["pending"]) == 3, timeout=10)
             ids = [e["message_id"] for e in r.xpending_range(STREAM, GROUP, "-", "+", 10)]
-            r.xclaim(STREAM, GROUP, "thief", 0, ids, justid=True)
-            await await_for(lambda: w.counts["lock_lost"] == 3, timeout=30)
-            p.send(STREAM, {"k": "y"}, key="y0")
-            await await_for(lambda: "y0" in w.ran, timeout=30,
-                            message="the job of key y to run (the lost jobs filled the worker)")
-            assert not any(k.startswith("x") for k in w.ran)
+            r.xclaim(STREAM, GROUP, "thief", 0, ids, justid=True, **claim)
+            yield w, p, semaphore
         finally:
             w.stop()
             await asyncio.wait_for(task, 30)
+
+
+async def test_waiting_jobs_whose_lease_is_lost_are_let_go(redis_url: str,
+                                                           r: redis.Redis) -> None:
+    """Three jobs of key "x" wait over its cap and fill the worker's capacity; another
+    consumer takes them over, so their leases are lost; the worker must let them go and go
+    on reading: a job of key "y" sent then runs."""
+    async with three_stolen(redis_url, r, Capped) as (w, p, _):
+        await await_for(lambda: w.counts["lock_lost"] == 3, timeout=30)
+        p.send(STREAM, {"k": "y"}, key="y0")
+        await await_for(lambda: "y0" in w.ran, timeout=30,
+                        message="the job of key y to run (the lost jobs filled the worker)")
+        assert not any(k.startswith("x") for k in w.ran)
 
 
 class Sweeping(Capped):
@@ -91,27 +103,13 @@ async def test_stolen_waiting_jobs_taken_back_by_the_reclaimer_run_once(
     gone (the first leaves them held as they were, the second lets them go and takes them
     back as new deliveries). Once the key's cap frees, every job still runs
     exactly once."""
-    semaphore = StreamKeys.for_stream(STREAM).group(GROUP).semaphore("x")
-    r.zadd(semaphore, {"someone-else": int(time.time() * 1000) + 3_600_000})
-    with sw.Producer.from_url(redis_url) as p:
-        r.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
-        for i in range(3):
-            p.send(STREAM, {"k": "x"}, key=f"x{i}")
-        w = Sweeping.from_url(redis_url)
-        task = asyncio.create_task(w.serve())
-        try:
-            await await_for(lambda: int(r.xpending(STREAM, GROUP)["pending"]) == 3, timeout=10)
-            ids = [e["message_id"] for e in r.xpending_range(STREAM, GROUP, "-", "+", 10)]
-            r.xclaim(STREAM, GROUP, "thief", 0, ids, idle=60_000, justid=True)
-            await await_for(lambda: not any(
-                e["consumer"] == b"thief"
-                for e in r.xpending_range(STREAM, GROUP, "-", "+", 10)), timeout=30,
-                message="the worker to hold the stolen deliveries again")
-            r.delete(semaphore)
-            await await_for(lambda: sorted(w.ran) == ["x0", "x1", "x2"], timeout=30,
-                            message="each job of key x to run once")
-            await await_for(lambda: int(r.xpending(STREAM, GROUP)["pending"]) == 0, timeout=30)
-            assert sorted(w.ran) == ["x0", "x1", "x2"]
-        finally:
-            w.stop()
-            await asyncio.wait_for(task, 30)
+    async with three_stolen(redis_url, r, Sweeping, idle=60_000) as (w, _, semaphore):
+        await await_for(lambda: not any(
+            e["consumer"] == b"thief"
+            for e in r.xpending_range(STREAM, GROUP, "-", "+", 10)), timeout=30,
+            message="the worker to hold the stolen deliveries again")
+        r.delete(semaphore)
+        await await_for(lambda: sorted(w.ran) == ["x0", "x1", "x2"], timeout=30,
+                        message="each job of key x to run once")
+        await await_for(lambda: int(r.xpending(STREAM, GROUP)["pending"]) == 0, timeout=30)
+        assert sorted(w.ran) == ["x0", "x1", "x2"]
