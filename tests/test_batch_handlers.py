@@ -288,7 +288,9 @@ async def test_batch_wait_fills_a_batch_from_jobs_sent_one_by_one(
         for i in range(5):
             p.send(S, {"n": i}, key=f"k{i}")
             await asyncio.sleep(0.05)  # pacing: each job is read on its own
-    wait_for(lambda: r.exists(S) and stream_idle(r, S, G), 60, message="all acked")
+    # awaited: a blocking wait here would hold the worker's event loop too
+    await await_for(lambda: r.exists(S) and stream_idle(r, S, G), timeout=60,
+                    message="all acked")
     worker.stop()
     await task
     assert [len(c) for c in cls.calls] == [5], cls.calls

@@ -26,6 +26,7 @@ from streamwork._cli import bench as _bench_cli
 from streamwork._redis.server import find_server_binary
 from streamwork.errors import StreamworkError
 from tests.conftest import no_server
+from tests.helpers.optional import have_matplotlib
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,13 +36,6 @@ RATIOS = {"produce": "raw_xadd", "consume_dedup_off": "raw_consume",
           "consume_dedup_on": "raw_safety"}
 
 
-def _have_matplotlib() -> bool:
-    try:
-        importlib.import_module("matplotlib")
-    except ImportError:
-        return False
-    return True
-
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path | None]:
@@ -50,7 +44,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any],
         find_server_binary()
     except StreamworkError as exc:
         no_server(f"the bench starts its own redis-server: {exc}")
-    plot = tmp_path_factory.mktemp("bench") / "bench.png" if _have_matplotlib() else None
+    plot = tmp_path_factory.mktemp("bench") / "bench.png" if have_matplotlib() else None
     args = [sys.executable, "-m", "benchmarks", "--quick", "--repeats", "1", "--json"]
     if plot is not None:
         args += ["--plot", str(plot)]
@@ -287,7 +281,7 @@ def test_peers_table_and_bar_chart_show_every_contender_and_failures(tmp_path: P
                    "n/a: pip install failed: boom"):
         assert needle in text
     assert peers_plot_path(str(tmp_path / "bench.png")) == str(tmp_path / "bench-peers.png")
-    if _have_matplotlib():
+    if have_matplotlib():
         out = plot_peers(result, peers_plot_path(str(tmp_path / "bench.png")))
         assert Path(out).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -3,7 +3,6 @@ sizes and reports every section. Figures are checked for shape, never for speed.
 
 from __future__ import annotations
 
-import importlib
 import json
 import subprocess
 import sys
@@ -21,19 +20,13 @@ from benchmarks.scaling.sizes import ScalingSizes
 from streamwork._redis.server import find_server_binary
 from streamwork.errors import StreamworkError
 from tests.conftest import no_server
+from tests.helpers.optional import have_matplotlib
 
 ROOT = Path(__file__).resolve().parent.parent
 TITLES = ("1. backlog", "2. streams served by one process", "3. payload size",
           "4. worker processes", "5. Redis memory per item", "5. one worker process's RSS",
           "6. retention trimmer", "7. dashboard and")
 
-
-def _have_matplotlib() -> bool:
-    try:
-        importlib.import_module("matplotlib")
-    except ImportError:
-        return False
-    return True
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +38,7 @@ def scaling_run(tmp_path_factory: pytest.TempPathFactory
         find_server_binary()
     except StreamworkError as exc:
         no_server(f"the study starts its own redis-server: {exc}")
-    plot = tmp_path_factory.mktemp("scaling") / "scaling.png" if _have_matplotlib() else None
+    plot = tmp_path_factory.mktemp("scaling") / "scaling.png" if have_matplotlib() else None
     args = [sys.executable, "-m", "benchmarks", "--scaling", "--quick", "--json"]
     if plot is not None:
         args += ["--plot", str(plot)]
