@@ -47,7 +47,7 @@ GOALS: Final = (
     # name, scenario key, comparison, target
     ("send_many >= 2x raw pipelined XADD", "produce.ratio", ">=", 2.0),
     ("consume dedup off >= 0.5x raw XREADGROUP+XACK", "consume_dedup_off.ratio", ">=", 0.5),
-    ("consume dedup on >= 1.5x naive safety loop", "consume_dedup_on.ratio", ">=", 1.5),
+    ("consume dedup on >= 2x naive safety loop", "consume_dedup_on.ratio", ">=", 2.0),
     ("dedup on <= 3.2 Redis commands/job (all, incl. inside scripts)",
      "commands.dedup_on.total_per_job", "<=", 3.2),
     ("dedup off <= 0.1 Redis commands/job (all)",
@@ -59,10 +59,10 @@ GOALS: Final = (
 )
 #: the goals of the peers protocol: in the result only when ``--peers`` ran
 PEER_GOALS: Final = (
-    ("peers protocol: streamwork dedup off >= 0.8x ceiling",
-     "peers.results.streamwork_dedup_off.ratio", ">=", 0.8),
-    ("peers protocol: streamwork dedup on >= 0.7x ceiling",
-     "peers.results.streamwork_dedup_on.ratio", ">=", 0.7),
+    ("peers protocol: streamwork dedup off >= 0.9x ceiling",
+     "peers.results.streamwork_dedup_off.ratio", ">=", 0.9),
+    ("peers protocol: streamwork dedup on >= 0.8x ceiling",
+     "peers.results.streamwork_dedup_on.ratio", ">=", 0.8),
 )
 
 
