@@ -1,10 +1,11 @@
 """Reclaiming deliveries of crashed or stalled consumers: in batches, then suspects alone.
 
 Deliveries made once are taken back as a batch (a crashed worker's read-ahead, nearly all
-innocent): full speed again within about one visibility timeout. Suspects (delivered twice
-or more: their batch died too) come one at a time, each running alone while reading
-pauses. A job that kills its process costs one batch at most (max_deliveries >= 3), then
-only itself."""
+innocent): full speed again within about one visibility timeout; when some are this
+consumer's own (their leases lapsed here, as in a Redis outage), once it holds nothing.
+Suspects (delivered twice or more: their batch died too) come one at a time, each running
+alone while reading pauses. A job that kills its process costs one batch at most
+(max_deliveries >= 3), then only itself."""
 
 from __future__ import annotations
 
@@ -47,12 +48,20 @@ async def reclaim_once(ctx: Context, h: Holdings, admit: Admit,
         reached = True
         if not idle:
             continue
-        if first := _first_deliveries(idle, cfg.max_deliveries, ctx.name):  # up to the room
+        first, mine = _first_deliveries(idle, cfg.max_deliveries, ctx.name)
+        if first and not mine:  # a batch, up to the room left
             room = max(1, min(first, cfg.concurrency + cfg.batch_size - h.held()))
             await _take(ctx, h, admit, stream, src, b"0-0", room)
             continue
         h.isolating = True
         try:
+            if first:  # some are this consumer's own (dropped as their leases lapsed, as in
+                # a Redis outage): one batch, once it holds nothing (none is finishing then)
+                if not await wait_alone(h, cfg.visibility_timeout):
+                    return reached
+                await _take(ctx, h, admit, stream, src, b"0-0",
+                            min(first, cfg.concurrency + cfg.batch_size))
+                continue
             cursor: Any = b"0-0"
             while not stopping():
                 if not await wait_alone(h, cfg.visibility_timeout):
@@ -66,11 +75,13 @@ async def reclaim_once(ctx: Context, h: Holdings, admit: Admit,
     return reached
 
 
-def _first_deliveries(idle: list[Any], max_deliveries: int, me: str) -> int:
-    """How many oldest idle deliveries in a row were made once, to others than ``me``."""
-    once = next((i for i, p in enumerate(idle) if int(p["times_delivered"]) != 1
-                 or p["consumer"] in (me, me.encode())), len(idle))
-    return once if max_deliveries >= 3 else 0  # else no lone try would be left after
+def _first_deliveries(idle: list[Any], max_deliveries: int, me: str) -> tuple[int, bool]:
+    """How many oldest idle deliveries in a row were made once, and whether any of them is
+    ``me``'s own (0: no lone try would be left after a batch)."""
+    if max_deliveries < 3:
+        return 0, False
+    once = next((i for i, p in enumerate(idle) if int(p["times_delivered"]) != 1), len(idle))
+    return once, any(p["consumer"] in (me, me.encode()) for p in idle[:once])
 
 
 async def reclaim(ctx: Context, stream: str, idle_ms: int, cursor: Any, count: int) -> Reclaimed:
