@@ -166,9 +166,11 @@ def adopt(g: GroupKeys, consumer: str, ttl_ms: int, batch: list[list[Any]]) -> C
 
 
 def reclaim(stream: str, dead: str, group: str, consumer: str, min_idle_ms: int,
-            cursor: Arg, count: int, worker: str) -> Call:
-    """reclaim.lua on one stream (the stream itself or a group's retry stream)."""
-    return Call("reclaim", [stream, dead], [group, consumer, min_idle_ms, cursor, count, worker])
+            cursor: Arg, count: int, worker: str, ids: Sequence[Arg] = ()) -> Call:
+    """reclaim.lua on one stream (the stream itself or a group's retry stream): from
+    ``cursor`` on, up to ``count``; or exactly the entries ``ids`` when given."""
+    return Call("reclaim", [stream, dead],
+                [group, consumer, min_idle_ms, cursor, count, worker, *ids])
 
 
 def promote(pairs: list[tuple[str, str]], count: int) -> Call:

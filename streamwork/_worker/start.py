@@ -176,10 +176,13 @@ class Starter:
         """``d``'s `start` failed with ``exc``: raised again when fatal, else logged (the
         job waits and asks again). A function the runner calls from its own ``except``,
         so the hot path awaits the start future with no coroutine layer in between."""
-        if classify(exc) is Fault.FATAL:
+        fault = classify(exc)
+        if fault is Fault.FATAL:
             raise exc
-        log.warning("could not start the job (%s); it waits", exc, extra=fields(
-            stream=d.msg.stream, group=self._gkeys.name, key=d.msg.key))
+        # an outage is reported once by the worker, not once per job it holds
+        log.log(logging.DEBUG if fault is Fault.TRANSIENT else logging.WARNING,
+                "could not start the job (%s); it waits", exc, extra=fields(
+                    stream=d.msg.stream, group=self._gkeys.name, key=d.msg.key))
 
     def hold(self, d: Delivery, due: float) -> asyncio.Future[int]:
         """Mark ``d`` held again, waiting for its in-place retry due in ``due`` s."""

@@ -50,8 +50,8 @@ async def reclaim_once(ctx: Context, h: Holdings, admit: Admit,
             continue
         first, mine = _first_deliveries(idle, cfg.max_deliveries, ctx.name)
         if first and not mine:  # a batch, up to the room left
-            room = max(1, min(first, cfg.concurrency + cfg.batch_size - h.held()))
-            await _take(ctx, h, admit, stream, src, b"0-0", room)
+            room = max(1, cfg.concurrency + cfg.batch_size - h.held())
+            await _take(ctx, h, admit, stream, src, first[:room])
             continue
         h.isolating = True
         try:
@@ -59,37 +59,38 @@ async def reclaim_once(ctx: Context, h: Holdings, admit: Admit,
                 # a Redis outage): one batch, once it holds nothing (none is finishing then)
                 if not await wait_alone(h, cfg.visibility_timeout):
                     return reached
-                await _take(ctx, h, admit, stream, src, b"0-0",
-                            min(first, cfg.concurrency + cfg.batch_size))
+                await _take(ctx, h, admit, stream, src, first[:cfg.concurrency + cfg.batch_size])
                 continue
-            cursor: Any = b"0-0"
-            while not stopping():
+            for p in idle:  # suspects, oldest first, each alone once nothing else runs
+                if stopping():
+                    break
                 if not await wait_alone(h, cfg.visibility_timeout):
                     return reached  # held deliveries wait on leases elsewhere: next sweep
-                cursor, claimed = await _take(ctx, h, admit, stream, src, cursor, 1)
-                if not claimed and cursor in (b"0-0", "0-0"):
-                    break
+                await _take(ctx, h, admit, stream, src, [p["message_id"]], alone=True)
         finally:
             h.isolating = False
             h.room.set()  # the reader may read again
     return reached
 
 
-def _first_deliveries(idle: list[Any], max_deliveries: int, me: str) -> tuple[int, bool]:
-    """How many oldest idle deliveries in a row were made once, and whether any of them is
-    ``me``'s own (0: no lone try would be left after a batch)."""
+def _first_deliveries(idle: list[Any], max_deliveries: int, me: str) -> tuple[list[Any], bool]:
+    """The ids of the idle deliveries made once (none when no lone try would be left after
+    a batch: ``max_deliveries`` under 3), and whether any of them is ``me``'s own."""
     if max_deliveries < 3:
-        return 0, False
-    once = next((i for i, p in enumerate(idle) if int(p["times_delivered"]) != 1), len(idle))
-    return once, any(p["consumer"] in (me, me.encode()) for p in idle[:once])
+        return [], False
+    once = [p for p in idle if int(p["times_delivered"]) == 1]
+    return [p["message_id"] for p in once], any(p["consumer"] in (me, me.encode())
+                                                for p in once)
 
 
-async def reclaim(ctx: Context, stream: str, idle_ms: int, cursor: Any, count: int) -> Reclaimed:
+async def reclaim(ctx: Context, stream: str, idle_ms: int, cursor: Any, count: int,
+                  ids: list[Any] | None = None) -> Reclaimed:
     """reclaim.lua: claim up to ``count`` deliveries on ``stream`` idle over ``idle_ms``
-    from ``cursor`` on; deleted entries are dead-lettered (counted and logged here)."""
+    from ``cursor`` on, or the deliveries ``ids``; deleted entries are dead-lettered
+    (counted and logged here)."""
     got = Reclaimed(*await ctx.scripts.run(scripts.reclaim(
         stream, ctx.keys.dead, ctx.cfg.group, ctx.name, idle_ms, cursor, count,
-        ctx.worker_name)))
+        ctx.worker_name, ids or ())))
     if got.deleted:
         ctx.count("deleted_while_pending", len(got.deleted))
         log.warning("%d pending entries were deleted from the stream by someone else; recorded "
@@ -111,17 +112,16 @@ async def wait_alone(h: Holdings, patience: float) -> bool:
 
 
 async def _take(ctx: Context, h: Holdings, admit: Admit, stream: str, src: int,
-                cursor: Any, count: int) -> tuple[Any, bool]:
-    """Claim up to ``count`` idle deliveries from ``cursor`` on and admit those not held
-    here: a suspect (``count`` 1) or first deliveries; a suspect slipping into a batch
-    (its count says so) is left pending, to come back alone."""
-    got = await reclaim(ctx, stream, ctx.cfg.visibility_ms, cursor, count)
+                ids: list[Any], alone: bool = False) -> None:
+    """Claim the idle deliveries ``ids`` (first deliveries: a batch; or one suspect,
+    ``alone``) and admit those not held here; one of a batch that was delivered again
+    meanwhile (its count says so) is left pending, to come back alone."""
+    got = await reclaim(ctx, stream, ctx.cfg.visibility_ms, b"0-0", len(ids), ids)
     taken = [(e, int(n)) for e, n in zip(got.claimed(), got.counts, strict=True)
-             if ref(src, e[0]) not in h.inflight and (count == 1 or int(n) <= 2)]
+             if ref(src, e[0]) not in h.inflight and (alone or int(n) <= 2)]
     if taken:
         ctx.count("reclaimed", len(taken))
-        how = "first deliveries, run as a batch" if count > 1 else "a suspect, it runs alone"
+        how = "a suspect, it runs alone" if alone else "first deliveries, run as a batch"
         log.warning("reclaimed %d idle deliveries (%s)", len(taken), how,
                     extra=ctx.fields(entry_id=taken[0][0][0].decode(), attempt=taken[0][1]))
         await admit([e for e, _ in taken], src, [n for _, n in taken])
-    return got.cursor, bool(taken)
