@@ -224,3 +224,52 @@ def test_send_outside_a_worker_is_refused() -> None:
                      headers={})
     with pytest.raises(ConfigError, match="inside a handler"):
         msg.send(TARGET, {})
+
+
+class BatchChainer(sw.StreamWorker):
+    """A batch handler: each job sends one job; jobs whose payload says ``fail`` fail."""
+
+    stream = SOURCE
+    group = "billing"
+    batch_max = 8
+    read_block = 0.1
+    retry_delay = 0.05
+    retry_max_delay = 0.2
+    max_deliveries = 2
+
+    async def handle_batch(self, msgs: list[sw.Message]) -> list[Any]:
+        out: list[Any] = []
+        for msg in msgs:
+            msg.send(TARGET, {"order": msg.key})
+            out.append(RuntimeError("fails") if msg.payload.get("fail") else None)
+        return out
+
+
+async def test_batch_handler_sends_per_message(redis_url: str, r: redis.Redis) -> None:
+    """In handle_batch each message's sends follow its own outcome: the failed ones' sends
+    are dropped, the others' appear once."""
+    with sw.Producer.from_url(redis_url) as producer:
+        producer.send_many(SOURCE, [{"fail": i % 3 == 0} for i in range(12)],
+                           keys=[f"o-{i}" for i in range(12)])
+    worker = BatchChainer.from_url(redis_url)
+    await run_until_idle(worker, r)
+    assert worker.counts["dead_lettered"] == 4
+    orders = sorted(b["p"]["order"] for b in _bodies(r, TARGET))
+    assert orders == sorted(f"o-{i}" for i in range(12) if i % 3)
+
+
+@sw.worker(SOURCE, group="billing", read_block=0.1)
+def chain_function(msg: sw.Message) -> None:
+    """A plain-def function worker sending on."""
+    msg.send(TARGET, {"order": msg.key}, key=f"r-{msg.key}", headers={"step": "2"})
+
+
+async def test_function_worker_sends(redis_url: str, r: redis.Redis) -> None:
+    """A plain def under @sw.worker sends with its completion; headers go as given."""
+    with sw.Producer.from_url(redis_url) as producer:
+        producer.send(SOURCE, {}, key="o-1")
+        producer.send(SOURCE, {}, key="o-1")  # a duplicate: its job runs (and sends) once
+    worker = chain_function.from_url(redis_url)
+    await run_until_idle(worker, r)
+    [body] = _bodies(r, TARGET)
+    assert body["k"] == "r-o-1" and body["h"]["step"] == "2"
