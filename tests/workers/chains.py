@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Final
+from typing import Any, Final
 
 import streamwork as sw
+from streamwork._redis.connection import sync_client
 from tests.workers.ledger import ClientWorker
 
 #: the steps' streams; on a cluster each name hashes to its own slot (see test_chains_cluster)
@@ -35,6 +36,13 @@ def runs(stream: str) -> str:
 
 class _Step(ClientWorker):
     group = "chain"
+
+    def client(self) -> Any:
+        """A sync client on the worker's Redis, a Cluster's too."""
+        if self._client is None:
+            self._client = sync_client(self.url)
+        return self._client
+
     concurrency = 4
     batch_size = 4
     visibility_timeout = 1.0
