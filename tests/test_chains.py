@@ -212,6 +212,16 @@ async def test_delayed_and_trimmed_sends(redis_url: str, r: redis.Redis) -> None
     with sw.Producer.from_url(redis_url) as producer:
         producer.send(SOURCE, {}, key="o-1")
     await run_until_idle(Sends.from_url(redis_url), r)
+    Sends.send = {"stream": TARGET, "payload": {"a": 2}, "maxlen": 1}
+    for i in range(3):
+        r.xadd(TARGET, {"x": i})
+    with sw.Producer.from_url(redis_url) as producer:
+        producer.send(SOURCE, {}, key="o-2")
+    worker = Sends.from_url(redis_url)
+    await run_until_idle(worker, r)
+    assert worker.counts["acked"] == 1 and worker.counts["staged_rejected"] == 0
+    [(_, last)] = r.xrevrange(TARGET, count=1)
+    assert msgpack.unpackb(last[BODY_FIELD])["p"] == {"a": 2}
     [(member, due)] = r.zrange(StreamKeys.for_stream(TARGET).delayed, 0, -1, withscores=True)
     assert member.startswith(b"0:")
     assert abs(due / 1000 - (r.time()[0] + 3600)) < 120
@@ -273,3 +283,28 @@ async def test_function_worker_sends(redis_url: str, r: redis.Redis) -> None:
     await run_until_idle(worker, r)
     [body] = _bodies(r, TARGET)
     assert body["k"] == "r-o-1" and body["h"]["step"] == "2"
+
+
+async def test_a_target_that_is_not_a_stream_is_a_rejected_staged_write(
+        redis_url: str, r: redis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+    """A target key holding another type (known only when the completion runs) is a
+    staged write Redis rejects: the job completes, the error is logged, counted, and the
+    job's other sends still go."""
+    r.hset("not-a-stream", "x", 1)
+
+    class Two(sw.StreamWorker):
+        stream = SOURCE
+        group = "billing"
+        read_block = 0.1
+
+        async def handle(self, msg: sw.Message) -> None:
+            msg.send("not-a-stream", {})
+            msg.send(TARGET, {})
+
+    with sw.Producer.from_url(redis_url) as producer:
+        producer.send(SOURCE, {}, key="o-1")
+    worker = Two.from_url(redis_url)
+    await run_until_idle(worker, r)
+    assert worker.counts["staged_rejected"] == 1 and worker.counts["acked"] == 1
+    assert r.xlen(TARGET) == 1
+    assert any("rejected" in rec.getMessage() for rec in caplog.records)

@@ -31,6 +31,7 @@ log = logging.getLogger(WORKER_LOGGER)
 
 IDLE: Final = 0.1  #: s between two looks at an empty outbox (the latency of a chained job)
 CHUNK: Final = 500  #: outbox entries moved per look (one chain.lua call per target)
+FINAL_DRAIN: Final = 2.0  #: s a stopping worker spends moving what its last jobs sent
 
 
 class Drainer:
@@ -45,21 +46,25 @@ class Drainer:
                         else (cfg.stream,))
         self.redis: Any = connection.async_client(url)
         self.scripts = scripts.AsyncScripts(self.redis, flags=False)
-        self.moved = 0  #: jobs this drainer put on their targets
+        self.moved = 0  #: jobs this drainer put on their targets (not those found moved)
+        self.flags_known = False
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Drain until ``stop`` is set; raise WorkerFailed (after setting ``stop``, which
-        stops the whole worker) on an error no backoff cures."""
+    async def run(self, until: asyncio.Event, stop: asyncio.Event) -> None:
+        """Drain until ``until`` is set (the worker's consumer has finished), then once more
+        for what its last completions staged (FINAL_DRAIN seconds at most); on an error no
+        backoff cures, set ``stop`` (which stops the whole worker) and raise WorkerFailed."""
         sup = Supervisor(_nothing, link=self.link, stream=self.cfg.stream,
                          group=self.cfg.group, consumer=self.consumer)
         sup.stop_event = stop
-        self.scripts.use_flags(await scripts.supports_flags(self.redis))
         task = sup.loop("outbox drain", self.step)
         try:
-            await stop.wait()
+            await until.wait()
         finally:
             sup.stopping = True
             await cancel([task])
+            if sup.fatal is None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.drain_all(), FINAL_DRAIN)
             with contextlib.suppress(Exception):
                 await self.redis.aclose()
         if sup.fatal is not None:
@@ -68,12 +73,19 @@ class Drainer:
     async def step(self) -> bool:
         """One look at every outbox; a pause when all were empty. Returns True (Redis was
         asked)."""
+        if not await self.drain_all():
+            await asyncio.sleep(IDLE)
+        return True
+
+    async def drain_all(self) -> int:
+        """One look at every outbox; how many entries left them."""
+        if not self.flags_known:  # chain.lua refused whole under OOM where flags exist
+            self.scripts.use_flags(await scripts.supports_flags(self.redis))
+            self.flags_known = True
         moved = 0
         for source in self.sources:
             moved += await self.drain(source)
-        if not moved:
-            await asyncio.sleep(IDLE)
-        return True
+        return moved
 
     async def drain(self, source: str) -> int:
         """Move up to CHUNK entries of ``source``'s outbox; how many left the outbox."""
@@ -95,7 +107,9 @@ class Drainer:
         for target, rows in targets.items():
             name = target.decode()
             try:
-                await self.scripts.run(scripts.chain(StreamKeys.of_any(name), source, rows))
+                added, _ = await self.scripts.run(
+                    scripts.chain(StreamKeys.of_any(name), source, rows))
+                self.moved += int(added)
             except redis.exceptions.ResponseError as exc:
                 if not str(exc).startswith("WRONGTYPE"):
                     raise
@@ -103,7 +117,6 @@ class Drainer:
                 log.error("chained jobs dropped: their target is not a stream (%s)", exc,
                           extra=self._fields(key=name, count=len(rows)))
             done += [row[0] for row in rows]
-            self.moved += len(rows)
         await self.redis.xdel(outbox, *done)
         return len(done)
 
@@ -124,12 +137,13 @@ async def with_drain(main: Awaitable[None], cfg: WorkerConfig, url: str, consume
     if not connection.is_cluster_url(url):
         await main
         return
-    task = asyncio.ensure_future(Drainer(cfg, url, consumer, link).run(stop))
+    until = asyncio.Event()
+    task = asyncio.ensure_future(Drainer(cfg, url, consumer, link).run(until, stop))
     try:
         await main
     except BaseException:
-        stop.set()
+        until.set()
         await asyncio.gather(task, return_exceptions=True)
         raise
-    stop.set()
+    until.set()
     await task
