@@ -16,6 +16,7 @@ import hashlib
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import msgpack
@@ -50,6 +51,15 @@ def is_cluster(client: Any) -> bool:
     return isinstance(client, RedisCluster)
 
 
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """Where the jobs sent to one stream are staged: the keys of their writes, as bytes."""
+
+    stream: bytes
+    delayed: bytes
+    via_outbox: bytes | None  # the sender's outbox when the target is in another slot
+
+
 class ChainSender:
     """Stages the jobs a worker's handlers send (the `Sender` of its messages)."""
 
@@ -57,13 +67,28 @@ class ChainSender:
         # the producer's checks and encoding, never its I/O (the client is never used)
         self._core = Core(None, max_payload_bytes=cfg.max_payload_bytes, codec=codec)
         self.cluster = cluster
+        self._targets: dict[tuple[str, str], _Target] = {}
+
+    def _target(self, source: str, stream: str) -> _Target:
+        """How jobs sent from ``source`` to ``stream`` are staged (checking the name)."""
+        found = self._targets.get((source, stream))
+        if found is None:
+            if not isinstance(stream, str):
+                raise ConfigError("stream", f"must be the target stream's name (a str), got "
+                                            f"{type(stream).__name__}")
+            keys = StreamKeys.for_stream(stream)
+            other = self.cluster and key_slot(stream.encode()) != key_slot(source.encode())
+            found = _Target(stream.encode(), keys.delayed.encode(),
+                            StreamKeys.of_any(source).outbox.encode() if other else None)
+            if len(self._targets) >= 1000:  # handlers sending to very many streams
+                self._targets.clear()
+            self._targets[(source, stream)] = found
+        return found
 
     def send(self, msg: Message[Any], stream: str, payloads: Sequence[Any],
              keys: Sequence[str | None], options: dict[str, Any]) -> list[str]:
         """Check and encode the jobs, stage their writes on ``msg``; their keys."""
-        if not isinstance(stream, str):
-            raise ConfigError("stream", f"must be the target stream's name (a str), got "
-                                        f"{type(stream).__name__}")
+        target = self._target(msg.stream, stream)
         if msg._sent + len(payloads) > MAX_SENDS:
             raise ConfigError("send", f"one job may send at most {MAX_SENDS} jobs (they all "
                                       "travel in its completion): send a job that sends more")
@@ -71,24 +96,20 @@ class ChainSender:
                     else k for i, k in enumerate(keys)]
         batches = self._core.plan(stream, payloads, job_keys, **_at_ms(options))
         ops: list[tuple[str, tuple[bytes, ...], tuple[bytes, ...]]] = []
-        target = StreamKeys.for_stream(stream)
-        via_outbox = self.cluster and key_slot(stream.encode()) != key_slot(msg.stream.encode())
-        outbox = StreamKeys.of_any(msg.stream).outbox.encode()
         for batch in batches:
             maxlen = b"" if batch.maxlen is None else str(batch.maxlen).encode()
             due = b"" if batch.due is None else batch.due[1].encode()
             for body in batch.bodies:
-                if via_outbox:
-                    ops.append(("XADD", (outbox,), (b"*", TARGET, stream.encode(), BODY, body,
-                                                    MAXLEN, maxlen, DUE, due)))
+                if target.via_outbox is not None:
+                    ops.append(("XADD", (target.via_outbox,), (
+                        b"*", TARGET, target.stream, BODY, body, MAXLEN, maxlen, DUE, due)))
                 elif due:
-                    ops.append(("ZADD", (target.delayed.encode(),),
-                                (due, delayed_member(body))))
+                    ops.append(("ZADD", (target.delayed,), (due, delayed_member(body))))
                 elif maxlen:
-                    ops.append(("XADD", (stream.encode(),),
+                    ops.append(("XADD", (target.stream,),
                                 (b"MAXLEN", b"~", maxlen, b"*", BODY_FIELD, body)))
                 else:
-                    ops.append(("XADD", (stream.encode(),), (b"*", BODY_FIELD, body)))
+                    ops.append(("XADD", (target.stream,), (b"*", BODY_FIELD, body)))
         msg.staged.extend(ops)
         msg._sent += len(payloads)
         return job_keys
