@@ -139,7 +139,6 @@ class LosesLease(sw.StreamWorker):
     stream = SOURCE
     group = "billing"
     visibility_timeout = 1.0
-    heartbeat_interval = 0.1
     read_block = 0.1
 
     async def handle(self, msg: sw.Message) -> None:
@@ -308,3 +307,18 @@ async def test_a_target_that_is_not_a_stream_is_a_rejected_staged_write(
     assert worker.counts["staged_rejected"] == 1 and worker.counts["acked"] == 1
     assert r.xlen(TARGET) == 1
     assert any("rejected" in rec.getMessage() for rec in caplog.records)
+
+
+@sw.batch_worker(SOURCE, group="billing", read_block=0.1, batch_max=5)
+async def chain_batch_function(msgs: list[sw.Message]) -> None:
+    """An async @sw.batch_worker function sending one job per message."""
+    for msg in msgs:
+        msg.send(TARGET, {"order": msg.key})
+
+
+async def test_batch_function_worker_sends(redis_url: str, r: redis.Redis) -> None:
+    """An @sw.batch_worker function's sends go with each message's completion, once."""
+    with sw.Producer.from_url(redis_url) as producer:
+        producer.send_many(SOURCE, [{}] * 7, keys=[f"o-{i}" for i in range(7)])
+    await run_until_idle(chain_batch_function.from_url(redis_url), r)
+    assert sorted(b["p"]["order"] for b in _bodies(r, TARGET)) == [f"o-{i}" for i in range(7)]
