@@ -91,6 +91,10 @@ def _member(body: bytes) -> bytes:
     return b"0:" + new_key().encode() + b":" + body
 
 
+#: the delayed ZSET member of a job, for senders other than the producer (job chains)
+delayed_member = _member
+
+
 def _check_maxlen(maxlen: object) -> None:
     if maxlen is not None and (not isinstance(maxlen, int) or isinstance(maxlen, bool)
                                or maxlen < 1):
@@ -304,6 +308,17 @@ class Core:
                 telemetry.count("produced", chunk.count, stream)
             results.append(got)
         return _place(batches, results, len(payloads))
+
+    def plan(self, stream: str, payloads: Sequence[Payload], keys: Sequence[str] | None,
+             headers: Mapping[str, str] | None = None, timeout: float | None = None,
+             delay: float | None = None, at: dt.datetime | None = None,
+             maxlen: int | None = None, order_keys: Sequence[str] | None = None
+             ) -> list[Batch]:
+        """What `send_many` would write, checked and encoded, without writing it: for
+        senders that write the jobs themselves (a handler's ``msg.send``, whose jobs go
+        with its acknowledgement). Raises ConfigError (or PayloadTooLarge) on bad input."""
+        return self._plan_send_many(stream, payloads, keys, headers, timeout, delay, at,
+                                    maxlen, order_keys)
 
     def _plan_send_many(self, stream: str, payloads: Sequence[Payload],
                         keys: Sequence[str] | None, headers: Mapping[str, str] | None,

@@ -67,6 +67,11 @@ def reconnect_delay(failures: int) -> float:
     return float(reconnect_wait()(_Attempt(max(failures, 1))))  # type: ignore[arg-type]
 
 
+def is_cluster_url(url: str) -> bool:
+    """Whether ``url`` names a Redis Cluster (``redis+cluster://``)."""
+    return url.startswith("redis+cluster://")
+
+
 def sync_client(url: str) -> Any:
     """A thread-safe sync client (redis.Redis or redis.cluster.RedisCluster)."""
     if url.startswith("redis+cluster://"):

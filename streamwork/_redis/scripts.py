@@ -44,6 +44,7 @@ FLAGS: Final = {
     "start": "allow-oom",  # rewrites a job's existing record (held -> running) in place
     "trim": "allow-oom",
     "tick": "",  # periodic jobs: adds jobs, so refused whole under OOM
+    "chain": "",  # moves chained jobs onto their targets: refused whole under OOM
 }
 #: a script that compiles only where the server understands flags
 _PROBE: Final = "#!lua flags=no-writes\nreturn 1"
@@ -201,6 +202,14 @@ def tick(stream: str, last_tick: str, upto_ms: int,
 def schedule(k: StreamKeys, delay_ms: str, at_ms: str, members: Sequence[bytes]) -> Call:
     """schedule.lua: add members to the delayed ZSET, due after a delay or at a time."""
     return Call("schedule", [k.delayed], [delay_ms, at_ms, pack(list(members))])
+
+
+def chain(target: StreamKeys, source: str, entries: list[list[Any]]) -> Call:
+    """chain.lua: move outbox entries of stream ``source`` onto ``target`` unless moved
+    before; ``entries`` is [[outbox entry id, body, maxlen or "", due ms or ""], ...] in id
+    order. Returns [added, skipped]."""
+    return Call("chain", [target.chained(source), target.stream, target.delayed],
+                [pack(entries)])
 
 
 def replay(k: StreamKeys, group: str, ids: Sequence[str]) -> Call:

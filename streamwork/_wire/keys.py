@@ -8,7 +8,9 @@ script touches one Cluster slot. For a plain name (prefix ``{S}``): ``{S}:dead``
 lease) and ``{S}:members:<len(G)>:G`` (the group's live workers, on the base stream);
 every group has ``{S}:settings:<len(G)>:G`` (what its workers declare, for cancel).
 Periodic jobs add ``{S}:tick:<len(G)>:G:<schedule>`` (its last tick decided) and
-``{S}:schedules:<len(G)>:G`` (the schedules the group's workers publish).
+``{S}:schedules:<len(G)>:G`` (the schedules the group's workers publish). Job chains on
+Redis Cluster add ``{S}:outbox`` (jobs sent to other slots, not moved yet) and, on a
+target ``T``, ``{T}:chained:<len(S)>:S`` (the last outbox entry of ``S`` moved to ``T``).
 A name carrying its own tag (``{orders}:eu``) gets the prefix
 ``{orders}~<len(S)>:S`` instead. Lengths in front of names make the layout injective: two
 different (stream, group, job key) triples never share a key, whatever characters they hold.
@@ -30,8 +32,8 @@ _TAG: Final = re.compile(r"\{([^{}]+)\}")
 _BAD_CHARS: Final = re.compile(r"[\s\x00]")
 #: names of keys derived from some stream (see StreamKeys); never a stream of its own
 _OWNED: Final = re.compile(
-    r"^\{[^{}]+\}(~|:(dead|delayed|fence|partitions)$"
-    r"|:(retry|retries|job|owner|members|rate|sem|tick|schedules|settings):)")
+    r"^\{[^{}]+\}(~|:(dead|delayed|fence|partitions|outbox)$"
+    r"|:(retry|retries|job|owner|members|rate|sem|tick|schedules|settings|chained):)")
 
 
 def check_name(option: str, name: object, *, allow_tag: bool = False) -> str:
@@ -121,6 +123,18 @@ class StreamKeys:
         """How many partitions this stream is split into, as its first partitioned producer
         or worker recorded it (absent: not partitioned); a mismatch is refused."""
         return f"{self.prefix}:partitions"
+
+    @property
+    def outbox(self) -> str:
+        """Redis Cluster: jobs this stream's handlers sent (``msg.send``) to streams in other
+        slots, staged here with the acknowledgement and moved to their targets by the
+        workers (each entry deleted once its job is on the target)."""
+        return f"{self.prefix}:outbox"
+
+    def chained(self, source: str) -> str:
+        """Redis Cluster, on a target stream: the last entry id of ``source``'s outbox
+        moved here, so moving an entry again (after a crash) adds nothing."""
+        return f"{self.prefix}:chained:{_lp(source)}"
 
     @property
     def retry_prefix(self) -> str:

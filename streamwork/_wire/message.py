@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic
+from typing import Any, Generic, Protocol
 
 from typing_extensions import TypeVar
 
@@ -60,6 +61,15 @@ def _wire_all(values: object, what: str) -> tuple[bytes, ...]:
 P = TypeVar("P", default=Any)
 
 
+class Sender(Protocol):
+    """What stages the jobs a handler sends (``Message.send``): the worker installs one on
+    each message it hands a handler."""
+
+    def send(self, msg: Message[Any], stream: str, payloads: Sequence[Any],
+             keys: Sequence[str | None], options: dict[str, Any]) -> list[str]:
+        """Check and encode the jobs, stage their writes on ``msg``; their keys."""
+
+
 @dataclass(slots=True, eq=False)
 class Message(Generic[P]):
     """One delivery of a job.
@@ -85,6 +95,10 @@ class Message(Generic[P]):
     #: the staged writes: (command, keys, args), keys and args as the bytes sent to Redis
     staged: list[tuple[str, tuple[bytes, ...], tuple[bytes, ...]]] = field(
         default_factory=list, repr=False)
+    #: stages the jobs ``send`` is given (None: not a worker's message, send refuses)
+    _sender: Sender | None = field(default=None, repr=False)
+    #: jobs sent so far by this delivery (numbers the keys derived for jobs sent without one)
+    _sent: int = field(default=0, repr=False)
 
     def stage(self, command: str, keys: Sequence[StageValue] = (),
               args: Sequence[StageValue] = ()) -> None:
@@ -107,6 +121,48 @@ class Message(Generic[P]):
                              f"got {_show(command)}")
         self.staged.append((str.__str__(command), _wire_all(keys, "key"),
                             _wire_all(args, "arg")))
+
+    def send(self, stream: str, payload: Any, *, key: str | None = None,
+             headers: Mapping[str, str] | None = None, timeout: float | None = None,
+             delay: float | None = None, at: dt.datetime | None = None,
+             maxlen: int | None = None, order_key: str | None = None) -> str:
+        """Send a job to ``stream`` if and only if this job completes: the job is written
+        in the same atomic step as this job's acknowledgement (or, on Redis Cluster with
+        ``stream`` in another slot, into this stream's outbox in that step, from where the
+        workers move it to ``stream`` once). A failure, retry, cancel or lost lease drops
+        it with the staged writes. Returns the job's key.
+
+        The options are `Producer.send`'s. Without ``key``, the key is derived from this
+        job's stream, group and key and the number of jobs it sent before, so a retried
+        handler sends the same keys again. Bad input (a stream name streamwork refuses, a
+        payload MessagePack cannot encode, one over ``max_payload_bytes``) raises here.
+        """
+        return self.send_many(stream, [payload], keys=None if key is None else [key],
+                              headers=headers, timeout=timeout, delay=delay, at=at,
+                              maxlen=maxlen,
+                              order_keys=None if order_key is None else [order_key])[0]
+
+    def send_many(self, stream: str, payloads: Sequence[Any], *,
+                  keys: Sequence[str] | None = None,
+                  headers: Mapping[str, str] | None = None, timeout: float | None = None,
+                  delay: float | None = None, at: dt.datetime | None = None,
+                  maxlen: int | None = None,
+                  order_keys: Sequence[str] | None = None) -> list[str]:
+        """`send` for several jobs (`Producer.send_many`'s options): all of them are sent
+        with this job's completion, or none. Returns their keys, in order."""
+        if self._sender is None:
+            raise ConfigError("send", "this message did not come from a worker: msg.send() "
+                              "and msg.send_many() work inside a handler only")
+        if isinstance(payloads, (str, bytes, Mapping)) or not isinstance(payloads, Sequence):
+            raise ConfigError("payloads", f"must be a list of payloads, got {_show(payloads)}")
+        if keys is not None and (isinstance(keys, str) or not isinstance(keys, Sequence)):
+            raise ConfigError("keys", f"must be a list of str, got {_show(keys)}")
+        if keys is not None and len(keys) != len(payloads):
+            raise ConfigError("keys", f"has {len(keys)} keys for {len(payloads)} payloads")
+        return self._sender.send(self, stream, payloads,
+                                [None] * len(payloads) if keys is None else list(keys),
+                                {"headers": headers, "timeout": timeout, "delay": delay,
+                                 "at": at, "maxlen": maxlen, "order_keys": order_keys})
 
     @property
     def order_key(self) -> str:

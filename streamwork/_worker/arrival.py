@@ -15,7 +15,7 @@ from streamwork._wire.codec import (
     parse_attempts,
 )
 from streamwork._wire.extensions import Codec
-from streamwork._wire.message import Message
+from streamwork._wire.message import Message, Sender
 from streamwork._wire.payloads import InvalidPayload
 from streamwork._worker.config import WorkerConfig
 from streamwork._worker.delivery import Delivery, State, ref
@@ -42,13 +42,14 @@ class Arrival:
 
     def __init__(self, cfg: WorkerConfig, consumer: str, initial: State,
                  codec: Codec | None = None, convert: Callable[[Any], Any] | None = None,
-                 known: Container[str] | None = None) -> None:
+                 known: Container[str] | None = None, sender: Sender | None = None) -> None:
         self.cfg = cfg
         self.consumer = consumer
         self.initial = initial  # WAITING when a lease must be taken first, else QUEUED
         self.codec = codec
         self.convert = convert
         self.known = known  # job keys done here recently: acknowledged, never run
+        self.sender = sender  # stages the jobs handlers send (msg.send)
 
     def vet(self, entry_id: bytes, values: list[bytes] | None, src: int,
             deliveries: int) -> Delivery | Unfit | None:
@@ -92,7 +93,8 @@ class Arrival:
                 return Unfit(attempt, "payload:invalid", "InvalidPayload", str(exc), job_key,
                              body, "invalid_payload")
         msg = Message(entry_id.decode(), cfg.stream, job_key, payload, attempt,
-                      enqueued_ms / 1000, headers, None, cfg.group, self.consumer)
+                      enqueued_ms / 1000, headers, None, cfg.group, self.consumer,
+                      _sender=self.sender)
         return Delivery(entry_id, src, msg, body,
                         cfg.timeout if limit_ms is None else limit_ms / 1000,
                         ref(src, entry_id), "", 0.0, self.initial)

@@ -35,7 +35,7 @@ from streamwork._telemetry.logs import WORKER_LOGGER, fields
 from streamwork._wire.extensions import Codec
 from streamwork._wire.keys import GroupKeys
 from streamwork._wire.message import Message
-from streamwork._worker import context
+from streamwork._worker import chains, context
 from streamwork._worker.arrival import Arrival
 from streamwork._worker.batch_runner import AnyHandler, make_runner, per_call
 from streamwork._worker.config import WorkerConfig, parse_rate
@@ -103,7 +103,7 @@ class Consumer:
         # what is read is decoded with the worker's own ext types (``codec``), converted to
         # its payload_type (``convert``) and skipped if the done-cache knows its job
         self.arrival = Arrival(cfg, name, State.WAITING if self.leases.claims else State.QUEUED,
-                               codec, convert, ctx.cache)
+                               codec, convert, ctx.cache, chains.sender(cfg, codec, self.redis))
         queue = RunQueue(eager=self.leases.claims)
         self.holdings = Holdings(self.ctx, queue)
         # with job records, a handler starts only once start.lua has checked its record

@@ -33,6 +33,7 @@ from streamwork._worker.batch_runner import AnyHandler, BatchHandler, check_batc
 from streamwork._worker.config import WorkerConfig, WorkerOptions, check_attributes
 from streamwork._worker.consumer import Consumer
 from streamwork._worker.done_cache import local_cache
+from streamwork._worker.loops.drain import with_drain
 from streamwork._worker.loops.ticks import with_schedules
 from streamwork._worker.partitioned import Partitioned
 from streamwork.errors import ConfigError, WorkerFailed
@@ -220,9 +221,10 @@ class StreamWorker(WorkerOptions, Generic[P]):
         try:
             await _start_hook(self.on_start, cfg, self.consumer_name)
             try:
-                await with_schedules(runner.run(self._stop_event), self.schedules, cfg,
-                                     self.url, self.consumer_name, self._stop_event,
-                                     runner.link, self.codec)
+                main = with_drain(runner.run(self._stop_event), cfg, self.url,
+                                  self.consumer_name, self._stop_event, runner.link)
+                await with_schedules(main, self.schedules, cfg, self.url, self.consumer_name,
+                                     self._stop_event, runner.link, self.codec)
             finally:
                 await _stop_hook(self.on_stop, cfg, self.consumer_name)
         finally:
