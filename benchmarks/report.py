@@ -57,8 +57,9 @@ def render_batch_handlers(section: dict[str, Any], console: Console) -> None:
     """handle vs handle_batch, dedup on and off: jobs/s, messages per call, and the ratios
     to handle (same dedup) and to the raw redis-py loop of the same repeat."""
     table = Table(title=f"batch handlers: one HSET per message vs one per call "
-                        f"(batch_max {section['batch_max']}), {section['jobs']:,} jobs/run, "
-                        f"median of {section['repeats']}, a streamwork run process")
+                        f"(batch_max {section['batch_max']}), {section['jobs']:,} jobs or "
+                        f"{section['window_s']:g} s a run, median of {section['repeats']}, "
+                        "a streamwork run process")
     for name, justify in (("handler", "left"), ("dedup", "left"), ("jobs/s", "right"),
                           ("msgs/call", "right"), ("x handle", "right"),
                           ("x raw loop", "right")):
@@ -79,7 +80,8 @@ def render_batch_handlers(section: dict[str, Any], console: Console) -> None:
 
 def render_recovery(section: dict[str, Any], console: Console) -> None:
     """Jobs done per second around the SIGKILL, each mode a row, with its dip as a ratio
-    to its pre-kill level and the seconds of work it lost."""
+    to its pre-kill level, the seconds of work it lost, and the deliveries the killed
+    worker held (``held``) and still owned when the watch ended (``left``)."""
     modes = section["modes"]
     plan = section["plan"]
     width = max(len(m["series"]) for m in modes.values())
@@ -89,14 +91,15 @@ def render_recovery(section: dict[str, Any], console: Console) -> None:
     table.add_column("reclaim")
     for i in range(width):
         table.add_column(str(i - 2), justify="right")
-    for name in ("pre-kill", "lowest", "dip", "lost s", "held"):
+    for name in ("pre-kill", "lowest", "dip", "lost s", "held", "left"):
         table.add_column(name, justify="right")
     for name, m in modes.items():
         cells = [str(x) for x in m["series"]] + [""] * (width - len(m["series"]))
         table.add_row(name.replace("_", " ") + (" (ran dry)" if m["ran_dry"] else ""),
                       *cells, _fmt_rate(m["pre_kill_per_s"]),
                       _fmt_rate(m["min_after_kill_per_s"]), f"{m['dip_ratio']:.2f}x",
-                      f"{m['lost_s']:.2f}", str(m["held"]))
+                      f"{m['lost_s']:.2f}", str(m["held"]),
+                      str(m["left_with_the_killed_worker"]))
     console.print(table)
 
 

@@ -68,6 +68,8 @@ GOALS: Final = (
 )
 #: jobs per run of the batch-handler section (at most; fewer with a smaller --jobs)
 BATCH_HANDLER_JOBS: Final = 5_000
+#: s one batch-handler run is timed at most (full run, --quick): bounds a slow run's cost
+BATCH_HANDLER_WINDOW: Final = {False: 2.0, True: 1.0}
 #: the goals of the peers protocol: in the result only when ``--peers`` ran
 PEER_GOALS: Final = (
     ("peers protocol: streamwork dedup off >= 0.8x ceiling",
@@ -102,7 +104,8 @@ def _sections(h: Harness, result: dict[str, Any], batch_handlers: bool,
     result["params"].update(batch_handlers=batch_handlers, recovery=recovery)
     if batch_handlers:
         result["batch_handlers"] = handlers.section(
-            h.url, min(params.jobs, BATCH_HANDLER_JOBS), params.repeats, say=h.say)
+            h.url, min(params.jobs, BATCH_HANDLER_JOBS), params.repeats,
+            BATCH_HANDLER_WINDOW[params.quick], say=h.say)
     if recovery:
         result["recovery"] = kill.section(h.url, params.quick, say=h.say)
 

@@ -95,10 +95,12 @@ def _send(r: redis.Redis, url: str, jobs: int) -> None:
                                keys=[f"row-{j}" for j in range(i, i + n)])
 
 
-def run_worker(url: str, kind: str, jobs: int, dedup: bool, batch_max: int
-               ) -> tuple[float, float]:
+def run_worker(url: str, kind: str, jobs: int, dedup: bool, batch_max: int,
+               window: float | None = None) -> tuple[float, float]:
     """One run on the (loopback, emptied here) Redis at ``url``: jobs per second from the
-    worker's first effect to its last, and the mean number of messages per handler call."""
+    worker's first effect to its last (or, with ``window``, to that many seconds after
+    the first, if the jobs last longer), and the mean number of messages per handler
+    call."""
     r = redis.Redis.from_url(url)
     try:
         _send(r, url, jobs)
@@ -111,15 +113,16 @@ def run_worker(url: str, kind: str, jobs: int, dedup: bool, batch_max: int
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             first = last = 0.0
-            before = 0
+            before = done = calls = 0
             deadline = time.monotonic() + RUN_LIMIT
             while time.monotonic() < deadline:
-                done = int(r.hlen(ROWS))
+                pipe = r.pipeline(transaction=False)
+                done, got = pipe.hlen(ROWS).get(CALLS).execute()
                 now = time.monotonic()
                 if done and not first:
                     first, before = now, done
-                if done >= jobs:
-                    last = now
+                if done >= jobs or (first and window is not None and now - first >= window):
+                    last, calls = now, int(got or 0)
                     break
                 if worker.poll() is not None:
                     raise BenchError(f"{kind}: the worker exited ({worker.returncode}) with "
@@ -127,12 +130,11 @@ def run_worker(url: str, kind: str, jobs: int, dedup: bool, batch_max: int
                 time.sleep(0.005)
         finally:
             _end(worker)
-        calls = int(r.get(CALLS) or 0)
     finally:
         r.close()
     if not last:
         raise BenchError(f"{kind}: not all {jobs} jobs done within {RUN_LIMIT:.0f} s")
-    return (jobs - before) / max(last - first, 1e-9), jobs / calls if calls else 1.0
+    return (done - before) / max(last - first, 1e-9), done / calls if calls else 1.0
 
 
 def _end(worker: subprocess.Popen[bytes]) -> None:
@@ -179,12 +181,13 @@ def _label(handler: str, dedup: bool) -> str:
     return f"{handler}_dedup_{'on' if dedup else 'off'}"
 
 
-def section(url: str, jobs: int, repeats: int, batch_max: int = 100,
+def section(url: str, jobs: int, repeats: int, window: float, batch_max: int = 100,
             say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """The bench's ``batch_handlers`` section: per repeat, the raw loop then the four
-    handler runs, in turn (paired, as the bench's ratios are); figures are medians, and
-    each ratio is the median of the repeats' ratios: to the raw loop of the same repeat,
-    and (``handle_batch``) to ``handle`` with the same dedup setting."""
+    handler runs, in turn (paired, as the bench's ratios are), each timed over ``jobs``
+    jobs or ``window`` s from its first effect, whichever ends first; figures are medians,
+    and each ratio is the median of the repeats' ratios: to the raw loop of the same
+    repeat, and (``handle_batch``) to ``handle`` with the same dedup setting."""
     started = time.time()
     raw: list[float] = []
     rates: dict[str, list[float]] = {_label(h, d): [] for _, h, d in KINDS}
@@ -193,7 +196,7 @@ def section(url: str, jobs: int, repeats: int, batch_max: int = 100,
         raw.append(raw_batches(url, jobs, batch_max))
         say(f"batch handlers [{i + 1}/{repeats}]: raw redis-py loop {raw[-1]:,.0f} jobs/s")
         for kind, handler, dedup in KINDS:
-            rate, size = run_worker(url, kind, jobs, dedup, batch_max)
+            rate, size = run_worker(url, kind, jobs, dedup, batch_max, window)
             rates[_label(handler, dedup)].append(rate)
             per_call[_label(handler, dedup)].append(size)
             say(f"batch handlers [{i + 1}/{repeats}]: {handler} dedup "
@@ -210,7 +213,7 @@ def section(url: str, jobs: int, repeats: int, batch_max: int = 100,
         if handler == "handle_batch":
             row["ratio_to_handle"] = _median_ratio(rates[key], rates[_label("handle", dedup)])
         rows[key] = row
-    return {"jobs": jobs, "repeats": repeats, "batch_max": batch_max,
+    return {"jobs": jobs, "window_s": window, "repeats": repeats, "batch_max": batch_max,
             "baseline": "raw_batch", "results": rows,
             "seconds": round(time.time() - started, 1)}
 

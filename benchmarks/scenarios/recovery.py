@@ -80,11 +80,11 @@ class Plan:
 
     @classmethod
     def bench(cls, quick: bool) -> Plan:
-        """The bench's bounded run: 3 s before the kill, 6 s after (full); --quick: 2 s
+        """The bench's bounded run: 3 s before the kill, 5 s after (full); --quick: 2 s
         and 2 s with a 0.5 s visibility timeout. Enough jobs not to run dry."""
         if quick:
             return cls(jobs=30_000, kill_at=2.0, after=2.0, visibility_timeout=0.5)
-        return cls(jobs=100_000, kill_at=3.0, after=6.0, visibility_timeout=2.0)
+        return cls(jobs=100_000, kill_at=3.0, after=5.0, visibility_timeout=2.0)
 
 
 def _spawn(url: str, max_deliveries: int, visibility_timeout: float
