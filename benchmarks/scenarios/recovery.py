@@ -171,7 +171,8 @@ def run_once(url: str, plan: Plan, max_deliveries: int) -> dict[str, Any]:
     return {"series": series, "first_second": -2, "held": held,
             "left_with_the_killed_worker": left, "pre_kill_buckets": len(pre),
             "ran_dry": done >= plan.jobs and plan.after is not None,
-            **_dip(pre, series[2:])}
+            # run to the end (this command), the last second is partial: not in the dip
+            **_dip(pre, series[2:] if plan.after is not None else series[2:-1])}
 
 
 def _dip(pre: list[int], after: list[int]) -> dict[str, Any]:
