@@ -15,6 +15,7 @@ It lives outside the library, and only a source checkout has it; see ``benchmark
     report.py     rich tables and the matplotlib plots
     scaling/      the scaling study (--scaling): cost against backlog, streams, payload size,
                   processes; memory per item, a worker's RSS over a soak, the trimmer
-    scenarios/    diagnostic tools built on the harness (profiling, GC pauses) and benchmarks
-                  run on their own (recovery after a SIGKILL, operations over many streams)
+    scenarios/    diagnostic tools built on the harness (profiling, GC pauses); the batch-
+                  handler and recovery (after a SIGKILL) benchmarks, sections of the main run
+                  that also run alone; operations over many streams (the scaling study's)
 """

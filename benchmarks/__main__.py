@@ -1,5 +1,5 @@
 """``python -m benchmarks [--json] [--plot FILE.png] [--repeats N] [--jobs N] [--quick]
-[--scaling]``."""
+[--no-batch-handlers] [--no-recovery] [--peers] [--scaling]``."""
 
 from benchmarks.cli import main
 

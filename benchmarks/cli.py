@@ -35,6 +35,13 @@ __all__ = ["bench_command", "main"]
                    "throwaway virtualenv), streamwork and the bare-handler ceiling.")
 @click.option("--peers-jobs", type=click.IntRange(min=1), default=5000, show_default=True,
               help="Jobs per run of the peers scenario.")
+@click.option("--batch-handlers/--no-batch-handlers", "batch_handlers", default=True,
+              show_default=True,
+              help="The batch-handler section: handle_batch vs handle, dedup on and off, "
+                   "and a raw redis-py loop doing the same work (about 20 s).")
+@click.option("--recovery/--no-recovery", "recovery", default=True, show_default=True,
+              help="The recovery section: jobs/s in 1-s buckets around the SIGKILL of one "
+                   "of two workers, batch reclaim vs one at a time (about 25 s).")
 @click.option("--scaling", is_flag=True,
               help="Run the scaling study instead: cost against backlog, streams per "
                    "process, payload size, processes, memory, the trimmer (--quick: tiny "
@@ -42,8 +49,8 @@ __all__ = ["bench_command", "main"]
 @click.option("--url", default=None, hidden=True,
               help="A Redis the bench may FLUSHALL, instead of its own redis-server.")
 def bench_command(as_json: bool, plot_path: str | None, repeats: int, jobs: int | None,
-                  quick: bool, peers: bool, peers_jobs: int, scaling: bool,
-                  url: str | None) -> None:
+                  quick: bool, peers: bool, peers_jobs: int, batch_handlers: bool,
+                  recovery: bool, scaling: bool, url: str | None) -> None:
     """Benchmark streamwork against raw redis-py on a private redis-server."""
     if scaling and peers:
         raise click.UsageError("--scaling and --peers are separate runs: give one")
@@ -59,7 +66,8 @@ def bench_command(as_json: bool, plot_path: str | None, repeats: int, jobs: int 
     try:
         params = Params.make(jobs=jobs, repeats=repeats, quick=quick)
         result = run_bench(params, say=lambda m: err.print(f"[dim]{m}[/dim]"), url=url,
-                           peers_jobs=peers_jobs if peers else None)
+                           peers_jobs=peers_jobs if peers else None,
+                           batch_handlers=batch_handlers, recovery=recovery)
         if plot_path:
             plot(result, plot_path)
             result["plot"] = plot_path

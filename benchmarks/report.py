@@ -11,7 +11,8 @@ from rich.table import Table
 
 from streamwork.errors import BenchError
 
-__all__ = ["PEER_LABELS", "peer_rows", "plot", "plot_peers", "render", "render_peers"]
+__all__ = ["PEER_LABELS", "peer_rows", "plot", "plot_peers", "render",
+           "render_batch_handlers", "render_peers", "render_recovery"]
 
 
 def _fmt_rate(value: float) -> str:
@@ -49,6 +50,56 @@ def render_peers(peers: dict[str, Any], console: Console) -> None:
                       f"{row['ratio']:.2f}x" if "ratio" in row else "",
                       f"{row['worker_cpu_pct']:.0f}% / {row['redis_cpu_pct']:.0f}%",
                       _versions(row))
+    console.print(table)
+
+
+def render_batch_handlers(section: dict[str, Any], console: Console) -> None:
+    """handle vs handle_batch, dedup on and off: jobs/s, messages per call, and the ratios
+    to handle (same dedup) and to the raw redis-py loop of the same repeat."""
+    table = Table(title=f"batch handlers: one HSET per message vs one per call "
+                        f"(batch_max {section['batch_max']}), {section['jobs']:,} jobs or "
+                        f"{section['window_s']:g} s a run, median of {section['repeats']}, "
+                        "a streamwork run process")
+    for name, justify in (("handler", "left"), ("dedup", "left"), ("jobs/s", "right"),
+                          ("msgs/call", "right"), ("x handle", "right"),
+                          ("x raw loop", "right")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    rows = section["results"]
+    raw = rows["raw_batch"]
+    table.add_row("raw redis-py loop (XREADGROUP, HSET+INCR+XACK per batch)", "",
+                  _fmt_rate(raw["jobs_per_s"]), str(section["batch_max"]), "", "1.00x")
+    for key, row in rows.items():
+        if key == "raw_batch":
+            continue
+        versus = f"{row['ratio_to_handle']:.2f}x" if "ratio_to_handle" in row else ""
+        table.add_row(row["handler"], "on" if row["dedup"] else "off",
+                      _fmt_rate(row["jobs_per_s"]), f"{row['messages_per_call']:.1f}",
+                      versus, f"{row['ratio_to_raw']:.2f}x")
+    console.print(table)
+
+
+def render_recovery(section: dict[str, Any], console: Console) -> None:
+    """Jobs done per second around the SIGKILL, each mode a row, with its dip as a ratio
+    to its pre-kill level, the seconds of work it lost, and the deliveries the killed
+    worker held (``held``) and still owned when the watch ended (``left``)."""
+    modes = section["modes"]
+    plan = section["plan"]
+    width = max(len(m["series"]) for m in modes.values())
+    table = Table(title=f"recovery: jobs/s around the SIGKILL of one of two workers "
+                        f"(second 0 holds the kill; visibility timeout "
+                        f"{plan['visibility_timeout']:g} s)")
+    table.add_column("reclaim")
+    for i in range(width):
+        table.add_column(str(i - 2), justify="right")
+    for name in ("pre-kill", "lowest", "dip", "lost s", "held", "left"):
+        table.add_column(name, justify="right")
+    for name, m in modes.items():
+        cells = [str(x) for x in m["series"]] + [""] * (width - len(m["series"]))
+        table.add_row(name.replace("_", " ") + (" (ran dry)" if m["ran_dry"] else ""),
+                      *cells, _fmt_rate(m["pre_kill_per_s"]),
+                      _fmt_rate(m["min_after_kill_per_s"]), f"{m['dip_ratio']:.2f}x",
+                      f"{m['lost_s']:.2f}", str(m["held"]),
+                      str(m["left_with_the_killed_worker"]))
     console.print(table)
 
 
@@ -117,6 +168,10 @@ def render(result: dict[str, Any], console: Console) -> None:
     extra.add_row("used_memory per 10k done records", "",
                   f"{mem['used_memory_per_10k'] / 1024:,.0f} KiB")
     console.print(extra)
+    if "batch_handlers" in result:
+        render_batch_handlers(result["batch_handlers"], console)
+    if "recovery" in result:
+        render_recovery(result["recovery"], console)
     if "peers" in result:
         render_peers(result["peers"], console)
 

@@ -13,6 +13,13 @@ Measured, each as the median of ``repeats`` runs (see ``benchmarks/README.md``):
   (enqueue -> handler start at a steady offered load of 20 % of the dedup-off maximum);
 * Redis commands per job (INFO commandstats, and MONITOR to tell the commands a client sent
   from those run inside scripts) and Redis memory per done-marker;
+* ``batch_handlers`` (:mod:`benchmarks.scenarios.batch_handlers`, skipped with
+  ``--no-batch-handlers``): ``handle_batch`` against ``handle``, dedup on and off, in
+  ``streamwork run`` processes, paired with a raw redis-py loop doing the same one-HSET-per-
+  batch work; ``recovery`` (:mod:`benchmarks.scenarios.recovery`, ``--no-recovery``): jobs/s
+  in 1-s buckets around the SIGKILL of one of two workers, batch reclaim against one at a
+  time, the dip as a ratio to the pre-kill level; both bounded (about 45 s together, 15 s
+  with ``--quick``);
 * with ``peers_jobs`` (``--peers``): the ``peers`` scenario (:mod:`benchmarks.peers`), the
   same protocol through streamwork, taskiq-redis, dramatiq, arq and rq beside the
   bare-handler ceiling; its goals (:data:`PEER_GOALS`) are added only then.
@@ -39,6 +46,8 @@ from benchmarks.accounting import commands_per_job, done_marker_memory
 from benchmarks.harness import Harness
 from benchmarks.measure import BATCH, LOAD_FRACTION, Params, Run, summary
 from benchmarks.peers import run_peers
+from benchmarks.scenarios import batch_handlers as handlers
+from benchmarks.scenarios import recovery as kill
 from streamwork.testing import RedisServer
 
 __all__ = ["GOALS", "PEER_GOALS", "private_server", "run_bench"]
@@ -57,6 +66,10 @@ GOALS: Final = (
     ("p99 enqueue->start <= 5 ms at 20% of max (dedup on)",
      "latency.dedup_on.p99_ms", "<=", 5.0),
 )
+#: jobs per run of the batch-handler section (at most; fewer with a smaller --jobs)
+BATCH_HANDLER_JOBS: Final = 5_000
+#: s one batch-handler run is timed at most (full run, --quick): bounds a slow run's cost
+BATCH_HANDLER_WINDOW: Final = {False: 2.0, True: 1.0}
 #: the goals of the peers protocol: in the result only when ``--peers`` ran
 PEER_GOALS: Final = (
     ("peers protocol: streamwork dedup off >= 0.9x ceiling",
@@ -67,18 +80,34 @@ PEER_GOALS: Final = (
 
 
 def run_bench(params: Params, say: Callable[[str], None] = lambda _: None,
-              url: str | None = None, peers_jobs: int | None = None) -> dict[str, Any]:
+              url: str | None = None, peers_jobs: int | None = None,
+              batch_handlers: bool = True, recovery: bool = True) -> dict[str, Any]:
     """Run every scenario and return the machine-readable result.
 
     Starts (and at the end stops) a private redis-server, unless ``url`` names a loopback
     server (``redis://127.0.0.1:PORT/0``) that the harness may FLUSHALL and MONITOR.
-    ``peers_jobs`` adds the peers scenario with that many jobs per run."""
+    ``peers_jobs`` adds the peers scenario with that many jobs per run; ``batch_handlers``
+    and ``recovery`` (on unless turned off) the sections of those names."""
     with private_server(url) as (server_url, port):
         h = Harness(server_url, port, params, say)
         try:
-            return _run(h, params, say, peers_jobs)
+            return _run(h, params, say, peers_jobs, (batch_handlers, recovery))
         finally:
             h.close()
+
+
+def _sections(h: Harness, result: dict[str, Any], batch_handlers: bool,
+              recovery: bool) -> None:
+    """The batch-handler and recovery sections (each in worker processes of its own, on
+    the same server), bounded; a section turned off is left out of the result."""
+    params = h.params
+    result["params"].update(batch_handlers=batch_handlers, recovery=recovery)
+    if batch_handlers:
+        result["batch_handlers"] = handlers.section(
+            h.url, min(params.jobs, BATCH_HANDLER_JOBS), params.repeats,
+            BATCH_HANDLER_WINDOW[params.quick], say=h.say)
+    if recovery:
+        result["recovery"] = kill.section(h.url, params.quick, say=h.say)
 
 
 @contextlib.contextmanager
@@ -98,7 +127,8 @@ def private_server(url: str | None) -> Iterator[tuple[str, int]]:
 
 
 def _run(h: Harness, params: Params, say: Callable[[str], None],
-         peers_jobs: int | None = None) -> dict[str, Any]:
+         peers_jobs: int | None = None, sections: tuple[bool, bool] = (True, True)
+         ) -> dict[str, Any]:
     started = time.time()
     result: dict[str, Any] = {
         "date": dt.date.today().isoformat(),
@@ -181,6 +211,7 @@ def _run(h: Harness, params: Params, say: Callable[[str], None],
         f"{memory['used_memory_bytes_per_marker']} bytes of used_memory")
     result["commands"] = commands
     result["memory"] = memory
+    _sections(h, result, *sections)
     if peers_jobs:
         result["params"]["peers_jobs"] = peers_jobs
         result["peers"] = run_peers(h, peers_jobs, params.repeats, say)

@@ -108,6 +108,66 @@ def test_quick_run_reports_latency_commands_memory_and_goals(
         assert isinstance(goal["pass"], bool)
 
 
+def test_quick_run_reports_batch_handlers_against_handle_and_a_raw_loop(
+        quick_run: tuple[dict[str, Any], Path | None]) -> None:
+    """The batch-handler section is in the default run: handle and handle_batch, dedup on
+    and off, each with its jobs/s, messages per call and ratio to the raw redis-py loop of
+    the same repeat; handle_batch also as a ratio to handle with the same dedup."""
+    result, _ = quick_run
+    assert result["params"]["batch_handlers"] is True
+    section = result["batch_handlers"]
+    rows = section["results"]
+    assert section["baseline"] == "raw_batch" and rows["raw_batch"]["jobs_per_s"] > 0
+    assert section["repeats"] == len(rows["raw_batch"]["runs_jobs_per_s"]) == 1
+    for dedup in ("on", "off"):
+        handle, batch = rows[f"handle_dedup_{dedup}"], rows[f"handle_batch_dedup_{dedup}"]
+        for row in (handle, batch):
+            assert row["jobs_per_s"] > 0 and row["ratio_to_raw"] > 0, row
+            assert row["ratio_to_raw"] == pytest.approx(
+                row["jobs_per_s"] / rows["raw_batch"]["jobs_per_s"], rel=0.01, abs=0.001)
+        assert handle["messages_per_call"] == 1
+        assert 1 <= batch["messages_per_call"] <= section["batch_max"]
+        assert batch["ratio_to_handle"] == pytest.approx(
+            batch["jobs_per_s"] / handle["jobs_per_s"], rel=0.01)
+
+
+def test_quick_run_reports_recovery_around_the_kill(
+        quick_run: tuple[dict[str, Any], Path | None]) -> None:
+    """The recovery section is in the default run: both reclaim modes, jobs/s per second
+    from 2 s before the kill, a pre-kill level from whole seconds before it, the dip as a
+    ratio to that level, and the deliveries the killed worker held."""
+    result, _ = quick_run
+    assert result["params"]["recovery"] is True
+    section = result["recovery"]
+    assert section["plan"]["after"] > 0 and section["plan"]["kill_at"] > 0
+    assert set(section["modes"]) == {"batches", "one_at_a_time"}
+    for name, m in section["modes"].items():
+        assert m["first_second"] == -2 and len(m["series"]) >= 3, (name, m)
+        assert m["pre_kill_buckets"] >= 1 and m["pre_kill_per_s"] > 0, (name, m)
+        assert m["min_after_kill_per_s"] == min(m["series"][2:])
+        assert m["dip_ratio"] == pytest.approx(
+            m["min_after_kill_per_s"] / m["pre_kill_per_s"], rel=0.01, abs=0.001)
+        assert m["held"] > 0 and m["lost_s"] >= 0, (name, m)
+    assert section["modes"]["batches"]["max_deliveries"] > 2
+    assert section["modes"]["one_at_a_time"]["max_deliveries"] == 2
+
+
+def test_batch_handlers_and_recovery_can_be_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--no-batch-handlers / --no-recovery reach the run; both are on by default."""
+    seen: list[dict[str, Any]] = []
+
+    def record(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        seen.append(kwargs)
+        raise StreamworkError("stop here")
+
+    monkeypatch.setattr(bench_cli, "run_bench", record)
+    for args, expected in (([], (True, True)), (["--no-recovery"], (True, False)),
+                           (["--no-batch-handlers", "--no-recovery"], (False, False))):
+        result = CliRunner().invoke(bench_cli.bench_command, ["--quick", *args])
+        assert result.exit_code == 1 and "stop here" in result.output, result.output
+        assert (seen[-1]["batch_handlers"], seen[-1]["recovery"]) == expected
+
+
 def test_quick_run_writes_the_plot_and_renders_tables(
         quick_run: tuple[dict[str, Any], Path | None]) -> None:
     """--plot writes a PNG; the rich tables render from the JSON result."""
@@ -118,7 +178,9 @@ def test_quick_run_writes_the_plot_and_renders_tables(
     console = Console(record=True, width=120)
     render(result, console)
     text = console.export_text()
-    for needle in ("raw naive safety loop", "consume dedup on", "p99", "PASS" if any(
+    for needle in ("raw naive safety loop", "consume dedup on", "p99", "batch handlers",
+                   "raw redis-py loop", "handle_batch", "recovery", "one at a time",
+                   "PASS" if any(
             g["pass"] for g in result["goals"]) else "MISS"):
         assert needle in text
 
@@ -134,7 +196,7 @@ def test_register_adds_bench_to_a_cli_group() -> None:
     result = CliRunner().invoke(group, ["bench", "--help"])
     assert result.exit_code == 0, result.output
     for option in ("--json", "--plot", "--repeats", "--jobs", "--quick", "--peers",
-                   "--peers-jobs"):
+                   "--peers-jobs", "--no-batch-handlers", "--no-recovery"):
         assert option in result.output
 
 

@@ -87,6 +87,9 @@ def test_quick_scaling_run_measures_every_section_at_every_size(
     for row in result["trimmer"]:
         assert row["trimmed"] == row["entries"] - 1  # MINID keeps the last entry read
         assert row["step_ms"] > 0
+        # one step is bounded calls: none removes more than the chunk
+        assert row["calls"] >= 1 and row["trimmed"] <= row["calls"] * row["chunk"]
+        assert 0 < row["longest_call_ms"] <= row["step_ms"]
     assert result["ops"]["status"] in ("ran", "absent")
 
 

@@ -10,10 +10,14 @@ import time
 from typing import Any
 
 import redis
+import redis.asyncio as aioredis
 
 from streamwork import Producer
+from streamwork._redis import scripts
+from streamwork._redis.scripts import AsyncScripts
 from streamwork._wire.keys import StreamKeys
 from streamwork._worker.consumer import Consumer
+from streamwork._worker.loops.trimming import trim_stream
 from streamwork._worker.loops.upkeep import upkeep_once
 from streamwork.testing import Ledger, await_for
 from tests.workers.ledger import LedgerWorker
@@ -149,3 +153,90 @@ async def test_reaper_removes_only_idle_consumers_that_own_nothing(
     _, reaped = await _upkeep(redis_url, name="me", consumer_idle_timeout=1.0, retention=None)
     assert reaped == 1
     assert set(idle_ms()) == {"me", "fresh-empty"}
+
+
+class _Recording(AsyncScripts):
+    """The scripts, keeping every trim.lua reply (entries trimmed, more left)."""
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(client)
+        self.replies: list[tuple[int, int]] = []
+
+    async def run(self, call: scripts.Call, client: Any = None) -> Any:
+        reply = await super().run(call, client)
+        if call.script == "trim":
+            self.replies.append((int(reply[0]), int(reply[1])))
+        return reply
+
+
+def _old_stream(r: redis.Redis, n: int) -> list[bytes]:
+    """``n`` entries an hour old, then 10 new ones; a group that read everything and left
+    entry 15,050 pending, and one whose last read is entry 22,000: the safe MINID is
+    entry 15,050, inside a stream node (nodes hold 100 entries)."""
+    old_ms = int((time.time() - 3600) * 1000)
+    pipe = r.pipeline(transaction=False)
+    for i in range(n):
+        pipe.xadd(STREAM, {"d": b"x"}, id=f"{old_ms + i // 10}-{i % 10}")
+    for _ in range(10):
+        pipe.xadd(STREAM, {"d": b"x"})
+    ids: list[bytes] = pipe.execute()
+    r.xgroup_create(STREAM, GROUP, id="0")
+    r.xreadgroup(GROUP, "c1", {STREAM: ">"})
+    r.xack(STREAM, GROUP, *(eid for eid in ids if eid != ids[15_050]))
+    r.xgroup_create(STREAM, OTHER, id=ids[22_000])
+    return ids
+
+
+async def test_a_large_trim_is_done_in_bounded_calls_with_the_same_result(
+        r: redis.Redis, redis_url: str) -> None:
+    """A stream with 15,050 trimmable entries is trimmed in calls of at most the chunk
+    (1,000 here), each one short, and ends as one exact XTRIM to the safe MINID would leave
+    it: everything from the oldest pending entry on, and nothing older; the next step has
+    nothing left to do."""
+    ids = _old_stream(r, 25_000)
+    client = aioredis.Redis.from_url(redis_url)
+    registry = _Recording(client)
+    try:
+        trimmed = await trim_stream(registry, STREAM, int((time.time() - 60) * 1000),
+                                    chunk=1000)
+        assert trimmed == 15_050
+        assert _ids(r) == ids[15_050:], "not what one exact XTRIM to the safe MINID leaves"
+        assert len(registry.replies) >= 16, registry.replies
+        assert max(n for n, _ in registry.replies) <= 1000, registry.replies
+        assert registry.replies[-1][1] == 0 and all(m for _, m in registry.replies[:-1])
+        registry.replies.clear()
+        assert await trim_stream(registry, STREAM, int(time.time() * 1000), chunk=1000) == 0
+        assert registry.replies == [(0, 0)]
+    finally:
+        await client.aclose()
+    # the upkeep loop's own step (default chunk) agrees once the entry is acknowledged
+    r.xack(STREAM, GROUP, ids[15_050])
+    r.xgroup_setid(STREAM, OTHER, id="$")
+    trimmed, _ = await _upkeep(redis_url, retention=60.0)
+    assert trimmed == 25_000 - 15_050
+    assert _ids(r) == ids[-10:]
+
+
+async def test_trim_stays_bounded_when_stream_nodes_are_bigger_than_the_chunk(
+        r: redis.Redis, redis_url: str) -> None:
+    """With stream nodes of 5,000 entries (stream-node-max-entries) no node fits in a chunk
+    of 1,000, so whole-node trimming cannot start: each call still removes at most the
+    chunk, exactly, and the end is the same."""
+    old = r.config_get("stream-node-max-*")
+    r.config_set("stream-node-max-entries", 5000)
+    r.config_set("stream-node-max-bytes", 0)  # no byte bound: 5,000 entries a node
+    try:
+        ids = _old_stream(r, 25_000)
+    finally:
+        for name, value in old.items():
+            r.config_set(name, value)
+    client = aioredis.Redis.from_url(redis_url)
+    registry = _Recording(client)
+    try:
+        trimmed = await trim_stream(registry, STREAM, int((time.time() - 60) * 1000),
+                                    chunk=1000)
+    finally:
+        await client.aclose()
+    assert trimmed == 15_050
+    assert _ids(r) == ids[15_050:]
+    assert [n for n, _ in registry.replies] == [1000] * 15 + [50], registry.replies

@@ -1,5 +1,6 @@
 """Section 5 (Redis memory per done record, pending entry and dead letter) and section 6
-(the retention trimmer's step on a long stream: its time, and the longest Redis block)."""
+(the retention trimmer's step on a long stream: its time, its bounded calls, and the longest
+Redis block)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from benchmarks.scaling.sizes import BATCH_SIZE, CONCURRENCY, ScalingSizes
 from benchmarks.workers import DeadLetterWorker
 from streamwork._redis import scripts
 from streamwork._wire.keys import StreamKeys
+from streamwork._worker.loops.trimming import MAX_TRIM_CALLS, TRIM_CHUNK
 
 #: SLOWLOG threshold of the trimmer run (microseconds): every command longer is logged
 SLOWLOG_US = 100
@@ -101,20 +103,30 @@ def memory(h: Harness, sizes: ScalingSizes, say: Callable[[str], None]) -> dict[
 
 def trim_once(h: Harness, entries: int) -> dict[str, Any]:
     """A stream of ``entries`` jobs, all read and acknowledged, then one step of the
-    trimmer (trim.lua, as the upkeep loop runs it) with a cutoff after the last one."""
+    trimmer as the upkeep loop runs it (trim.lua in calls of at most ``TRIM_CHUNK``
+    entries, until it says nothing is left) with a cutoff after the last one: the step's
+    wall time, its calls, the longest call, and the longest command in SLOWLOG."""
     stream = h.fresh_stream("trim")
     prefill(h, stream, entries)  # the group starts at the end: every entry is done with
     used0 = int(h.r.info("memory")["used_memory"])
     old: dict[Any, Any] = dict(h.r.config_get("slowlog-*"))
     h.r.config_set("slowlog-log-slower-than", SLOWLOG_US)
     h.r.config_set("slowlog-max-len", 1024)
-    h.r.slowlog_reset()
     registry = scripts.SyncScripts(h.r)
-    registry.run(scripts.trim("absent-stream", 0))  # load the script outside the timing
+    registry.run(scripts.trim("absent-stream", 0, TRIM_CHUNK))  # load it outside the timing
     h.r.slowlog_reset()
+    cutoff = int(time.time() * 1000) + 1000
+    calls: list[float] = []
+    trimmed = 0
     span = Span(h.r)
     span.start()
-    trimmed = int(registry.run(scripts.trim(stream, int(time.time() * 1000) + 1000)))
+    for _ in range(MAX_TRIM_CALLS):  # the loop of trimming.trim_stream, each call timed
+        t = time.perf_counter()
+        removed, more = registry.run(scripts.trim(stream, cutoff, TRIM_CHUNK))
+        calls.append(time.perf_counter() - t)
+        trimmed += int(removed)
+        if not int(more):
+            break
     run = span.stop(trimmed)
     log = h.r.slowlog_get(1024)
     for key, value in old.items():
@@ -122,6 +134,8 @@ def trim_once(h: Harness, entries: int) -> dict[str, Any]:
     longest = max(log, key=lambda e: int(e["duration"])) if log else None
     return {
         "entries": entries, "trimmed": trimmed, "step_ms": round(run.seconds * 1000, 2),
+        "calls": len(calls), "chunk": TRIM_CHUNK,
+        "longest_call_ms": round(max(calls) * 1000, 2),
         "longest_block_ms": round(int(longest["duration"]) / 1000, 2) if longest else 0.0,
         "longest_command": (longest["command"][:60].decode(errors="replace")
                             if longest else ""),
@@ -135,7 +149,8 @@ def trimmer(h: Harness, sizes: ScalingSizes, say: Callable[[str], None]
     rows = []
     for entries in sizes.trim_sizes:
         row = trim_once(h, entries)
-        say(f"trim {entries:,} entries: step {row['step_ms']} ms, longest Redis block "
+        say(f"trim {entries:,} entries: step {row['step_ms']} ms in {row['calls']} calls, "
+            f"longest call {row['longest_call_ms']} ms, longest Redis block "
             f"{row['longest_block_ms']} ms ({row['longest_command'][:30]})")
         rows.append(row)
     return rows

@@ -181,9 +181,10 @@ def promote(pairs: list[tuple[str, str]], count: int) -> Call:
     return Call("promote", [key for pair in pairs for key in pair], [count])
 
 
-def trim(stream: str, cutoff_ms: int) -> Call:
-    """trim.lua: drop entries every group acknowledged, older than the cutoff."""
-    return Call("trim", [stream], [cutoff_ms])
+def trim(stream: str, cutoff_ms: int, limit: int) -> Call:
+    """trim.lua: drop entries every group acknowledged, older than the cutoff, at most
+    ``limit`` a call; the reply is (entries trimmed, 1 if more may be left else 0)."""
+    return Call("trim", [stream], [cutoff_ms, limit])
 
 
 def reap(stream: str, group: str, idle_ms: int, keep: str) -> Call:

@@ -2,8 +2,8 @@
 their own module, gauges.py).
 
 * promote - moves due retries and delayed jobs from ``{S}:delayed`` onto the stream;
-* upkeep  - trims acknowledged entries older than ``retention`` (never a pending or
-  unread one) and removes idle consumers that own nothing.
+* upkeep  - trims acknowledged entries older than ``retention`` in bounded calls (never a
+  pending or unread one) and removes idle consumers that own nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from streamwork._redis import scripts
 from streamwork._telemetry.logs import WORKER_LOGGER
 from streamwork._worker.context import Context
 from streamwork._worker.loops.reclaim import jitter
+from streamwork._worker.loops.trimming import trim_stream
 
 log = logging.getLogger(WORKER_LOGGER)
 
@@ -55,8 +56,8 @@ async def upkeep_once(ctx: Context) -> tuple[int, int]:
     trimmed = reaped = 0
     for stream in (ctx.keys.stream, ctx.gkeys.retry):
         if cfg.retention is not None:
-            cutoff = int((time.time() - cfg.retention) * 1000)
-            trimmed += await ctx.scripts.run(scripts.trim(stream, max(cutoff, 0)))
+            trimmed += await trim_stream(ctx.scripts, stream,
+                                         int((time.time() - cfg.retention) * 1000))
         reaped += await ctx.scripts.run(scripts.reap(
             stream, cfg.group, round(cfg.consumer_idle_timeout * 1000), ctx.name))
     if trimmed or reaped:
