@@ -49,8 +49,9 @@ async def reclaim_once(ctx: Context, h: Holdings, admit: Admit,
         if not idle:
             continue
         first, mine = _first_deliveries(idle, cfg.max_deliveries, ctx.name)
-        if first and not mine:  # a batch, up to the room left
-            room = max(1, cfg.concurrency + cfg.batch_size - h.held())
+        if first and not mine:  # a batch: the room left, and at least one batch_size (what
+            # others left is older than anything new; the reader waits meanwhile)
+            room = max(cfg.batch_size, cfg.concurrency + cfg.batch_size - h.held())
             await _take(ctx, h, admit, stream, src, first[:room])
             continue
         h.isolating = True
