@@ -60,10 +60,17 @@ def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``, fit to show on a page."""
+    """``url`` with its passwords (if any: in the user part, or a sentinel URL's
+    ``sentinel_password``) replaced by ``***``, fit to show on a page."""
     parts = urlsplit(url)
-    if parts.password is None:
+    if parts.password is None and "password=" not in parts.query:
         return url
+    if "password=" in parts.query:
+        query = "&".join(f"{k}=***" if k.endswith("password") else f"{k}={v}"
+                         for k, _, v in (item.partition("=") for item in parts.query.split("&")))
+        parts = parts._replace(query=query)
+    if parts.password is None:
+        return urlunsplit(parts)
     user = parts.username or ""
     host = parts.netloc.rpartition("@")[2]
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
