@@ -212,7 +212,8 @@ def test_producer_and_two_workers_run_through_the_sentinel_url(
                 batch = [f"job-{len(keys) + i}" for i in range(10)]
                 producer.send_many(STREAM, [{"k": k} for k in batch], batch)
                 keys += batch
-                wait_for(lambda: primary.hlen(LEDGER) >= len(keys) or any(
+                want = len(keys)
+                wait_for(lambda want=want: primary.hlen(LEDGER) >= want or any(
                     p.poll() is not None for p in procs), 45, 0.02,
                     message=f"{len(keys)} jobs applied")
                 assert all(p.poll() is None for p in procs), \

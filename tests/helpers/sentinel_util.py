@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import redis
 
@@ -161,18 +160,3 @@ def local_sentinels(server_args: list[str] | None = None,
                 s.end()
         for server in made:
             server.close()
-
-
-def sentinel_available() -> bool:
-    """True when the server binary runs in sentinel mode (Valkey and Redis both do)."""
-    try:
-        binary = find_server_binary()
-    except Exception:
-        return False
-    done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10,
-                          check=False)
-    return done.returncode == 0
-
-
-def info_field(client: Any, section: str, name: str) -> Any:
-    return client.info(section).get(name)
