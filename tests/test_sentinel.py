@@ -30,6 +30,7 @@ import json
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ from streamwork._dashboard.data import redact_url
 from streamwork._redis import connection
 from streamwork._redis.faults import Fault, classify
 from streamwork._redis.sentinel import SentinelUrl, parse
+from streamwork._redis.server import free_port
 from streamwork._wire.codec import BODY_FIELD, decode_body
 from streamwork._wire.keys import StreamKeys
 from streamwork.testing import stream_idle, wait_for
@@ -198,11 +200,16 @@ def test_producer_and_two_workers_run_through_the_sentinel_url(
         sentinels: LocalSentinels, spawn_worker: Callable[..., subprocess.Popen[bytes]],
         tmp_path: Path) -> None:
     """Jobs sent through the sentinel URL are each applied once by two `streamwork run`
-    workers given the same URL (one by --url, one by $REDIS_URL)."""
+    workers given the same URL (one by --url, one by $REDIS_URL); the first one's
+    readiness probe says ready."""
     logs = [tmp_path / f"worker{i}.log" for i in range(2)]
+    health = free_port()
     with logs[0].open("wb") as out0, logs[1].open("wb") as out1:
-        procs = [spawn_worker(TARGET, sentinels.url, stdout=out0),
+        procs = [spawn_worker(TARGET, sentinels.url, "--health-port", str(health),
+                              stdout=out0),
                  spawn_worker(TARGET, "", stdout=out1, env={"REDIS_URL": sentinels.url})]
+        wait_for(lambda: _ready(health) or procs[0].poll() is not None, 45, 0.1,
+                 message="the worker's /readyz to answer 200")
         keys: list[str] = []
         deadline = time.monotonic() + 45
         with sw.Producer.from_url(sentinels.url) as producer, \
@@ -222,6 +229,14 @@ def test_producer_and_two_workers_run_through_the_sentinel_url(
             consumers = _consumers(primary)
     assert counts == dict.fromkeys(keys, 1)
     assert consumers == 2, "both workers (--url and $REDIS_URL) read jobs"
+
+
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as reply:
+            return bool(reply.status == 200 and json.load(reply))
+    except OSError:
+        return False
 
 
 def _consumers(client: redis.Redis) -> int:
