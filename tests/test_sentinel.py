@@ -18,7 +18,8 @@ effect twice; the told-stored jobs that did not survive are the measured loss, p
 * ``sentinel-failover-min-replicas``: the same with ``min-replicas-to-write 2`` on every
   data node: once the promoted replica detaches, the old primary refuses writes
   (``NOREPLICAS``, transient: the producer retries and reaches the new primary), so the
-  loss falls to next to nothing (at most a handful of sends; 0 in our runs).
+  loss falls to next to nothing: what was in flight to the replica as it was promoted
+  (at most a handful of sends; 0 or 1 in our runs).
 
 Run with ``pytest -s tests/test_sentinel.py`` to see the figures.
 """
@@ -42,11 +43,11 @@ from click.testing import CliRunner
 
 import streamwork as sw
 from streamwork._cli.main import main
-from streamwork._dashboard.data import redact_url
 from streamwork._redis import connection
 from streamwork._redis.faults import Fault, classify
 from streamwork._redis.sentinel import SentinelUrl, parse
 from streamwork._redis.server import free_port
+from streamwork._text import redact_url
 from streamwork._wire.codec import BODY_FIELD, decode_body
 from streamwork._wire.keys import StreamKeys
 from streamwork.testing import stream_idle, wait_for

@@ -17,12 +17,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
-from urllib.parse import urlsplit, urlunsplit
 
 from streamwork._ops import deadletter, partitioned, stats
 from streamwork._ops.replies import id_order
 from streamwork._ops.stats import StreamStats
 from streamwork._producer.shells import Producer
+from streamwork._text import redact_url
 from streamwork._wire.partitions import partition_names
 from streamwork._wire.records import JobStatus
 from streamwork.errors import ConfigError, StreamworkError
@@ -57,23 +57,6 @@ def clip(text: str, limit: int = PREVIEW_CHARS) -> str:
 def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:
     """A size-capped ``repr`` of a decoded payload or result."""
     return clip(repr(value), limit)
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its passwords (if any: in the user part, or a sentinel URL's
-    ``sentinel_password``) replaced by ``***``, fit to show on a page."""
-    parts = urlsplit(url)
-    if parts.password is None and "password=" not in parts.query:
-        return url
-    if "password=" in parts.query:
-        query = "&".join(f"{k}=***" if k.endswith("password") else f"{k}={v}"
-                         for k, _, v in (item.partition("=") for item in parts.query.split("&")))
-        parts = parts._replace(query=query)
-    if parts.password is None:
-        return urlunsplit(parts)
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def _recorded_partitions(client: Any, base: str) -> int:
