@@ -305,6 +305,48 @@ def test_redlock_masters_and_lock_urls_take_sentinel_urls(sentinels: LocalSentin
     assert worker.config.lock_urls == (sentinels.url,)
 
 
+def test_passwords_in_the_sentinel_url() -> None:
+    """The password before ``@`` reaches the primary, ``sentinel_password`` the sentinels
+    (sync and asyncio clients, the CLI). A missing or wrong sentinel password is a
+    ConfigError naming ``sentinel_password``; a missing primary password a fatal
+    AuthenticationError: neither is waited out like an outage. Error lines hide both."""
+    try:
+        cm = local_sentinels(password="data-pw", sentinel_password="sentinel-pw")
+        deployment = cm.__enter__()
+    except sw.StreamworkError as exc:
+        pytest.skip(f"no server binary: {exc}")
+    try:
+        url = deployment.url
+        assert ":data-pw@" in url and url.endswith("?sentinel_password=sentinel-pw")
+        with sw.Producer.from_url(url) as producer:
+            producer.send("pw-jobs", {"n": 1}, key="k1")
+
+        async def go() -> None:
+            async with sw.AsyncProducer.from_url(url) as aproducer:
+                await aproducer.send("pw-jobs", {"n": 2}, key="k2")
+        asyncio.run(go())
+        with deployment.direct(deployment.primary.port) as primary:
+            assert primary.xlen("pw-jobs") == 2
+        listed = CliRunner().invoke(main, ["inspect", "--url", url])
+        assert listed.exit_code == 0 and "pw-jobs" in listed.output, listed.output
+
+        for bad in (url.split("?")[0], url.replace("sentinel-pw", "wrong")):
+            with sw.Producer.from_url(bad, retry_timeout=30) as producer, \
+                    pytest.raises(sw.ConfigError, match="refused the credentials"
+                                  r".*check sentinel_password"):
+                producer.send("pw-jobs", {"n": 3})
+        no_password = url.replace(":data-pw@", "")
+        with sw.Producer.from_url(no_password, retry_timeout=30) as producer, \
+                pytest.raises(redis.AuthenticationError) as refused:
+            producer.send("pw-jobs", {"n": 4})
+        assert classify(refused.value) is Fault.FATAL
+        wrong = url.replace("data-pw", "nope").replace("sentinel-pw", "nope")
+        failed = CliRunner().invoke(main, ["inspect", "--url", wrong])
+        assert failed.exit_code == 1 and "nope" not in failed.output, failed.output
+    finally:
+        cm.__exit__(None, None, None)
+
+
 # --- a failover mid-run ----------------------------------------------------------------------
 
 RATE = 400.0  #: jobs per second the producer aims at

@@ -26,8 +26,12 @@ from urllib.parse import parse_qsl, unquote
 
 import redis
 import redis.asyncio
+import redis.asyncio.retry
 import redis.asyncio.sentinel
+import redis.exceptions
+import redis.retry
 import redis.sentinel
+from redis.backoff import NoBackoff
 
 from streamwork.errors import ConfigError
 
@@ -67,7 +71,9 @@ class SentinelUrl:
         return options
 
     def sentinel_options(self, base: dict[str, Any]) -> dict[str, Any]:
-        """Connection options of the sentinels' connections: ``base``'s socket options."""
+        """Connection options of the sentinels' connections: ``base``'s socket options.
+        (The clients add no retries: a sentinel that does not answer is skipped for the
+        next one, and the caller's backoff covers the rest.)"""
         options = {k: v for k, v in base.items() if k.startswith("socket_")}
         if self.sentinel_username is not None:
             options["username"] = self.sentinel_username
@@ -141,32 +147,53 @@ def parse(url: str) -> SentinelUrl:
     )
 
 
-def _unknown_service(spec: SentinelUrl, answers: list[Any]) -> ConfigError:
-    known = sorted({str(name) for masters in answers for name in masters})
+#: what a sentinel answers to missing or wrong credentials
+_REFUSED: Final = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError,
+                   redis.exceptions.NoPermissionError)
+
+
+def _misconfigured(spec: SentinelUrl, service: str,
+                   answers: list[Any]) -> ConfigError | None:
+    """After "no master": the URL's fault, if the sentinels' answers (their masters, or the
+    error each raised) show one - credentials they refuse, or a service none of them
+    monitors - rather than an outage to wait out (a primary down, no sentinel reachable)."""
     where = ", ".join(f"{h}:{p}" for h, p in spec.sentinels)
+    for answer in answers:
+        if isinstance(answer, _REFUSED) or (
+                isinstance(answer, redis.exceptions.ResponseError)
+                and str(answer).startswith(("NOAUTH", "WRONGPASS"))):
+            return ConfigError("url", f"the sentinels at {where} refused the credentials "
+                                      f"({type(answer).__name__}: {answer}); check "
+                                      "sentinel_password (and sentinel_username) in the URL")
+    if any(isinstance(answer, BaseException) for answer in answers):
+        return None
+    if any(service in masters for masters in answers):
+        return None
+    known = sorted({str(name) for masters in answers for name in masters})
     return ConfigError("url", f"no sentinel at {where} monitors a service named "
-                              f"{spec.service!r} (they monitor: {', '.join(known) or 'nothing'});"
+                              f"{service!r} (they monitor: {', '.join(known) or 'nothing'});"
                               " check the service name in the URL")
 
 
 class _SyncSentinel(redis.sentinel.Sentinel):
-    """redis-py's Sentinel; "no master" becomes a ConfigError when every sentinel answered
-    and none monitors the service (a typo, not an outage to wait out)."""
+    """redis-py's Sentinel; "no master" becomes a ConfigError when the sentinels show the
+    URL is at fault (`_misconfigured`): a typo is not an outage to wait out."""
 
     spec: SentinelUrl
 
     def discover_master(self, service_name: str) -> Any:
         try:
             return super().discover_master(service_name)  # type: ignore[no-untyped-call]
-        except redis.sentinel.MasterNotFoundError as missing:
-            answers = []
+        except redis.sentinel.MasterNotFoundError:
+            answers: list[Any] = []
             for node in self.sentinels:
                 try:
                     answers.append(node.sentinel_masters())
-                except redis.RedisError:  # not every sentinel answered: "no master" stands
-                    raise missing from None
-            if not any(service_name in masters for masters in answers):
-                raise _unknown_service(self.spec, answers) from None
+                except redis.RedisError as exc:
+                    answers.append(exc)
+            fault = _misconfigured(self.spec, service_name, answers)
+            if fault is not None:
+                raise fault from None
             raise
 
 
@@ -178,15 +205,16 @@ class _AsyncSentinel(redis.asyncio.sentinel.Sentinel):
     async def discover_master(self, service_name: str) -> Any:
         try:
             return await super().discover_master(service_name)
-        except redis.asyncio.sentinel.MasterNotFoundError as missing:
-            answers = []
+        except redis.asyncio.sentinel.MasterNotFoundError:
+            answers: list[Any] = []
             for node in self.sentinels:
                 try:
                     answers.append(await node.sentinel_masters())
-                except redis.RedisError:
-                    raise missing from None
-            if not any(service_name in masters for masters in answers):
-                raise _unknown_service(self.spec, answers) from None
+                except redis.RedisError as exc:
+                    answers.append(exc)
+            fault = _misconfigured(self.spec, service_name, answers)
+            if fault is not None:
+                raise fault from None
             raise
 
 
@@ -218,8 +246,10 @@ def sync_client(url: str, **options: Any) -> SentinelRedis:
     """A sync client of the service's current primary; ``options`` as for ``redis.Redis``
     (the ``socket_*`` ones apply to the sentinels too)."""
     spec = parse(url)
+    sentinel_options = spec.sentinel_options(options)
+    sentinel_options["retry"] = redis.retry.Retry(NoBackoff(), 0)
     manager = _SyncSentinel(  # type: ignore[no-untyped-call]
-        list(spec.sentinels), sentinel_kwargs=spec.sentinel_options(options),
+        list(spec.sentinels), sentinel_kwargs=sentinel_options,
         **options, **spec.primary_options())
     manager.spec = spec
     client: SentinelRedis = manager.master_for(  # type: ignore[no-untyped-call]
@@ -231,6 +261,7 @@ def async_client(url: str, **options: Any) -> AsyncSentinelRedis:
     """An asyncio client of the service's current primary; see `sync_client`."""
     spec = parse(url)
     sentinel_options = spec.sentinel_options(options)
+    sentinel_options["retry"] = redis.asyncio.retry.Retry(NoBackoff(), 0)
     if "maint_notifications_config" in options:
         sentinel_options["maint_notifications_config"] = options["maint_notifications_config"]
     manager = _AsyncSentinel(  # type: ignore[no-untyped-call]

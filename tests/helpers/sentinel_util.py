@@ -29,11 +29,12 @@ class Sentinel:
 
     port: int
     directory: Path
+    password: str | None = None  #: the sentinel's requirepass
     proc: subprocess.Popen[bytes] | None = None
 
     def client(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5,
-                           decode_responses=True)
+                           password=self.password, decode_responses=True)
 
     def log(self) -> str:
         path = self.directory / "sentinel.log"
@@ -54,11 +55,21 @@ class LocalSentinels:
     primary: RedisServer
     replicas: list[RedisServer]
     sentinels: list[Sentinel] = field(default_factory=list)
+    password: str | None = None  #: the data nodes' requirepass
 
     @property
     def url(self) -> str:
+        """The sentinel URL, with the passwords when the deployment has them."""
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
-        return f"redis+sentinel://{hosts}/{SERVICE}"
+        auth = f":{self.password}@" if self.password else ""
+        spw = self.sentinels[0].password if self.sentinels else None
+        query = f"?sentinel_password={spw}" if spw else ""
+        return f"redis+sentinel://{auth}{hosts}/{SERVICE}{query}"
+
+    def direct(self, port: int) -> redis.Redis:
+        """A plain client of the data node on ``port``."""
+        return redis.Redis(host="127.0.0.1", port=port, socket_timeout=10,
+                           password=self.password)
 
     @property
     def servers(self) -> dict[int, RedisServer]:
@@ -79,8 +90,11 @@ class LocalSentinels:
         return "\n".join(f"--- sentinel {s.port}:\n{s.log()}" for s in self.sentinels)
 
 
-def _sentinel_conf(port: int, primary: int, directory: Path) -> str:
-    return (f"port {port}\nbind 127.0.0.1\ndaemonize no\ndir {directory}\n"
+def _sentinel_conf(port: int, primary: int, directory: Path, password: str | None,
+                   sentinel_password: str | None) -> str:
+    auth = f"sentinel auth-pass {SERVICE} {password}\n" if password else ""
+    auth += f"requirepass {sentinel_password}\n" if sentinel_password else ""
+    return (f"port {port}\nbind 127.0.0.1\ndaemonize no\ndir {directory}\n{auth}"
             f"logfile {directory / 'sentinel.log'}\n"
             f"sentinel monitor {SERVICE} 127.0.0.1 {primary} 2\n"
             f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
@@ -105,20 +119,22 @@ def _not_ready(deployment: LocalSentinels) -> str | None:
     return None
 
 
-def _replicas_linked(primary: RedisServer) -> bool:
-    with redis.Redis(host="127.0.0.1", port=primary.port, socket_timeout=5) as c:
+def _replicas_linked(deployment: LocalSentinels) -> bool:
+    with deployment.direct(deployment.primary.port) as c:
         info = c.info("replication")
     return int(info.get("connected_slaves", 0)) == 2 and all(
         info[f"slave{i}"]["state"] == "online" for i in range(2))
 
 
 @contextmanager
-def local_sentinels(server_args: list[str] | None = None,
-                    timeout: float = 45.0) -> Iterator[LocalSentinels]:
+def local_sentinels(server_args: list[str] | None = None, timeout: float = 45.0, *,
+                    password: str | None = None,
+                    sentinel_password: str | None = None) -> Iterator[LocalSentinels]:
     """Start the deployment, wait until the sentinels see each other and both replicas,
     yield it; end every process by its pid afterwards. ``server_args``: extra arguments of
-    the three data nodes (e.g. ``--min-replicas-to-write 1``)."""
-    extra = list(server_args or [])
+    the three data nodes (e.g. ``--min-replicas-to-write 1``); ``password``: their
+    requirepass (set once each answers PING); ``sentinel_password``: the sentinels'."""
+    extra = list(server_args or []) + (["--masterauth", password] if password else [])
     made: list[RedisServer] = []
     deployment: LocalSentinels | None = None
     root = Path(tempfile.mkdtemp(prefix="streamwork-sentinels-"))
@@ -128,16 +144,22 @@ def local_sentinels(server_args: list[str] | None = None,
         for _ in range(2):
             made.append(RedisServer(extra_args=[*extra, "--replicaof", "127.0.0.1",
                                                 str(primary.port)]).start())
-        deployment = LocalSentinels(primary, made[1:])
-        wait_for(lambda: _replicas_linked(primary), timeout, 0.05, message="replicas online")
+        if password:
+            for server in made:
+                with redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=5) as c:
+                    c.config_set("requirepass", password)
+        deployment = LocalSentinels(primary, made[1:], password=password)
+        wait_for(lambda: _replicas_linked(deployment), timeout, 0.05,
+                 message="replicas online")
         binary = find_server_binary()
         for i in range(3):
             port = free_port()
             directory = root / f"sentinel{i}"
             directory.mkdir()
             conf = directory / "sentinel.conf"
-            conf.write_text(_sentinel_conf(port, primary.port, directory))
-            sentinel = Sentinel(port, directory)
+            conf.write_text(_sentinel_conf(port, primary.port, directory, password,
+                                           sentinel_password))
+            sentinel = Sentinel(port, directory, sentinel_password)
             sentinel.proc = subprocess.Popen([binary, str(conf), "--sentinel"],
                                              stdin=subprocess.DEVNULL,
                                              stdout=subprocess.DEVNULL,
