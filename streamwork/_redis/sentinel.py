@@ -15,7 +15,8 @@ Syntax (``rediss+sentinel://`` for TLS to the sentinels and the primary)::
 
 The user and password are the primary's (and its replicas'); ``sentinel_password`` /
 ``sentinel_username`` those of the sentinels, when they ask for one. A port left out is
-26379. A service no answering sentinel monitors is a `ConfigError`, not an outage.
+26379. A service no answering sentinel monitors, or sentinels refusing the credentials, is a
+`ConfigError` (fatal), not an outage to wait out.
 """
 
 from __future__ import annotations
@@ -250,7 +251,7 @@ def sync_client(url: str, **options: Any) -> SentinelRedis:
     sentinel_options["retry"] = redis.retry.Retry(NoBackoff(), 0)
     manager = _SyncSentinel(  # type: ignore[no-untyped-call]
         list(spec.sentinels), sentinel_kwargs=sentinel_options,
-        **options, **spec.primary_options())
+        **{**options, **spec.primary_options()})
     manager.spec = spec
     client: SentinelRedis = manager.master_for(  # type: ignore[no-untyped-call]
         spec.service, redis_class=SentinelRedis)
@@ -266,7 +267,7 @@ def async_client(url: str, **options: Any) -> AsyncSentinelRedis:
         sentinel_options["maint_notifications_config"] = options["maint_notifications_config"]
     manager = _AsyncSentinel(  # type: ignore[no-untyped-call]
         list(spec.sentinels), sentinel_kwargs=sentinel_options,
-        **options, **spec.primary_options())
+        **{**options, **spec.primary_options()})
     manager.spec = spec
     client: AsyncSentinelRedis = manager.master_for(spec.service,
                                                     redis_class=AsyncSentinelRedis)
