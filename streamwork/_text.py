@@ -1,4 +1,5 @@
-"""Text about what user code raised, safe to log and to store in Redis.
+"""Text about what user code raised, safe to log and to store in Redis; URLs without their
+passwords, safe to show.
 
 A worker calls user code in many places (handlers, payload validators, ``concurrency_key``,
 hooks) and records what it raised in dead letters and job records. That text must never
@@ -9,6 +10,7 @@ surrogates (a file name decoded with ``surrogateescape``), which UTF-8 cannot en
 from __future__ import annotations
 
 import traceback
+from urllib.parse import urlsplit, urlunsplit
 
 
 def text(value: object) -> str:
@@ -43,3 +45,23 @@ def error_detail(exc: BaseException, limit: int) -> str:
     except Exception:  # a broken exception object; its type and message must do
         trace = ""
     return utf8(f"{text(exc)}\n{trace}")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its passwords (if any: in the user part, or a sentinel URL's
+    ``sentinel_password``) replaced by ``***``, fit to show on a page or in a message."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # not a URL urllib can take apart: show no more than its scheme
+        return url.partition("://")[0] + "://***"
+    if parts.password is None and "password=" not in parts.query:
+        return url
+    if "password=" in parts.query:
+        query = "&".join(f"{k}=***" if k.endswith("password") else f"{k}={v}"
+                         for k, _, v in (item.partition("=") for item in parts.query.split("&")))
+        parts = parts._replace(query=query)
+    if parts.password is None:
+        return urlunsplit(parts)
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))

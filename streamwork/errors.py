@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamwork._text import describe
+from streamwork._text import describe, redact_url
 
 __all__ = [
     "BenchError",
@@ -76,8 +76,8 @@ class RedisUnavailable(StreamworkError):
         self.url = url
         detail = f" ({type(cause).__name__}: {cause})" if cause else ""
         super().__init__(
-            f"{what}: Redis at {url} is unavailable{detail}. Check that the server runs, has "
-            "memory to spare and takes writes (not a replica), and that "
+            f"{what}: Redis at {redact_url(url)} is unavailable{detail}. Check that the server "
+            "runs, has memory to spare and takes writes (not a replica), and that "
             "the URL is right (--url or $REDIS_URL), then try again."
         )
 

@@ -20,8 +20,20 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: environment variable read for ``--partitions`` when the option is not given
 PARTITIONS_ENV: Final = "STREAMWORK_PARTITIONS"
 
+def _check_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """The URL (or $REDIS_URL) checked before the command starts: a malformed one is a
+    usage error saying what to fix, not a traceback."""
+    try:
+        connection.resolve_url(value)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
 url_option = click.option(
-    "--url", default=None, help="Redis URL (default: $REDIS_URL, else redis://127.0.0.1:6379/0)."
+    "--url", default=None, callback=_check_url,
+    help="Redis URL (default: $REDIS_URL, else redis://127.0.0.1:6379/0; also "
+         "redis+cluster://host:port and redis+sentinel://host:port,.../service[/db]).",
 )
 
 

@@ -16,6 +16,7 @@ from rich.console import Console
 from streamwork._cli.common import check_recorded_partitions, chosen_partition, partition_streams
 from streamwork._ops import partitioned, stats
 from streamwork._ops.stats import StreamStats
+from streamwork._text import redact_url
 from streamwork.errors import RedisUnavailable, StreamworkError
 
 __all__ = ["View", "checked_view", "redis_errors", "sample_view", "wide_console"]
@@ -39,7 +40,8 @@ def redis_errors(url: str, what: str) -> Iterator[None]:
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise click.ClickException(str(RedisUnavailable(what, url, exc))) from None
     except redis.RedisError as exc:
-        raise click.ClickException(f"Redis at {url} answered with an error: {exc}") from None
+        raise click.ClickException(f"Redis at {redact_url(url)} answered with an error: "
+                                   f"{exc}") from None
 
 
 @dataclass(frozen=True, slots=True)

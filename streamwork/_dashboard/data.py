@@ -17,12 +17,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
-from urllib.parse import urlsplit, urlunsplit
 
 from streamwork._ops import deadletter, partitioned, stats
 from streamwork._ops.replies import id_order
 from streamwork._ops.stats import StreamStats
 from streamwork._producer.shells import Producer
+from streamwork._text import redact_url
 from streamwork._wire.partitions import partition_names
 from streamwork._wire.records import JobStatus
 from streamwork.errors import ConfigError, StreamworkError
@@ -57,16 +57,6 @@ def clip(text: str, limit: int = PREVIEW_CHARS) -> str:
 def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:
     """A size-capped ``repr`` of a decoded payload or result."""
     return clip(repr(value), limit)
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``, fit to show on a page."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def _recorded_partitions(client: Any, base: str) -> int:

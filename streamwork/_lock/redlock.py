@@ -73,7 +73,7 @@ from streamwork._lock.core import (
     seconds,
 )
 from streamwork._lock.held import AsyncHeldLock, AsyncRun, HeldLock
-from streamwork._redis import scripts
+from streamwork._redis import scripts, sentinel
 from streamwork._redis.replies import LockReply
 from streamwork.errors import ConfigError
 
@@ -98,7 +98,8 @@ _C = TypeVar("_C", redis.Redis, redis.asyncio.Redis)  #: the client kind of a Re
 
 def _check_masters(masters: object) -> list[object]:
     if isinstance(masters, (str, bytes)) or not isinstance(masters, Sequence):
-        raise ConfigError("masters", "must be a list of redis:// URLs or Redis clients")
+        raise ConfigError("masters", "must be a list of Redis URLs (redis://, rediss://, "
+                                     "unix://, redis+sentinel://) or Redis clients")
     urls = [m for m in masters if isinstance(m, str)]
     if len(set(urls)) != len(urls):
         raise ConfigError("masters", "lists the same URL twice; masters must be independent")
@@ -116,6 +117,14 @@ class _RedlockBase(Generic[_C]):
     def _no_retry(self) -> Any:
         """redis-py's retry policy that never retries, for this client kind."""
         raise NotImplementedError
+
+    def _from_url(self, url: str, options: dict[str, Any]) -> Any:
+        """A client of the master ``url`` names (a sentinel URL: its service's primary)."""
+        if sentinel.is_sentinel_url(url):
+            build = sentinel.sync_client if self._client_type is redis.Redis \
+                else sentinel.async_client
+            return build(url, **options)
+        return self._client_type.from_url(url, **options)
 
     def __init__(
         self,
@@ -136,12 +145,9 @@ class _RedlockBase(Generic[_C]):
         self._owned: list[_C] = []
         for master in checked:
             if isinstance(master, str):
-                client = self._client_type.from_url(
-                    master,
-                    socket_timeout=timeout,
-                    socket_connect_timeout=timeout,
-                    retry=self._no_retry(),
-                )
+                options = {"socket_timeout": timeout, "socket_connect_timeout": timeout,
+                           "retry": self._no_retry()}
+                client = self._from_url(master, options)
                 self._owned.append(client)
             elif isinstance(master, self._client_type):
                 client = master

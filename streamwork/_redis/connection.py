@@ -1,4 +1,5 @@
-"""Build redis-py clients from streamwork URLs: redis://, rediss://, unix://, redis+cluster://."""
+"""Build redis-py clients from streamwork URLs: redis://, rediss://, unix://, redis+cluster://,
+redis+sentinel:// and rediss+sentinel:// (see `streamwork._redis.sentinel`)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ import redis.cluster
 import tenacity
 from tenacity.wait import wait_base
 
+from streamwork._redis import sentinel
 from streamwork.errors import ConfigError
 
 DEFAULT_URL: Final = "redis://127.0.0.1:6379/0"
 SOCKET_TIMEOUT: Final = 10.0  #: seconds; must stay above the longest BLOCK we use
 CONNECT_TIMEOUT: Final = 2.0  #: seconds to open a connection before counting it a failure
-_SCHEMES: Final = ("redis://", "rediss://", "unix://", "redis+cluster://")
+_SCHEMES: Final = ("redis://", "rediss://", "unix://", "redis+cluster://", *sentinel.SCHEMES)
 
 
 def resolve_url(url: str | None) -> str:
@@ -25,6 +27,8 @@ def resolve_url(url: str | None) -> str:
     chosen = url or os.environ.get("REDIS_URL") or DEFAULT_URL
     if not chosen.startswith(_SCHEMES):
         raise ConfigError("url", f"{chosen!r} must start with one of {', '.join(_SCHEMES)}")
+    if sentinel.is_sentinel_url(chosen):
+        sentinel.parse(chosen)  # a malformed one fails here, with what to fix
     return chosen
 
 
@@ -73,7 +77,10 @@ def is_cluster_url(url: str) -> bool:
 
 
 def sync_client(url: str) -> Any:
-    """A thread-safe sync client (redis.Redis or redis.cluster.RedisCluster)."""
+    """A thread-safe sync client (redis.Redis or redis.cluster.RedisCluster; for a sentinel
+    URL a redis.Redis of the service's current primary)."""
+    if sentinel.is_sentinel_url(url):
+        return sentinel.sync_client(url, **_OPTIONS)
     if url.startswith("redis+cluster://"):
         return redis.cluster.RedisCluster.from_url(
             "redis://" + url[len("redis+cluster://"):], **_OPTIONS
@@ -82,7 +89,10 @@ def sync_client(url: str) -> Any:
 
 
 def async_client(url: str) -> Any:
-    """An asyncio client (redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster)."""
+    """An asyncio client (redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster; for a
+    sentinel URL a redis.asyncio.Redis of the service's current primary)."""
+    if sentinel.is_sentinel_url(url):
+        return sentinel.async_client(url, **_async_options())
     if url.startswith("redis+cluster://"):
         return redis.asyncio.cluster.RedisCluster.from_url(
             "redis://" + url[len("redis+cluster://"):], **_OPTIONS

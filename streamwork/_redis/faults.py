@@ -6,7 +6,10 @@ rule: a worker is whole, or it exits):
 * `Fault.TRANSIENT` - the server is busy, full, restarting, read-only, failing over or out
   of reach: back off and retry, keeping every finished outcome in memory until it is
   written. Connection loss, timeouts, ``LOADING``, ``BUSY``, ``TRYAGAIN``,
-  ``CLUSTERDOWN``, ``MASTERDOWN``, ``READONLY``, ``OOM`` (and ``NOREPLICAS``); also a
+  ``CLUSTERDOWN``, ``MASTERDOWN``, ``READONLY``, ``OOM`` (and ``NOREPLICAS``); under
+  Sentinel, "no master" while none is elected (``MasterNotFoundError``) and a demoted
+  primary's ``READONLY`` (which redis-py's sentinel pool raises as a ConnectionError and
+  answers by asking the sentinels again on reconnect); also a
   connection torn down under a command, which some redis-py versions report as an
   ``AttributeError``/``TypeError`` on ``None`` instead of a ConnectionError (see
   `_torn_down`).
@@ -37,7 +40,7 @@ class Fault(enum.Enum):
 #: error classes a retry may cure (``AuthenticationError`` subclasses ConnectionError in
 #: redis-py but is no outage: it is checked first and is fatal)
 _TRANSIENT_TYPES: Final = (
-    redis.exceptions.ConnectionError,
+    redis.exceptions.ConnectionError,  # with redis.sentinel.MasterNotFoundError
     redis.exceptions.TimeoutError,
     redis.exceptions.ClusterError,  # ClusterDownError, MasterDownError, "TTL exhausted"
     redis.exceptions.TryAgainError,

@@ -15,6 +15,7 @@ import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
+from streamwork._redis import sentinel
 from streamwork._wire.codec import DEFAULT_MAX_PAYLOAD_BYTES
 from streamwork._wire.keys import StreamKeys, check_name
 from streamwork._wire.partitions import (
@@ -282,6 +283,8 @@ def check_attributes(cls: type, base: type, extra: Iterable[str] = ()) -> None:
                     "your own"))
 
 
+#: schemes a Redlock master may have: one server each (a sentinel URL: its service's primary)
+_LOCK_SCHEMES: Final = ("redis://", "rediss://", "unix://", *sentinel.SCHEMES)
 _RATE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")
 _PER: Final = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0,
                "h": 3600.0, "hour": 3600.0}
@@ -301,8 +304,10 @@ def _lock_urls(cfg: WorkerConfig) -> None:
     if isinstance(urls, str) or not urls or not all(isinstance(u, str) for u in urls):
         raise ConfigError("lock_urls", f"must be a non-empty list of Redis URLs, got {urls!r}")
     for url in urls:
-        if not url.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError("lock_urls", f"{url!r} is not a redis://, rediss:// or unix:// URL")
+        if not url.startswith(_LOCK_SCHEMES):
+            raise ConfigError("lock_urls", f"{url!r} is not a {', '.join(_LOCK_SCHEMES)} URL")
+        if sentinel.is_sentinel_url(url):
+            sentinel.parse(url)  # a malformed one fails here, with what to fix
     if not cfg.dedup:
         raise ConfigError("lock_urls", "job leases are only taken with dedup=True")
     object.__setattr__(cfg, "lock_urls", tuple(urls))
