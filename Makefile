@@ -34,8 +34,8 @@ lint: $(STAMP)
 # The suite runs twice, each pass spread over 4 pytest-xdist workers (a test module stays on
 # one worker; most tests wait on their servers, so 4 fit on 2 cores): on redis-server (PATH)
 # and on the embedded extra's Valkey 8 (there with a shorter randomized fault campaign and
-# another seed, and without the tests that start a local Redis Cluster or that test
-# streamwork's own processes, web page, CLI, docs, start-up checks, user-code containment,
+# another seed, and without the tests that start a local Redis Cluster or Sentinel
+# deployment (they take minutes; both servers pass them) or that test streamwork's own processes, web page, CLI, docs, start-up checks, user-code containment,
 # outage reporting, log lines, codec and examples rather than what the server does).
 SERVER_AGNOSTIC := tests/test_dashboard.py tests/test_processes.py tests/test_health.py \
 	tests/test_alerts.py tests/test_bench.py tests/test_examples.py \
@@ -50,7 +50,7 @@ test: lint
 	VK="$$($(BIN)/python -c 'from streamwork._redis.server import embedded_binary as e; print(e() or "")')"; \
 	if [ -n "$$VK" ]; then STREAMWORK_REDIS_SERVER="$$VK" STREAMWORK_NEMESIS_SECONDS=15 \
 	  STREAMWORK_NEMESIS_SEED=$${STREAMWORK_NEMESIS_SEED:-7} $(BIN)/pytest -q -p no:cacheprovider \
-	  $(PARALLEL) -m "not cluster" $(SERVER_AGNOSTIC:%=--ignore=%); \
+	  $(PARALLEL) -m "not cluster and not sentinel" $(SERVER_AGNOSTIC:%=--ignore=%); \
 	else echo "embedded extra missing: Valkey pass skipped"; fi
 
 # the documentation site in site/ (mkdocs.yml); --strict: any warning (a broken link, a
