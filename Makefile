@@ -35,8 +35,9 @@ lint: $(STAMP)
 # one worker; most tests wait on their servers, so 4 fit on 2 cores): on redis-server (PATH)
 # and on the embedded extra's Valkey 8 (there with a shorter randomized fault campaign and
 # another seed, and without the tests that start a local Redis Cluster or Sentinel
-# deployment (they take minutes; both servers pass them) or that test streamwork's own processes, web page, CLI, docs, start-up checks, user-code containment,
-# outage reporting, log lines, codec and examples rather than what the server does).
+# deployment (they take minutes; both servers pass them) or that test streamwork's own
+# processes, web page, CLI, docs, start-up checks, user-code containment, outage
+# reporting, log lines, codec and examples rather than what the server does).
 SERVER_AGNOSTIC := tests/test_dashboard.py tests/test_processes.py tests/test_health.py \
 	tests/test_alerts.py tests/test_bench.py tests/test_examples.py \
 	tests/test_typed_payloads.py tests/test_cli.py tests/test_function_worker.py \
