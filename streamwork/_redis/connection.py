@@ -72,13 +72,14 @@ def is_cluster_url(url: str) -> bool:
     return url.startswith("redis+cluster://")
 
 
-def sync_client(url: str) -> Any:
-    """A thread-safe sync client (redis.Redis or redis.cluster.RedisCluster)."""
+def sync_client(url: str, **options: Any) -> Any:
+    """A thread-safe sync client (redis.Redis or redis.cluster.RedisCluster); ``options``
+    override the usual ones (timeouts, retry)."""
     if url.startswith("redis+cluster://"):
         return redis.cluster.RedisCluster.from_url(
-            "redis://" + url[len("redis+cluster://"):], **_OPTIONS
+            "redis://" + url[len("redis+cluster://"):], **{**_OPTIONS, **options}
         )
-    return redis.Redis.from_url(url, **_OPTIONS)
+    return redis.Redis.from_url(url, **{**_OPTIONS, **options})
 
 
 def async_client(url: str) -> Any:

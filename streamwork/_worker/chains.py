@@ -27,7 +27,9 @@ from typing import Any, Final
 import msgpack
 import redis.exceptions
 from redis.asyncio.cluster import RedisCluster
+from redis.backoff import NoBackoff
 from redis.crc import key_slot
+from redis.retry import Retry
 
 from streamwork._producer.core import Core, delayed_member
 from streamwork._redis import connection
@@ -45,6 +47,8 @@ TARGET, BODY, MAXLEN, DUE = b"t", b"d", b"m", b"z"
 
 #: most jobs one handler call may send: they all travel in one completion script
 MAX_SENDS: Final = 10_000
+#: s the lookup of a target's partition count may take (it can hold the event loop)
+LOOKUP_TIMEOUT: Final = 1.0
 
 
 def chain_key(stream: str, group: str, key: str, index: int) -> str:
@@ -74,7 +78,7 @@ class PartitionCounts:
     lookup per target (a GET of ``{T}:partitions``, or the SET NX GET `Producer` makes for
     a count given as ``partitions=``), then kept. The lookup is a blocking round trip on a
     client of its own, made in the handler's thread (on the event loop for an ``async def``
-    handler, once per target)."""
+    handler, once per target), tried once within LOOKUP_TIMEOUT."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -107,7 +111,10 @@ class PartitionCounts:
                                             "is split into partitions: this worker has no URL "
                                             "to ask Redis with")
         try:
-            client = connection.sync_client(self.url)
+            # one try, short timeouts: for an async handler this round trip holds the loop
+            client = connection.sync_client(self.url, socket_timeout=LOOKUP_TIMEOUT,
+                                            socket_connect_timeout=LOOKUP_TIMEOUT,
+                                            retry=Retry(NoBackoff(), 0))
             try:
                 if count is None or count == 1:
                     reply: bytes | None = client.get(key)
