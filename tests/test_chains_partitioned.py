@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import zlib
 from typing import Any, ClassVar
 
 import msgpack
@@ -175,3 +176,29 @@ def test_redis_that_cannot_be_asked_refuses_the_send() -> None:
     with pytest.raises(ConfigError, match="could not read how many partitions"):
         msg.send(TARGET, {"i": 0})
     assert msg.staged == [] and msg._sent_to == {}
+
+
+def _message(sender: ChainSender, key: str = "o-1") -> Message[Any]:
+    return Message("1-0", SOURCE, key, {}, 1, 0.0, {}, None, GROUP, "c", _sender=sender)
+
+
+def test_a_count_given_after_an_unrecorded_send_is_recorded_then(
+        redis_url: str, r: redis.Redis) -> None:
+    """A sender that found nothing recorded, then is given partitions=4, records 4 (it
+    does not hold on to "not partitioned") and routes by it from then on; a different
+    count given later is refused."""
+    sender = ChainSender(WorkerConfig(stream=SOURCE, group=GROUP), None, False, redis_url)
+    first = _message(sender)
+    first.send(TARGET, {})
+    assert [keys for _, keys, _ in first.staged] == [(TARGET.encode(),)]
+    second = _message(sender, "o-2")
+    second.send(TARGET, {}, key="k", partitions=PARTS)
+    assert r.get(StreamKeys.for_stream(TARGET).partitions) == b"4"
+    names = partition_names(TARGET, PARTS)
+    assert [keys for _, keys, _ in second.staged] == [
+        (names[zlib.crc32(b"k") % PARTS].encode(),)]
+    third = _message(sender, "o-3")
+    third.send(TARGET, {}, key="k")  # the count is known now: the same partition
+    assert third.staged[0][1] == second.staged[0][1]
+    with pytest.raises(ConfigError, match="split into 4 partitions"):
+        _message(sender, "o-4").send(TARGET, {}, partitions=2)

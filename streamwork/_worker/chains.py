@@ -83,25 +83,29 @@ class PartitionCounts:
     def __init__(self, url: str) -> None:
         self.url = url
         self.known: dict[str, int] = {}  # what ``Core.partitions_of`` reads
+        self.recorded: dict[str, bytes | None] = {}  # what Redis said (None: nothing)
 
     def of(self, stream: str, given: object) -> int:
         """``stream``'s partition count (1: not partitioned); ``given`` is ``partitions=``
         (None: not given). Raises ConfigError when it differs from the recorded count, or
         when Redis cannot be asked (rather than send to a stream no worker reads)."""
         count = None if given is None else check_partitions(given)
-        known = self.known.get(stream)
-        if known is None:
-            if count is not None:
-                partition_names(stream, count)  # checks the name suits partitioning
+        if count is not None:
+            partition_names(stream, count)  # checks the name suits partitioning
+        if stream in self.recorded:
+            recorded = self.recorded[stream]
+            if recorded is None and count is not None and count > 1:  # record it now
+                recorded = self._lookup(stream, count)
+        else:
             recorded = self._lookup(stream, count)
-            if count is not None:
-                check_recorded(stream, recorded, count, "msg.send")
-            known = count or _recorded_count(stream, recorded)
-            if len(self.known) >= 1000:  # handlers sending to very many streams
-                self.known.clear()
-            self.known[stream] = known
-        elif count is not None:
-            check_recorded(stream, str(known), count, "msg.send")
+        if count is not None:
+            check_recorded(stream, recorded, count, "msg.send")
+        known = count or _recorded_count(stream, recorded)
+        if len(self.known) >= 1000:  # handlers sending to very many streams
+            self.known.clear()
+            self.recorded.clear()
+        self.recorded[stream] = str(known).encode() if known > 1 else recorded
+        self.known[stream] = known
         return known
 
     def _lookup(self, stream: str, count: int | None) -> bytes | None:
