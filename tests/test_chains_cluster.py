@@ -12,17 +12,20 @@ import random
 import signal
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import msgpack
 import pytest
 import redis.cluster
+from redis.crc import key_slot
 
 import streamwork as sw
 from streamwork._redis import scripts
 from streamwork._wire.codec import BODY_FIELD
 from streamwork._wire.keys import StreamKeys
+from streamwork._wire.partitions import partition_names, partition_of
 from streamwork._worker.chains import BODY, DUE, MAXLEN, TARGET
 from streamwork._worker.config import WorkerConfig
 from streamwork._worker.loops.drain import Drainer
@@ -33,6 +36,7 @@ from tests.workers.chains import CHARGE, LEDGER, RECEIPT, effects, runs
 pytestmark = pytest.mark.cluster
 
 STEPS = (CHARGE, RECEIPT, LEDGER)
+INVOICES = "invoices"
 TARGETS = ("tests.workers.chains:Charge", "tests.workers.chains:Receipt",
            "tests.workers.chains:Ledger")
 
@@ -83,6 +87,64 @@ async def test_other_slots_go_through_the_outbox(formed: LocalCluster) -> None:
     assert c.zcard(StreamKeys.for_stream(LEDGER).delayed) == 20  # due in an hour
     assert worker.counts["staged_rejected"] == 0
     assert c.get(StreamKeys.for_stream(RECEIPT).chained(CHARGE)) is not None
+
+
+class ToPartitions(sw.StreamWorker):
+    """Sends two jobs per job to INVOICES, a stream split into 3 partitions (one per
+    master): those in other slots than CHARGE's go through its outbox."""
+
+    stream = CHARGE
+    group = "chain"
+    read_block = 0.1
+
+    async def handle(self, msg: sw.Message) -> None:
+        msg.send_many(INVOICES, [{}, {}], keys=[f"{msg.key}-a", f"{msg.key}-b"])
+
+
+class Invoiced(sw.StreamWorker):
+    """INVOICES' partitioned worker: a ledger of the keys it ran."""
+
+    stream = INVOICES
+    group = "books"
+    read_block = 0.1
+    ran: ClassVar[Counter[str]] = Counter()
+
+    async def handle(self, msg: sw.Message) -> None:
+        type(self).ran[msg.key] += 1
+
+
+async def test_a_partitioned_target_across_slots(formed: LocalCluster) -> None:
+    """A handler's jobs to a partitioned stream reach the partition Producer.send picks
+    (through the outbox for those in other slots) and its partitioned worker runs each
+    once."""
+    c = formed.client
+    names = partition_names(INVOICES, 3)
+    assert len(_masters(c, *names)) == 3
+    Invoiced.ran = Counter()
+    target = Invoiced.from_url(formed.url, partitions=3)
+    served = asyncio.create_task(target.serve())
+    await await_for(lambda: c.get(StreamKeys.for_stream(INVOICES).partitions), 60,
+                    message="the partitioned worker to record its count")
+    keys = [f"o-{i}" for i in range(30)]
+    with sw.Producer.from_url(formed.url) as producer:
+        producer.send_many(CHARGE, [{}] * len(keys), keys=keys)
+    worker = ToPartitions.from_url(formed.url)
+    task = asyncio.create_task(worker.serve())
+    want = {f"{k}-{x}": 1 for k in keys for x in "ab"}
+    await await_for(lambda: Invoiced.ran == want or sum(Invoiced.ran.values()) > len(want),
+                    90, message="every chained job served")
+    worker.stop()
+    target.stop()
+    await asyncio.gather(task, served)
+    assert Invoiced.ran == want
+    for i, name in enumerate(names):  # where Producer.send would have put each
+        for _, f in c.xrange(name):
+            assert partition_of(msgpack.unpackb(f[BODY_FIELD])["k"], 3) == i
+    assert not c.exists(INVOICES)
+    assert c.xlen(StreamKeys.for_stream(CHARGE).outbox) == 0
+    other = [n for n in names if key_slot(n.encode()) != key_slot(CHARGE.encode())]
+    assert other and all(c.get(StreamKeys.for_stream(n).chained(CHARGE)) for n in other)
+    assert worker.counts["produced"] == len(want)
 
 
 async def test_a_drain_cut_short_is_not_repeated(formed: LocalCluster) -> None:

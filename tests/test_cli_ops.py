@@ -237,3 +237,22 @@ def test_threshold_parsing_and_age_format() -> None:
         ["FAIL s: dead 0 >= 0"], [])
     assert [fmt_age(x) for x in (None, 0.42, 42, 247, 7380, 273600)] == [
         "-", "0.4s", "42s", "4m07s", "2h03m", "3d04h"]
+
+
+def test_inspect_shows_an_outbox_backlog(redis_url: str, r: redis.Redis) -> None:
+    """Chained jobs waiting in a stream's outbox (sent to other Cluster slots, not moved
+    yet) show as an ``outbox`` column when there are any, and as ``outbox`` in the JSON
+    document (0 when empty)."""
+    prepare(redis_url, r)
+    human = cli("inspect", STREAM, "--url", redis_url)
+    assert human.exit_code == 0, human.output
+    assert "outbox" not in human.stdout
+    assert json.loads(cli("inspect", STREAM, "--json", "--url", redis_url).stdout)["outbox"] == 0
+    for i in range(3):
+        r.xadd("{orders}:outbox", {"t": b"receipts", "d": f"body-{i}".encode(), "m": b"",
+                                   "z": b""})
+    doc = json.loads(cli("inspect", STREAM, "--json", "--url", redis_url).stdout)
+    assert doc["outbox"] == r.xlen("{orders}:outbox") == 3
+    human = cli("inspect", STREAM, "--url", redis_url)
+    assert "outbox" in human.stdout
+    assert row(human.stdout, "10")[4:] == ["2 / 3", "2", "3"]  # delayed, dead, outbox

@@ -373,3 +373,19 @@ def test_inspect_names_the_cluster_node_of_each_partition(make_server: Any) -> N
         assert row(human.stdout, "3")[2] == nodes[3]
         dlq = cli("dlq", "list", STREAM, "--partitions", "4", "--url", url)
         assert dlq.exit_code == 0 and "0 shown" in dlq.output, dlq.output
+
+
+def test_inspect_adds_up_the_partitions_outboxes(redis_url: str, r: redis.Redis) -> None:
+    """Each partition has its own outbox (jobs its handlers sent to other Cluster slots):
+    `inspect --partitions` shows each one's and their sum."""
+    with sw.Producer.from_url(redis_url, partitions=P) as producer:
+        producer.send_many(STREAM, [{"i": i} for i in range(8)], keys=KEYS[:8])
+    for i, n in ((0, 2), (2, 3)):
+        for _ in range(n):
+            r.xadd(StreamKeys.for_stream(NAMES[i]).outbox, {"t": b"receipts", "d": b"x"})
+    doc = json.loads(cli("inspect", STREAM, "--partitions", "4", "--json",
+                         "--url", redis_url).stdout)
+    assert [p["stats"]["outbox"] for p in doc["partitions"]] == [2, 0, 3, 0]
+    assert doc["outbox"] == 5
+    human = cli("inspect", STREAM, "--partitions", "4", "--url", redis_url)
+    assert row(human.stdout, "8")[6] == "5"  # totals: ..., delayed, dead, outbox

@@ -120,6 +120,36 @@ async def test_each_outcome_counts_and_the_duration_is_recorded(
     producer.close()
 
 
+class Chaining(sw.StreamWorker):
+    """Sends two jobs to ``chained`` per job, then fails while the attempt is below the
+    payload's ``fail_until`` (its sends dropped with the failed completion)."""
+
+    stream = "chaining"
+    group = "testers"
+    read_block = 0.1
+    retry_delay = 0.05
+
+    async def handle(self, msg: sw.Message) -> None:
+        msg.send_many("chained", [{}, {}])
+        if msg.attempt < msg.payload.get("fail_until", 0):
+            raise RuntimeError("fails after sending")
+
+
+async def test_chained_jobs_count_as_produced_once_their_job_completes(
+        redis_url: str, r: redis.Redis) -> None:
+    """A handler's msg.send counts in ``produced`` of the target stream, as Producer.send
+    does, only for completions that wrote them (not for an attempt that failed)."""
+    before = _total("streamwork.messages.produced", stream="chained")
+    with sw.Producer.from_url(redis_url) as producer:
+        producer.send_many("chaining", [{}, {}, {"fail_until": 2}])
+    worker = Chaining.from_url(redis_url)
+    await run_until_idle(worker, r)
+    assert worker.counts["retried"] == 1
+    assert r.xlen("chained") == 6
+    assert worker.counts["produced"] == 6
+    assert _total("streamwork.messages.produced", stream="chained") - before == 6
+
+
 async def test_gauges_read_real_lag_pending_delayed_dead(redis_url: str, r: redis.Redis) -> None:
     """The stream gauges report what XINFO, ZCARD, XLEN and XPENDING say."""
     stream = "gauged"  # a stream no other test's worker reports on

@@ -35,10 +35,12 @@ def _title(s: StreamStats) -> str:
 
 def _stream_table(s: StreamStats) -> Table:
     table = Table(title=_title(s), title_justify="left", title_style="bold")
-    for col in ("length", "entries added", "first id", "last id", "delayed due/all", "dead"):
+    cols = ("length", "entries added", "first id", "last id", "delayed due/all", "dead")
+    for col in cols + (("outbox",) if s.outbox else ()):  # chained jobs not moved yet
         table.add_column(col, justify="left" if "id" in col else "right", no_wrap=True)
     table.add_row(fmt_count(s.length), fmt_count(s.entries_added), s.first_id or "-", s.last_id,
-                  f"{s.delayed_due:,} / {s.delayed_total:,}", fmt_count(s.dead))
+                  f"{s.delayed_due:,} / {s.delayed_total:,}", fmt_count(s.dead),
+                  *((fmt_count(s.outbox),) if s.outbox else ()))
     return table
 
 

@@ -90,6 +90,7 @@ def merge_stats(stream: str, parts: Sequence[StreamStats]) -> StreamStats:
         delayed_total=sum(s.delayed_total for s in parts),
         delayed_due=sum(s.delayed_due for s in parts),
         dead=sum(s.dead for s in parts),
+        outbox=sum(s.outbox for s in parts),
         entries_added=_sum_known(s.entries_added for s in parts),
         taken_at_ms=max((s.taken_at_ms for s in parts), default=0),
     )

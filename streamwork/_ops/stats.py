@@ -5,13 +5,13 @@ and the dashboard.
 :data:`CHUNK` streams in a server ``TIME`` (the clock the promoter uses: ``now``) and three
 pipelined round trips, so that a server with thousands of streams costs a few round trips
 per thousand streams, never one per stream: first, per stream ``S``, ``XINFO STREAM S``,
-``XINFO GROUPS S``, ``ZCARD {S}:delayed`` and ``XLEN {S}:dead``; then, per group ``G``,
-``XPENDING S G - + 1`` (the oldest pending entry and its idle time; only when the group
-holds deliveries), ``XINFO CONSUMERS S G`` (only when it has consumers), ``XINFO GROUPS``
-of its retry stream and ``ZCARD`` of its retry ZSET; last, only where they are needed, the
-due counts (``ZCOUNT -inf now`` of a ZSET that is not empty) and ``XLEN`` of a retry
-stream whose group cannot tell its lag. Each command is O(1) or O(groups/consumers) on the
-server (no script, nothing that walks the keyspace but the ``SCAN`` of
+``XINFO GROUPS S``, ``ZCARD {S}:delayed``, ``XLEN {S}:dead`` and ``XLEN {S}:outbox``; then,
+per group ``G``, ``XPENDING S G - + 1`` (the oldest pending entry and its idle time; only
+when the group holds deliveries), ``XINFO CONSUMERS S G`` (only when it has consumers),
+``XINFO GROUPS`` of its retry stream and ``ZCARD`` of its retry ZSET; last, only where they
+are needed, the due counts (``ZCOUNT -inf now`` of a ZSET that is not empty) and ``XLEN`` of
+a retry stream whose group cannot tell its lag. Each command is O(1) or O(groups/consumers)
+on the server (no script, nothing that walks the keyspace but the ``SCAN`` of
 :func:`discover_streams`), so Redis is never blocked for long. Nothing is written. The
 commands are not one snapshot: figures of a busy stream can disagree by the few jobs that
 moved between two reads.
@@ -127,6 +127,8 @@ class StreamStats:
     partitions: tuple[PartitionStats, ...] = ()
     #: how many partitions the stream is split into (1: not partitioned)
     partition_count: int = 1
+    #: jobs its handlers sent to other slots (Redis Cluster) not yet moved to their targets
+    outbox: int = 0
 
     def group(self, name: str) -> GroupStats | None:
         return next((g for g in self.groups if g.name == name), None)
@@ -343,6 +345,7 @@ class _Stream:
     delayed: Any = 0
     due: Any = 0
     dead: Any = 0
+    outbox: Any = 0
     groups: list[_Group] = field(default_factory=list)
 
     def stats(self, now_ms: int) -> StreamStats:
@@ -359,6 +362,7 @@ class _Stream:
             delayed_total=int(_checked(self.delayed)) + sum(g.retries_waiting for g in groups),
             delayed_due=int(_checked(self.due)) + sum(g.retries_due for g in groups),
             dead=int(_checked(self.dead)),
+            outbox=int(_checked(self.outbox)),
             entries_added=opt_int(info.get("entries-added")),
             taken_at_ms=now_ms,
         )
@@ -377,6 +381,7 @@ def _read_chunk(client: Any, names: Sequence[str]) -> list[StreamStats | StreamN
         first.ask(partial(setattr, st, "groups_raw")).xinfo_groups(st.name)
         first.ask(partial(_delayed, third, st, now_ms)).zcard(st.keys.delayed)
         first.ask(partial(setattr, st, "dead")).xlen(st.keys.dead)
+        first.ask(partial(setattr, st, "outbox")).xlen(st.keys.outbox)
     first.run()
     out: list[StreamStats | StreamNotFound | _Stream] = []
     for st in streams:

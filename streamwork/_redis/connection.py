@@ -76,16 +76,17 @@ def is_cluster_url(url: str) -> bool:
     return url.startswith("redis+cluster://")
 
 
-def sync_client(url: str) -> Any:
+def sync_client(url: str, **options: Any) -> Any:
     """A thread-safe sync client (redis.Redis or redis.cluster.RedisCluster; for a sentinel
-    URL a redis.Redis of the service's current primary)."""
+    URL a redis.Redis of the service's current primary); ``options`` override the usual
+    ones (timeouts, retry)."""
     if sentinel.is_sentinel_url(url):
-        return sentinel.sync_client(url, **_OPTIONS)
+        return sentinel.sync_client(url, **{**_OPTIONS, **options})
     if url.startswith("redis+cluster://"):
         return redis.cluster.RedisCluster.from_url(
-            "redis://" + url[len("redis+cluster://"):], **_OPTIONS
+            "redis://" + url[len("redis+cluster://"):], **{**_OPTIONS, **options}
         )
-    return redis.Redis.from_url(url, **_OPTIONS)
+    return redis.Redis.from_url(url, **{**_OPTIONS, **options})
 
 
 def async_client(url: str) -> Any:

@@ -99,6 +99,8 @@ class Message(Generic[P]):
     _sender: Sender | None = field(default=None, repr=False)
     #: jobs sent so far by this delivery (numbers the keys derived for jobs sent without one)
     _sent: int = field(default=0, repr=False)
+    #: of those, how many went to each target stream (counted as produced on completion)
+    _sent_to: dict[str, int] = field(default_factory=dict, repr=False)
 
     def stage(self, command: str, keys: Sequence[StageValue] = (),
               args: Sequence[StageValue] = ()) -> None:
@@ -125,29 +127,34 @@ class Message(Generic[P]):
     def send(self, stream: str, payload: Any, *, key: str | None = None,
              headers: Mapping[str, str] | None = None, timeout: float | None = None,
              delay: float | None = None, at: dt.datetime | None = None,
-             maxlen: int | None = None, order_key: str | None = None) -> str:
+             maxlen: int | None = None, order_key: str | None = None,
+             partitions: int | None = None) -> str:
         """Send a job to ``stream`` if and only if this job completes: the job is written
         in the same atomic step as this job's acknowledgement (or, on Redis Cluster with
         ``stream`` in another slot, into this stream's outbox in that step, from where the
         workers move it to ``stream`` once). A failure, retry, cancel or lost lease drops
         it with the staged writes. Returns the job's key.
 
-        The options are `Producer.send`'s. Without ``key``, the key is derived from this
+        The options are `Producer.send`'s. A target split into partitions gets the job in
+        the partition `Producer.send` would choose (by ``order_key``, else ``key``), its
+        count read from Redis once per target; ``partitions`` says the count (as a
+        Producer's ``partitions=`` does), needed only before any partitioned worker or
+        producer of the target has run. Without ``key``, the key is derived from this
         job's stream, group and key and the number of jobs it sent before, so a retried
         handler sends the same keys again. Bad input (a stream name streamwork refuses, a
         payload MessagePack cannot encode, one over ``max_payload_bytes``) raises here.
         """
         return self.send_many(stream, [payload], keys=None if key is None else [key],
                               headers=headers, timeout=timeout, delay=delay, at=at,
-                              maxlen=maxlen,
+                              maxlen=maxlen, partitions=partitions,
                               order_keys=None if order_key is None else [order_key])[0]
 
     def send_many(self, stream: str, payloads: Sequence[Any], *,
                   keys: Sequence[str] | None = None,
                   headers: Mapping[str, str] | None = None, timeout: float | None = None,
                   delay: float | None = None, at: dt.datetime | None = None,
-                  maxlen: int | None = None,
-                  order_keys: Sequence[str] | None = None) -> list[str]:
+                  maxlen: int | None = None, order_keys: Sequence[str] | None = None,
+                  partitions: int | None = None) -> list[str]:
         """`send` for several jobs (`Producer.send_many`'s options): all of them are sent
         with this job's completion, or none. Returns their keys, in order."""
         if self._sender is None:
@@ -162,7 +169,8 @@ class Message(Generic[P]):
         return self._sender.send(self, stream, payloads,
                                 [None] * len(payloads) if keys is None else list(keys),
                                 {"headers": headers, "timeout": timeout, "delay": delay,
-                                 "at": at, "maxlen": maxlen, "order_keys": order_keys})
+                                 "at": at, "maxlen": maxlen, "order_keys": order_keys,
+                                 "partitions": partitions})
 
     @property
     def order_key(self) -> str:

@@ -7,6 +7,11 @@ XADD itself (a ZADD into the target's delayed ZSET for a delayed job). On Redis 
 target in another slot cannot join the completion script: the job is staged into the
 source stream's outbox (``{S}:outbox``, the job's slot) instead, and the drain loop
 (`loops/drain.py`) moves it to its target once.
+
+A target split into partitions gets each job in the partition `Producer.send` would pick
+(``partition_of`` its order key): its count is what Redis records for it
+(``{T}:partitions``, written by its partitioned workers and producers), read once per
+target by `PartitionCounts` and kept.
 """
 
 from __future__ import annotations
@@ -20,14 +25,20 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import msgpack
+import redis.exceptions
 from redis.asyncio.cluster import RedisCluster
+from redis.backoff import NoBackoff
 from redis.crc import key_slot
+from redis.retry import Retry
 
 from streamwork._producer.core import Core, delayed_member
+from streamwork._redis import connection
+from streamwork._telemetry import api as telemetry
 from streamwork._wire.codec import BODY_FIELD
 from streamwork._wire.extensions import Codec
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.message import Message
+from streamwork._wire.partitions import check_partitions, check_recorded, partition_names
 from streamwork._worker.config import WorkerConfig
 from streamwork.errors import ConfigError
 
@@ -36,6 +47,8 @@ TARGET, BODY, MAXLEN, DUE = b"t", b"d", b"m", b"z"
 
 #: most jobs one handler call may send: they all travel in one completion script
 MAX_SENDS: Final = 10_000
+#: s the lookup of a target's partition count may take (it can hold the event loop)
+LOOKUP_TIMEOUT: Final = 1.0
 
 
 def chain_key(stream: str, group: str, key: str, index: int) -> str:
@@ -60,12 +73,90 @@ class _Target:
     via_outbox: bytes | None  # the sender's outbox when the target is in another slot
 
 
+class PartitionCounts:
+    """How many partitions each target stream is split into, as Redis records it: one
+    lookup per target (a GET of ``{T}:partitions``, or the SET NX GET `Producer` makes for
+    a count given as ``partitions=``), then kept. The lookup is a blocking round trip on a
+    client of its own, made in the handler's thread (on the event loop for an ``async def``
+    handler, once per target), tried once within LOOKUP_TIMEOUT."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.known: dict[str, int] = {}  # what ``Core.partitions_of`` reads
+        self.recorded: dict[str, bytes | None] = {}  # what Redis said (None: nothing)
+
+    def of(self, stream: str, given: object) -> int:
+        """``stream``'s partition count (1: not partitioned); ``given`` is ``partitions=``
+        (None: not given). Raises ConfigError when it differs from the recorded count, or
+        when Redis cannot be asked (rather than send to a stream no worker reads)."""
+        count = None if given is None else check_partitions(given)
+        if count is not None:
+            partition_names(stream, count)  # checks the name suits partitioning
+        if stream in self.recorded:
+            recorded = self.recorded[stream]
+            if recorded is None and count is not None and count > 1:  # record it now
+                recorded = self._lookup(stream, count)
+        else:
+            recorded = self._lookup(stream, count)
+        if count is not None:
+            check_recorded(stream, recorded, count, "msg.send")
+        known = count or _recorded_count(stream, recorded)
+        if len(self.known) >= 1000:  # handlers sending to very many streams
+            self.known.clear()
+            self.recorded.clear()
+        self.recorded[stream] = str(known).encode() if known > 1 else recorded
+        self.known[stream] = known
+        return known
+
+    def _lookup(self, stream: str, count: int | None) -> bytes | None:
+        key = StreamKeys.for_stream(stream).partitions
+        if not self.url:
+            raise ConfigError("partitions", f"msg.send cannot tell whether stream {stream!r} "
+                                            "is split into partitions: this worker has no URL "
+                                            "to ask Redis with")
+        try:
+            # one try, short timeouts: for an async handler this round trip holds the loop
+            client = connection.sync_client(self.url, socket_timeout=LOOKUP_TIMEOUT,
+                                            socket_connect_timeout=LOOKUP_TIMEOUT,
+                                            retry=Retry(NoBackoff(), 0))
+            try:
+                if count is None or count == 1:
+                    reply: bytes | None = client.get(key)
+                else:
+                    reply = client.set(key, count, nx=True, get=True)
+            finally:
+                client.close()
+        except (redis.exceptions.RedisError, OSError) as exc:
+            raise ConfigError("partitions", (
+                f"msg.send could not read how many partitions stream {stream!r} is split "
+                f"into ({type(exc).__name__}: {exc}); it refuses rather than send jobs to a "
+                "stream no worker may read, and the job fails (to be retried)")) from exc
+        return reply
+
+
+def _recorded_count(stream: str, recorded: bytes | None) -> int:
+    """The count a ``{T}:partitions`` value records (None: not partitioned)."""
+    if recorded is None:
+        return 1
+    try:
+        return check_partitions(int(recorded))
+    except (ValueError, ConfigError):
+        raise ConfigError("partitions", (
+            f"stream {stream!r} records {recorded!r} as its partition count in "
+            f"{StreamKeys.for_stream(stream).partitions!r}, not a count msg.send can route "
+            "by: fix or delete that key")) from None
+
+
 class ChainSender:
     """Stages the jobs a worker's handlers send (the `Sender` of its messages)."""
 
-    def __init__(self, cfg: WorkerConfig, codec: Codec | None, cluster: bool) -> None:
-        # the producer's checks and encoding, never its I/O (the client is never used)
+    def __init__(self, cfg: WorkerConfig, codec: Codec | None, cluster: bool,
+                 url: str = "") -> None:
+        # the producer's checks, encoding and partition choice, never its I/O (the client
+        # is never used); it reads the targets' partition counts from ``counts``
         self._core = Core(None, max_payload_bytes=cfg.max_payload_bytes, codec=codec)
+        self.counts = PartitionCounts(url)
+        self._core.partitions = self.counts.known
         self.cluster = cluster
         self._targets: dict[tuple[str, str], _Target] = {}
 
@@ -88,7 +179,9 @@ class ChainSender:
     def send(self, msg: Message[Any], stream: str, payloads: Sequence[Any],
              keys: Sequence[str | None], options: dict[str, Any]) -> list[str]:
         """Check and encode the jobs, stage their writes on ``msg``; their keys."""
-        target = self._target(msg.stream, stream)
+        self._target(msg.stream, stream)  # checks the name
+        options = dict(options)
+        self.counts.of(stream, options.pop("partitions", None))
         if msg._sent + len(payloads) > MAX_SENDS:
             raise ConfigError("send", f"one job may send at most {MAX_SENDS} jobs (they all "
                                       "travel in its completion): send a job that sends more")
@@ -97,6 +190,7 @@ class ChainSender:
         batches = self._core.plan(stream, payloads, job_keys, **_at_ms(options))
         ops: list[tuple[str, tuple[bytes, ...], tuple[bytes, ...]]] = []
         for batch in batches:
+            target = self._target(msg.stream, batch.stream)  # a partition's own
             maxlen = b"" if batch.maxlen is None else str(batch.maxlen).encode()
             due = b"" if batch.due is None else batch.due[1].encode()
             for body in batch.bodies:
@@ -112,7 +206,18 @@ class ChainSender:
                     ops.append(("XADD", (target.stream,), (b"*", BODY_FIELD, body)))
         msg.staged.extend(ops)
         msg._sent += len(payloads)
+        msg._sent_to[stream] = msg._sent_to.get(stream, 0) + len(payloads)
         return job_keys
+
+
+def count_produced(tally: Any, msg: Message[Any]) -> None:
+    """A completion that added ``msg``'s sent jobs succeeded: count them as `Producer`
+    does (``produced``, per target stream), in the worker's live counters too."""
+    if msg._sent_to:
+        tally.counts["produced"] += msg._sent
+        if tally.metering:
+            for stream, n in msg._sent_to.items():
+                telemetry.count("produced", n, stream)
 
 
 def _at_ms(options: dict[str, Any]) -> dict[str, Any]:
@@ -128,6 +233,7 @@ def _at_ms(options: dict[str, Any]) -> dict[str, Any]:
     return {**options, "delay": None, "at": at}
 
 
-def sender(cfg: WorkerConfig, codec: Codec | None, client: Any) -> ChainSender:
-    """The sender of a consumer's messages, for its client (a Cluster's or one Redis's)."""
-    return ChainSender(cfg, codec, is_cluster(client))
+def sender(cfg: WorkerConfig, codec: Codec | None, client: Any, url: str = "") -> ChainSender:
+    """The sender of a consumer's messages, for its client (a Cluster's or one Redis's)
+    and its URL (to read the targets' partition counts)."""
+    return ChainSender(cfg, codec, is_cluster(client), url)

@@ -103,7 +103,8 @@ class Consumer:
         # what is read is decoded with the worker's own ext types (``codec``), converted to
         # its payload_type (``convert``) and skipped if the done-cache knows its job
         self.arrival = Arrival(cfg, name, State.WAITING if self.leases.claims else State.QUEUED,
-                               codec, convert, ctx.cache, chains.sender(cfg, codec, self.redis))
+                               codec, convert, ctx.cache,
+                               chains.sender(cfg, codec, self.redis, url))
         queue = RunQueue(eager=self.leases.claims)
         self.holdings = Holdings(self.ctx, queue)
         # with job records, a handler starts only once start.lua has checked its record

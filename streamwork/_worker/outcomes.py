@@ -22,6 +22,7 @@ from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER
 from streamwork._wire.extensions import Codec, packer
 from streamwork._worker.batches import done_columns, staged_ops
+from streamwork._worker.chains import count_produced
 from streamwork._worker.context import Context
 from streamwork._worker.delivery import Delivery, ref
 from streamwork._worker.failure import Failure, fail_row, report
@@ -130,6 +131,7 @@ class Outcomes:
             if code == ACKED:
                 acked += 1
                 finished.append(d)
+                count_produced(ctx.tally, d.msg)
                 if cache is not None:
                     cache.add(d.msg.key)
             elif code in (Done.STAGED_REJECTED, Done.DUPLICATE):
