@@ -9,6 +9,8 @@ lease) and ``{S}:members:<len(G)>:G`` (the group's live workers, on the base str
 every group has ``{S}:settings:<len(G)>:G`` (what its workers declare, for cancel).
 Periodic jobs add ``{S}:tick:<len(G)>:G:<schedule>`` (its last tick decided) and
 ``{S}:schedules:<len(G)>:G`` (the schedules the group's workers publish).
+Jobs sent at priority ``high`` or ``low`` go onto ``{S}:p:high`` / ``{S}:p:low``
+(``_wire/priorities.py``); ``normal`` ones onto ``S`` itself.
 A name carrying its own tag (``{orders}:eu``) gets the prefix
 ``{orders}~<len(S)>:S`` instead. Lengths in front of names make the layout injective: two
 different (stream, group, job key) triples never share a key, whatever characters they hold.
@@ -31,7 +33,7 @@ _BAD_CHARS: Final = re.compile(r"[\s\x00]")
 #: names of keys derived from some stream (see StreamKeys); never a stream of its own
 _OWNED: Final = re.compile(
     r"^\{[^{}]+\}(~|:(dead|delayed|fence|partitions)$"
-    r"|:(retry|retries|job|owner|members|rate|sem|tick|schedules|settings):)")
+    r"|:(retry|retries|job|owner|members|rate|sem|tick|schedules|settings|p):)")
 
 
 def check_name(option: str, name: object, *, allow_tag: bool = False) -> str:

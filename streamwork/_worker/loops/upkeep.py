@@ -53,7 +53,7 @@ async def upkeep_once(ctx: Context) -> tuple[int, int]:
     """One trim + reap round; returns (entries trimmed, consumers removed)."""
     cfg = ctx.cfg
     trimmed = reaped = 0
-    for stream in (ctx.keys.stream, ctx.gkeys.retry):
+    for _, stream in ctx.levels.sources():  # the stream, retries, joined priority levels
         if cfg.retention is not None:
             cutoff = int((time.time() - cfg.retention) * 1000)
             trimmed += await ctx.scripts.run(scripts.trim(stream, max(cutoff, 0)))
