@@ -1,8 +1,9 @@
 -- read: one read round of a consumer over a stream's priority levels, in one step: new
 -- entries (">") of each level, as many in all as the consumer has room for. "strict" takes
 -- from each stream in turn what room is left (a lower level only gets what the higher ones
--- did not fill); "weighted" first gives each level its share of the room by weight (at
--- least one entry: a level with jobs is never starved), then fills what is left in order.
+-- did not fill); "weighted" gives each level its share of the room by weight (at least one
+-- entry: a level with jobs is never starved), shares again what some did not fill, then
+-- fills what is left in order.
 -- A stream that exists without the group gets it, created at id 0 (a level's first job
 -- arrived since the worker last looked); a stream that does not exist costs nothing.
 -- KEYS: the streams in the order they are served (the group's retry stream, high, the
@@ -28,11 +29,9 @@ local function xread(stream, count)
 end
 
 local exists, got, full = {}, {}, {}
-local total = 0
 for i, stream in ipairs(KEYS) do
   exists[i] = redis.call('EXISTS', stream) == 1
   got[i] = {}
-  if exists[i] and tonumber(ARGV[4 + i]) > 0 then total = total + tonumber(ARGV[4 + i]) end
 end
 
 local function take(i, count)
@@ -48,15 +47,26 @@ for i = 1, #KEYS do  -- the unweighted streams first (strict: every stream, in o
   if exists[i] and (not weighted or tonumber(ARGV[4 + i]) == 0) then take(i, left) end
 end
 if weighted then
-  local room = left
-  for i = 1, #KEYS do  -- each level's share
-    local w = tonumber(ARGV[4 + i])
-    if exists[i] and w > 0 and left > 0 then
-      take(i, math.min(left, math.max(1, math.floor(room * w / total))))
-    end
+  -- each level its share of the room left, by weight (at least one); what a level did not
+  -- fill is shared again among those that filled theirs (they may hold more), twice more
+  local eligible = {}
+  for i = 1, #KEYS do
+    if exists[i] and tonumber(ARGV[4 + i]) > 0 then eligible[#eligible + 1] = i end
   end
-  for i = 1, #KEYS do  -- what is left, in order, from levels that may hold more
-    if exists[i] and full[i] and left > 0 then take(i, left) end
+  for _ = 1, 3 do
+    if left <= 0 or #eligible == 0 then break end
+    local total, room, more = 0, left, {}
+    for _, i in ipairs(eligible) do total = total + tonumber(ARGV[4 + i]) end
+    for _, i in ipairs(eligible) do
+      if left > 0 then
+        take(i, math.min(left, math.max(1, math.floor(room * tonumber(ARGV[4 + i]) / total))))
+        if full[i] then more[#more + 1] = i end
+      end
+    end
+    eligible = more
+  end
+  for _, i in ipairs(eligible) do  -- what is still left, in order
+    if left > 0 then take(i, left) end
   end
 end
 
