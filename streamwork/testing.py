@@ -134,10 +134,12 @@ def stream_idle(client: Any, stream: str, group: str) -> bool:
     pipe.zcard(keys.delayed)
     pipe.zcard(gkeys.retries)
     got = pipe.execute(raise_on_error=False)
-    main, others, (delayed, retries) = got[:3], got[3:-2], got[-2:]
-    others_idle = all(not others[i] or _group_idle(*others[i:i + 3], group)
-                      for i in range(0, len(others), 3))
-    return _group_idle(*main, group) and others_idle and delayed == 0 and retries == 0
+    sides = [got[i:i + 3] for i in range(0, len(got) - 2, 3)]  # the stream, then the others
+    others_idle = all(not e or _group_idle(e, groups, last, group)
+                      for e, groups, last in sides[1:])
+    exists, groups, last = sides[0]
+    return (_group_idle(exists, groups, last, group) and others_idle
+            and got[-2] == 0 and got[-1] == 0)
 
 
 async def run_until_idle(worker: StreamWorker, client: Any, timeout: float = 30.0) -> None:

@@ -265,3 +265,32 @@ async def test_a_killed_workers_high_deliveries_are_reclaimed(
           f"twice {report.twice}")
     assert report.exactly_once
     assert worker.counts["reclaimed"] >= 102
+
+
+# ---- operators' view -------------------------------------------------------------------
+
+
+async def test_inspect_counts_every_level(r: redis.Redis, redis_url: str) -> None:
+    """A group's lag and pending include its jobs waiting at high and low; ``streamwork
+    send --priority`` sends at a level."""
+    from click.testing import CliRunner
+
+    from streamwork._cli.main import main
+    from streamwork._ops.stats import stream_stats
+
+    with sw.Producer.from_url(redis_url) as p:
+        p.send(STREAM, {}, priority="high")
+        p.send(STREAM, {}, priority="low")
+        await run_until_idle(starts_worker(redis_url), r, timeout=60)  # joins every level
+        p.send_many(STREAM, [{}] * 3, priority="high")
+        p.send_many(STREAM, [{}] * 4)
+    res = CliRunner().invoke(main, ["send", STREAM, "{}", "--priority", "low", "--url",
+                                    redis_url])
+    assert res.exit_code == 0, res.output
+    bad = CliRunner().invoke(main, ["send", STREAM, "{}", "--priority", "urgent", "--url",
+                                    redis_url])
+    assert bad.exit_code != 0 and "high" in bad.output
+    g = stream_stats(r, STREAM).group(GROUP)
+    assert g is not None
+    assert g.priority_lag == {"high": 3, "low": 1}
+    assert g.lag == 8 and g.pending == 0
