@@ -35,8 +35,9 @@ def check_priority(value: object) -> str:
 
 
 def level_stream(keys: StreamKeys, level: str) -> str:
-    """The stream that holds ``level``'s jobs: the stream itself for ``normal``, else
-    ``<prefix>:p:<level>`` (``{orders}:p:high``)."""
+    """The streams of the jobs sent at priority ``high`` and ``low`` (``normal`` ones go
+    onto the stream itself): made by the first such send, read by every group of the
+    stream, which shares its job records with the stream itself."""
     return keys.stream if level == DEFAULT else f"{keys.prefix}:p:{level}"
 
 
