@@ -294,3 +294,30 @@ async def test_inspect_counts_every_level(r: redis.Redis, redis_url: str) -> Non
     assert g is not None
     assert g.priority_lag == {"high": 3, "low": 1}
     assert g.lag == 8 and g.pending == 0
+
+
+async def test_a_batch_handler_gets_the_high_jobs_first(r: redis.Redis, redis_url: str) -> None:
+    """Batch handlers read the levels as plain handlers do: with both levels backlogged,
+    the first calls hold only high jobs."""
+    calls: list[list[str]] = []
+
+    class Bulk(sw.StreamWorker):
+        stream = STREAM
+        group = GROUP
+        concurrency = 1
+        batch_size = 20
+        batch_max = 20
+        read_block = 0.05
+
+        async def handle_batch(self, msgs: list[sw.Message]) -> None:
+            calls.append([m.priority for m in msgs])
+
+    with sw.Producer.from_url(redis_url) as p:
+        p.send_many(STREAM, [{}] * 200, priority="low")
+        p.send_many(STREAM, [{}] * 60, priority="high")
+    await run_until_idle(Bulk.from_url(redis_url), r, timeout=60)
+    levels = [lv for call in calls for lv in call]
+    print(f"\nbatch handler: {len(calls)} calls; first high-only calls "
+          f"{[len(c) for c in calls[:4]]}; last high job at {levels.index('low') - 1}")
+    assert len(levels) == 260
+    assert levels[:60] == ["high"] * 60
