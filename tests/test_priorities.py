@@ -321,3 +321,35 @@ async def test_a_batch_handler_gets_the_high_jobs_first(r: redis.Redis, redis_ur
           f"{[len(c) for c in calls[:4]]}; last high job at {levels.index('low') - 1}")
     assert len(levels) == 260
     assert levels[:60] == ["high"] * 60
+
+
+@pytest.mark.cluster
+async def test_levels_on_redis_cluster(make_server: Any) -> None:
+    """On a 3-master Cluster the level streams share the stream's slot: every script
+    (read.lua over all levels included) runs without CROSSSLOT, and each job of each level
+    takes effect once, retries (through the retry stream) included."""
+    from tests.helpers.cluster_util import local_cluster
+
+    class Ledger3(sw.StreamWorker):
+        stream = "orders"
+        group = "testers"
+        read_block = 0.1
+        retry_delay = 0.05
+        retry_max_delay = 0.5
+
+        async def handle(self, msg: sw.Message) -> None:
+            if msg.attempt == 1 and msg.key.endswith("7"):
+                raise RuntimeError("flaky once")
+            msg.stage("HINCRBY", ["{orders}:ledger"], [msg.key, 1])
+
+    with local_cluster(make_server, masters=3) as formed:
+        url = f"redis+cluster://{formed.client.get_default_node().name}"
+        with sw.Producer.from_url(url) as p:
+            for level in ("high", "normal", "low"):
+                p.send_many("orders", [{}] * 30, keys=[f"{level}-{i}" for i in range(30)],
+                            priority=level)
+        worker = Ledger3.from_url(url)
+        await run_until_idle(worker, formed.client, timeout=60)
+        ledger = formed.client.hgetall("{orders}:ledger")
+        assert len(ledger) == 90 and set(ledger.values()) == {b"1"}
+        assert worker.counts["retried"] == 9
