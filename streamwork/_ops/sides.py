@@ -64,11 +64,14 @@ def named(groups_reply: Any, name: str) -> dict[str, Any] | None:
 def level_side(group: str, replies: list[Any]) -> tuple[dict[str, int | None], int]:
     """The lag per level (``high``, ``low``: levels with a stream only) and the pending
     deliveries on the levels of ``group``, from the replies to ``XINFO GROUPS`` and ``XLEN``
-    of each level stream in SIBLINGS order (an error: no such stream). Without the group on
+    of each level stream in SIBLINGS order (an error: no such stream; none at all: the
+    stream has no level). Without the group on
     an existing level stream (no worker has looked since the first job was sent there),
     every entry there is lag."""
     lags: dict[str, int | None] = {}
     pending = 0
+    if not replies:  # the stream has no level stream (nothing was asked)
+        return lags, pending
     for level, groups_reply, length in zip(SIBLINGS, replies[::2], replies[1::2], strict=True):
         if isinstance(length, Exception) or not length:
             continue

@@ -5,10 +5,12 @@ and the dashboard.
 :data:`CHUNK` streams in a server ``TIME`` (the clock the promoter uses: ``now``) and three
 pipelined round trips, so that a server with thousands of streams costs a few round trips
 per thousand streams, never one per stream: first, per stream ``S``, ``XINFO STREAM S``,
-``XINFO GROUPS S``, ``ZCARD {S}:delayed`` and ``XLEN {S}:dead``; then, per group ``G``,
+``XINFO GROUPS S``, ``ZCARD {S}:delayed``, ``XLEN {S}:dead`` and ``EXISTS`` of its two
+priority level streams; then, per group ``G``,
 ``XPENDING S G - + 1`` (the oldest pending entry and its idle time; only when the group
 holds deliveries), ``XINFO CONSUMERS S G`` (only when it has consumers), ``XINFO GROUPS``
-of its retry stream and ``ZCARD`` of its retry ZSET; last, only where they are needed, the
+of its retry stream and ``ZCARD`` of its retry ZSET, and ``XINFO GROUPS`` and ``XLEN`` of
+the level streams of a stream that has them; last, only where they are needed, the
 due counts (``ZCOUNT -inf now`` of a ZSET that is not empty) and ``XLEN`` of a retry
 stream whose group cannot tell its lag. Each command is O(1) or O(groups/consumers) on the
 server (no script, nothing that walks the keyspace but the ``SCAN`` of
@@ -334,9 +336,7 @@ def _read_chunk(client: Any, names: Sequence[str]) -> list[StreamStats | StreamN
         first.ask(partial(setattr, st, "groups_raw")).xinfo_groups(st.name)
         first.ask(partial(_delayed, third, st, now_ms)).zcard(st.keys.delayed)
         first.ask(partial(setattr, st, "dead")).xlen(st.keys.dead)
-        for level in sibling_streams(st.keys):  # the priority levels (most have none)
-            first.ask(st.levels.append).xinfo_groups(level)
-            first.ask(st.levels.append).xlen(level)
+        first.ask(partial(_levels, second, st)).exists(*sibling_streams(st.keys))
     first.run()
     out: list[StreamStats | StreamNotFound | _Stream] = []
     for st in streams:
@@ -365,6 +365,14 @@ def _with_levels(g: GroupStats | None, replies: list[Any]) -> GroupStats | None:
     lag = None if g.lag is None or None in lags.values() else g.lag + sum(
         v or 0 for v in lags.values())
     return dataclasses.replace(g, pending=g.pending + pending, priority_lag=lags, lag=lag)
+
+
+def _levels(later: _Later, st: _Stream, reply: Any) -> None:
+    """The priority levels of a stream that has some (most have none: one EXISTS)."""
+    if not isinstance(reply, Exception) and int(reply or 0) > 0:
+        for level in sibling_streams(st.keys):
+            later.ask(st.levels.append).xinfo_groups(level)
+            later.ask(st.levels.append).xlen(level)
 
 
 def _delayed(later: _Later, st: _Stream, now_ms: int, reply: Any) -> None:
