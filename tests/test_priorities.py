@@ -353,3 +353,24 @@ async def test_levels_on_redis_cluster(make_server: Any) -> None:
         ledger = formed.client.hgetall("{orders}:ledger")
         assert len(ledger) == 90 and set(ledger.values()) == {b"1"}
         assert worker.counts["retried"] == 9
+
+
+async def test_an_ordered_worker_says_it_leaves_other_levels_unread(
+        r: redis.Redis, redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Ordered mode reads the stream alone: a job sent at high is left unread, and the
+    worker says so once, in an error line naming what to do."""
+    import logging
+
+    caplog.set_level(logging.ERROR, logger="streamwork.worker")
+    with sw.Producer.from_url(redis_url) as p:
+        p.send(STREAM, {}, key="in-order")
+        p.send(STREAM, {}, key="urgent", priority="high")
+    worker = starts_worker(redis_url, ordered=True)
+    async with serving(worker):
+        await await_for(lambda: worker.started == [("normal", "in-order")], timeout=30,
+                        message="the normal job to run")
+        await await_for(lambda: any("priority" in rec.getMessage() for rec in caplog.records),
+                        timeout=30, message="the error line")
+    lines = [rec.getMessage() for rec in caplog.records if "priority" in rec.getMessage()]
+    assert len(lines) == 1 and "without priority=" in lines[0], lines
+    assert r.xlen(HIGH) == 1 and worker.started == [("normal", "in-order")]

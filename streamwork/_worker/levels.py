@@ -60,8 +60,9 @@ class Levels:
         return self._src.get(stream, RETRY)
 
     def sources(self) -> list[tuple[int, str]]:
-        """The streams with this group: the stream, the retry stream and joined levels."""
-        return [(src, self.streams[src]) for src in (MAIN, RETRY, HIGH, LOW)
+        """The streams with this group, highest level first (so the reclaimer takes back
+        high jobs first): a joined high level, the stream, the retry stream, low."""
+        return [(src, self.streams[src]) for src in (HIGH, MAIN, RETRY, LOW)
                 if src < HIGH or src in self.joined]
 
     def forget(self) -> None:
