@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from streamwork._redis.server import RedisServer, free_port
 from streamwork._wire.keys import StreamKeys
+from streamwork._wire.priorities import sibling_streams
 from streamwork._worker.worker import StreamWorker
 
 __all__ = [
@@ -117,8 +118,8 @@ def _fields(info: Any) -> dict[str, Any]:
 
 
 def stream_idle(client: Any, stream: str, group: str) -> bool:
-    """True when ``group`` has read every entry of the stream and of its retry stream,
-    acknowledged all, and nothing is delayed or waiting for a retry.
+    """True when ``group`` has read every entry of the stream, of its priority levels and
+    of its retry stream, acknowledged all, and nothing is delayed or waiting for a retry.
 
     One MULTI/EXEC looks at all of them at once (they share a hash slot): looked at one
     after the other, a job moving on meanwhile (a retry promoted from the retry ZSET to
@@ -126,17 +127,19 @@ def stream_idle(client: Any, stream: str, group: str) -> bool:
     keys = StreamKeys.for_stream(stream)
     gkeys = keys.group(group)
     pipe = client.pipeline(transaction=True)
-    for name in (stream, gkeys.retry):
+    for name in (stream, gkeys.retry, *sibling_streams(keys)):  # and the priority levels
         pipe.exists(name)
         pipe.xinfo_groups(name)  # an error for a missing stream: judged by EXISTS
         pipe.xrevrange(name, count=1)
     pipe.zcard(keys.delayed)
     pipe.zcard(gkeys.retries)
-    (main, main_groups, main_last, retry, retry_groups, retry_last, delayed,
-     retries) = pipe.execute(raise_on_error=False)
-    retry_idle = not retry or _group_idle(retry, retry_groups, retry_last, group)
-    return (_group_idle(main, main_groups, main_last, group) and retry_idle
-            and delayed == 0 and retries == 0)
+    got = pipe.execute(raise_on_error=False)
+    sides = [got[i:i + 3] for i in range(0, len(got) - 2, 3)]  # the stream, then the others
+    others_idle = all(not e or _group_idle(e, groups, last, group)
+                      for e, groups, last in sides[1:])
+    exists, groups, last = sides[0]
+    return (_group_idle(exists, groups, last, group) and others_idle
+            and got[-2] == 0 and got[-1] == 0)
 
 
 async def run_until_idle(worker: StreamWorker, client: Any, timeout: float = 30.0) -> None:

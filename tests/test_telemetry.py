@@ -183,6 +183,44 @@ async def test_gauges_read_real_lag_pending_delayed_dead(redis_url: str, r: redi
     producer.close()
 
 
+async def test_gauges_and_spans_count_the_priority_levels(
+        redis_url: str, r: redis.Redis) -> None:
+    """Lag and pending gauges include the jobs sent at high and low; a delivery's span
+    says its level."""
+    from streamwork._wire.priorities import sibling_streams
+
+    stream = "leveled"  # a stream no other test's worker reports on
+    high, low = sibling_streams(StreamKeys.for_stream(stream))
+    producer = sw.Producer.from_url(redis_url)
+    producer.send(stream, {})
+    producer.send_many(stream, [{}] * 2, priority="high")
+    producer.send_many(stream, [{}] * 3, priority="low")
+    for name in (stream, high, low):
+        r.xgroup_create(name, "testers", id="0")
+    r.xreadgroup("testers", "someone", {high: ">"}, count=1)
+    worker = LedgerWorker.from_url(redis_url, stream=stream)
+    from streamwork._worker.consumer import Consumer
+
+    consumer = Consumer(worker.handle, worker.config, worker.url, "probe")
+    await gauges.read_gauges(consumer.ctx)
+    await consumer.redis.aclose()
+
+    def gauge(what: str) -> float:
+        points = [p for p in _points(f"streamwork.stream.{what}")
+                  if p.attributes.get("stream") == stream]
+        assert len(points) == 1, points
+        return float(points[0].value)
+
+    assert gauge("pending") == 1
+    assert gauge("lag") == 1 + 1 + 3
+    _SPANS.clear()
+    producer.send(STREAM, {}, key="urgent", priority="high")
+    await run_until_idle(LedgerWorker.from_url(redis_url), r)
+    [span] = [s for s in _SPANS.get_finished_spans() if s.name == f"process {STREAM}"]
+    assert (span.attributes or {})["streamwork.priority"] == "high"
+    producer.close()
+
+
 class _Receiver(BaseHTTPRequestHandler):
     bodies: dict[str, list[bytes]] = {"/v1/traces": [], "/v1/metrics": []}
 

@@ -195,6 +195,10 @@ def redis_keys() -> str:
     rows = ["| key (stream `orders`, group `billing`) | type | what |", "|---|---|---|"]
     rows += _key_rows(_keys.StreamKeys, keys)
     rows += _key_rows(_keys.GroupKeys, keys.group("billing"))
+    from streamwork._wire import priorities
+
+    high, low = priorities.sibling_streams(keys)
+    rows.append(f"| `{high}`, `{low}` | stream | {_doc(priorities.level_stream)} |")
     return "\n".join(rows)
 
 

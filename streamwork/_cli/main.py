@@ -379,11 +379,14 @@ def _serve_here(workers: list[StreamWorker], otlp: bool, metrics_port: int | Non
 @click.option("--order-key", default=None,
               help="picks the partition of a partitioned stream, and orders the job among "
                    "those sharing it in ordered mode [default: the job key]")
+@click.option("--priority", type=click.Choice(["high", "normal", "low"]), default="normal",
+              show_default=True, help="the job's priority level")
 @partitions_option("the stream is split into P partitions (as its producers and workers "
                    "were told): send to the one the order key picks")
 @url_option
 def send(stream: str, payload: str, key: str | None, delay: float | None,
-         order_key: str | None, partitions: int | None, url: str | None) -> None:
+         order_key: str | None, priority: str, partitions: int | None,
+         url: str | None) -> None:
     """Enqueue one job whose PAYLOAD is JSON; prints the entry id (or key, when delayed).
     To a partitioned stream, the partition it went to follows on stderr."""
     try:
@@ -394,7 +397,8 @@ def send(stream: str, payload: str, key: str | None, delay: float | None,
     key = new_key() if key is None else key  # chosen here, to name its partition
     try:
         with Producer.from_url(url, partitions={stream: partitions}) as producer:
-            click.echo(producer.send(stream, data, key=key, delay=delay, order_key=order_key))
+            click.echo(producer.send(stream, data, key=key, delay=delay, order_key=order_key,
+                                     priority=priority))
     except StreamworkError as exc:
         fail(str(exc))
     if partitions > 1:

@@ -5,13 +5,15 @@ and the dashboard.
 :data:`CHUNK` streams in a server ``TIME`` (the clock the promoter uses: ``now``) and three
 pipelined round trips, so that a server with thousands of streams costs a few round trips
 per thousand streams, never one per stream: first, per stream ``S``, ``XINFO STREAM S``,
-``XINFO GROUPS S``, ``ZCARD {S}:delayed``, ``XLEN {S}:dead`` and ``XLEN {S}:outbox``; then,
-per group ``G``, ``XPENDING S G - + 1`` (the oldest pending entry and its idle time; only
-when the group holds deliveries), ``XINFO CONSUMERS S G`` (only when it has consumers),
-``XINFO GROUPS`` of its retry stream and ``ZCARD`` of its retry ZSET; last, only where they
-are needed, the due counts (``ZCOUNT -inf now`` of a ZSET that is not empty) and ``XLEN`` of
-a retry stream whose group cannot tell its lag. Each command is O(1) or O(groups/consumers)
-on the server (no script, nothing that walks the keyspace but the ``SCAN`` of
+``XINFO GROUPS S``, ``ZCARD {S}:delayed``, ``XLEN {S}:dead``, ``XLEN {S}:outbox`` and
+``EXISTS`` of its two priority level streams; then, per group ``G``,
+``XPENDING S G - + 1`` (the oldest pending entry and its idle time; only when the group
+holds deliveries), ``XINFO CONSUMERS S G`` (only when it has consumers), ``XINFO GROUPS``
+of its retry stream and ``ZCARD`` of its retry ZSET, and ``XINFO GROUPS`` and ``XLEN`` of
+the level streams of a stream that has them; last, only where they are needed, the
+due counts (``ZCOUNT -inf now`` of a ZSET that is not empty) and ``XLEN`` of a retry
+stream whose group cannot tell its lag. Each command is O(1) or O(groups/consumers) on the
+server (no script, nothing that walks the keyspace but the ``SCAN`` of
 :func:`discover_streams`), so Redis is never blocked for long. Nothing is written. The
 commands are not one snapshot: figures of a busy stream can disagree by the few jobs that
 moved between two reads.
@@ -38,7 +40,9 @@ from typing import Any, Final
 import redis
 
 from streamwork._ops.replies import entry_id, norm, opt_int, text
+from streamwork._ops.sides import RetrySide, level_side, named, retry_side
 from streamwork._wire.keys import StreamKeys, is_dead_letter_stream, is_owned_key
+from streamwork._wire.priorities import sibling_streams
 from streamwork.errors import ConfigError, StreamNotFound
 
 __all__ = [
@@ -99,6 +103,9 @@ class GroupStats:
     #: of ``retries_waiting``, those whose backoff is over but not yet promoted onto the
     #: retry stream (a worker of the group does that), counted in ``lag``
     retries_due: int = 0
+    #: jobs sent at priority high or low not yet delivered to the group, per level (only
+    #: levels jobs were sent at), counted in ``lag``; their pending ones are in ``pending``
+    priority_lag: dict[str, int | None] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -166,46 +173,6 @@ def _now_ms(client: Any) -> int:
     return int(secs) * 1000 + int(micros) // 1000
 
 
-@dataclass(frozen=True, slots=True)
-class RetrySide:
-    """What waits for one group on its own side: its retry stream and its retry ZSET."""
-
-    #: entries of the retry stream not yet delivered to the group; None when Redis cannot tell
-    lag: int | None = 0
-    pending: int = 0  #: deliveries from the retry stream not acknowledged yet
-    waiting: int = 0  #: retries in the ZSET, due or not
-    due: int = 0  #: of which due (score <= now): a worker of the group promotes them next
-
-    def total_lag(self, stream_lag: int | None) -> int | None:
-        """The group's whole lag given its lag on the stream itself: that, plus the retry
-        stream's, plus the due retries; None when either lag is unknown."""
-        if stream_lag is None or self.lag is None:
-            return None
-        return stream_lag + self.lag + self.due
-
-
-def retry_side(group: str, groups_reply: Any, length: Any, waiting: Any, due: Any) -> RetrySide:
-    """:class:`RetrySide` of ``group`` from the replies to ``XINFO GROUPS`` and ``XLEN`` of
-    its retry stream and ``ZCARD``/``ZCOUNT -inf now`` of its retry ZSET (an exception in
-    place of the XINFO/XLEN reply: no retry stream yet, counted as empty).
-
-    Without a consumer group on the retry stream (its workers create it at id 0 when they
-    start) every entry there is still to be delivered. A null lag (Redis < 7, or entries
-    deleted past the group's position) stays unknown, as on the stream itself, unless the
-    retry stream is empty."""
-    entries = 0 if isinstance(length, Exception) else int(length or 0)
-    found = None if isinstance(groups_reply, Exception) else _named(groups_reply, group)
-    if found is None:
-        lag: int | None = entries
-        pending = 0
-    else:
-        lag = opt_int(found.get("lag"))
-        if lag is None and entries == 0:
-            lag = 0
-        pending = int(found.get("pending") or 0)
-    return RetrySide(lag=lag, pending=pending, waiting=int(waiting or 0), due=int(due or 0))
-
-
 class _Later:
     """Commands queued on a pipeline, each with what to do with its reply."""
 
@@ -257,7 +224,7 @@ class _Group:
 
         def retry_groups(reply: Any) -> None:
             self.retry_groups = reply
-            found = None if isinstance(reply, Exception) else _named(reply, self.name)
+            found = None if isinstance(reply, Exception) else named(reply, self.name)
             if not isinstance(reply, Exception) and (found is None or found.get("lag") is None):
                 later.ask(partial(setattr, self, "length")).xlen(gkeys.retry)
 
@@ -305,15 +272,6 @@ class _Group:
         )
 
 
-def _named(groups_reply: Any, name: str) -> dict[str, Any] | None:
-    """The entry of group ``name`` in an XINFO GROUPS reply, None when it has none."""
-    for raw in groups_reply or []:
-        info = norm(raw)
-        if text(info.get("name")) == name:
-            return info
-    return None
-
-
 def _gone(reply: Any, *markers: str) -> bool:
     """Whether ``reply`` is an error reply whose text holds one of ``markers``."""
     return isinstance(reply, redis.ResponseError) and any(
@@ -347,9 +305,10 @@ class _Stream:
     dead: Any = 0
     outbox: Any = 0
     groups: list[_Group] = field(default_factory=list)
+    levels: list[Any] = field(default_factory=list)  #: XINFO GROUPS, XLEN of each level
 
     def stats(self, now_ms: int) -> StreamStats:
-        read = [g.stats() for g in self.groups]
+        read = [_with_levels(g, self.levels) for g in (g.stats() for g in self.groups)]
         groups = sorted((g for g in read if g is not None), key=lambda g: g.name)
         info = norm(self.info)
         last = info.get("last-generated-id") or entry_id(info.get("last-entry")) or "0-0"
@@ -382,6 +341,7 @@ def _read_chunk(client: Any, names: Sequence[str]) -> list[StreamStats | StreamN
         first.ask(partial(_delayed, third, st, now_ms)).zcard(st.keys.delayed)
         first.ask(partial(setattr, st, "dead")).xlen(st.keys.dead)
         first.ask(partial(setattr, st, "outbox")).xlen(st.keys.outbox)
+        first.ask(partial(_levels, second, st)).exists(*sibling_streams(st.keys))
     first.run()
     out: list[StreamStats | StreamNotFound | _Stream] = []
     for st in streams:
@@ -400,6 +360,24 @@ def _read_chunk(client: Any, names: Sequence[str]) -> list[StreamStats | StreamN
     second.run()
     third.run()
     return [x.stats(now_ms) if isinstance(x, _Stream) else x for x in out]
+
+
+def _with_levels(g: GroupStats | None, replies: list[Any]) -> GroupStats | None:
+    """``g`` with the lag and pending deliveries of the stream's priority levels added."""
+    lags, pending = level_side(g.name, replies) if g is not None else ({}, 0)
+    if g is None or not lags:
+        return g
+    lag = None if g.lag is None or None in lags.values() else g.lag + sum(
+        v or 0 for v in lags.values())
+    return dataclasses.replace(g, pending=g.pending + pending, priority_lag=lags, lag=lag)
+
+
+def _levels(later: _Later, st: _Stream, reply: Any) -> None:
+    """The priority levels of a stream that has some (most have none: one EXISTS)."""
+    if not isinstance(reply, Exception) and int(reply or 0) > 0:
+        for level in sibling_streams(st.keys):
+            later.ask(st.levels.append).xinfo_groups(level)
+            later.ask(st.levels.append).xlen(level)
 
 
 def _delayed(later: _Later, st: _Stream, now_ms: int, reply: Any) -> None:

@@ -29,6 +29,7 @@ from streamwork._wire.codec import (
 )
 from streamwork._wire.extensions import Codec, check_codec
 from streamwork._wire.keys import StreamKeys
+from streamwork._wire.message import PRIORITY_HEADER
 from streamwork._wire.partitions import (
     ORDER_KEY_HEADER,
     check_order_key,
@@ -38,6 +39,7 @@ from streamwork._wire.partitions import (
     partition_of,
 )
 from streamwork._wire.payloads import PLAIN, to_plain
+from streamwork._wire.priorities import DEFAULT, check_priority, level_stream
 from streamwork.errors import ConfigError
 
 DEFAULT_RETRY_TIMEOUT: Final = 10.0  #: seconds a send keeps retrying while Redis is unreachable
@@ -232,6 +234,20 @@ class Core:
         """Every partition of ``stream`` (just ``stream`` when it is not partitioned)."""
         return partition_names(stream, self.partitions_of(stream))
 
+    def _check_level(self, stream: str, priority: str, due: tuple[str, str] | None,
+                     hdrs: dict[str, str]) -> None:
+        """Check ``priority``; a job at another level than normal carries it in a header.
+        Delayed jobs and partitioned streams have the normal level only (for now)."""
+        if check_priority(priority) == DEFAULT:
+            return
+        if due is not None:
+            raise ConfigError("priority", "delayed jobs (delay=/at=) are sent at the normal "
+                                          "level only; drop priority= or the delay")
+        if self.partitions_of(stream) > 1:
+            raise ConfigError("priority", f"{stream!r} is partitioned: its jobs are sent at "
+                                          "the normal level only; drop priority=")
+        hdrs[PRIORITY_HEADER] = priority
+
     def _io(self, what: str, request: Command) -> Steps[Any]:
         """One round trip, retried while Redis is unreachable (``what`` names it then)."""
         return attempt(request, what, self.url, self.retry_timeout)
@@ -257,11 +273,11 @@ class Core:
     def _send_steps(self, stream: str, payload: Payload, key: str | None,
                     headers: Mapping[str, str] | None, delay: float | None,
                     at: dt.datetime | None, timeout: float | None, maxlen: int | None,
-                    order_key: str | None) -> Steps[str]:
+                    order_key: str | None, priority: str = DEFAULT) -> Steps[str]:
         """`send`: one job, its entry id (its key when delayed)."""
         with telemetry.producer_span(stream):
             single = self._plan_send(stream, payload, key, headers, delay, at, timeout,
-                                     maxlen, order_key)
+                                     maxlen, order_key, priority)
             yield from self._check_recorded(stream)
             reply = yield from self._io(f"send to {stream!r}", single.request)
             result = single.key if single.key is not None else ids([reply])[0]
@@ -271,15 +287,19 @@ class Core:
     def _plan_send(self, stream: str, payload: Payload, key: str | None,
                    headers: Mapping[str, str] | None, delay: float | None,
                    at: dt.datetime | None, timeout: float | None,
-                   maxlen: int | None, order_key: str | None) -> Single:
+                   maxlen: int | None, order_key: str | None,
+                   priority: str = DEFAULT) -> Single:
         keys_of(stream)
         due = _due(delay, at)
         _check_maxlen(maxlen)
         hdrs = _headers(headers)
+        self._check_level(stream, priority, due, hdrs)
         job_key = new_key() if key is None else key
         if order_key is not None and check_order_key(order_key) != job_key:
             hdrs[ORDER_KEY_HEADER] = order_key
         target = self._target(stream, job_key, order_key)
+        if priority != DEFAULT:
+            target = level_stream(keys_of(stream), priority)
         body = pack_body(job_key, to_plain(payload, self.codec), hdrs, int(time.time() * 1000),
                          self.max_payload_bytes, time_limit_ms(timeout), self.codec)
         if due is not None:
@@ -290,13 +310,13 @@ class Core:
     def _send_many_steps(self, stream: str, payloads: Sequence[Payload],
                          keys: Sequence[str] | None, headers: Mapping[str, str] | None,
                          timeout: float | None, delay: float | None, at: dt.datetime | None,
-                         maxlen: int | None, order_keys: Sequence[str] | None
-                         ) -> Steps[list[str]]:
+                         maxlen: int | None, order_keys: Sequence[str] | None,
+                         priority: str = DEFAULT) -> Steps[list[str]]:
         """`send_many`: each partition's jobs in chunks, one atomic script call each; the
         ids (keys when delayed) in the order the jobs were given."""
         with telemetry.producer_span(stream, len(payloads)):
             batches = self._plan_send_many(stream, payloads, keys, headers, timeout, delay,
-                                           at, maxlen, order_keys)
+                                           at, maxlen, order_keys, priority)
         yield from self._check_recorded(stream)
         what = f"send_many to {stream!r}"
         results = []
@@ -323,12 +343,14 @@ class Core:
     def _plan_send_many(self, stream: str, payloads: Sequence[Payload],
                         keys: Sequence[str] | None, headers: Mapping[str, str] | None,
                         timeout: float | None, delay: float | None, at: dt.datetime | None,
-                        maxlen: int | None, order_keys: Sequence[str] | None) -> list[Batch]:
+                        maxlen: int | None, order_keys: Sequence[str] | None,
+                        priority: str = DEFAULT) -> list[Batch]:
         """One batch per partition the jobs go to (one for an unpartitioned stream)."""
         keys_of(stream)
         due = _due(delay, at)
         _check_maxlen(maxlen)
         hdrs, now_ms = _headers(headers), int(time.time() * 1000)
+        self._check_level(stream, priority, due, hdrs)
         limit_ms = time_limit_ms(timeout)
         job_keys = [new_key() if k is None else k for k in _check_keys(payloads, keys)]
         orders = _check_order_keys(order_keys, job_keys)
@@ -343,7 +365,8 @@ class Core:
                                   now_ms, self.max_payload_bytes, limit_ms, self.codec)[0]
                       for k, p, o in zip(job_keys, payloads, orders, strict=True)]
         if count == 1:
-            groups: dict[str, list[int]] = {stream: list(range(len(bodies)))}
+            groups: dict[str, list[int]] = {level_stream(keys_of(stream), priority):
+                                            list(range(len(bodies)))}
         else:
             names = partition_names(stream, count)
             groups = {}
@@ -360,7 +383,7 @@ class Core:
 def _chunks(batch: Batch) -> list[Chunk]:
     """``batch``'s bodies as script calls of at most SEND_CHUNK jobs (or about
     SEND_CHUNK_BYTES): each one atomic, and short enough not to hold Redis up."""
-    keys, bodies = keys_of(batch.stream), batch.bodies
+    keys, bodies = StreamKeys.of_any(batch.stream), batch.bodies
     if sum(map(len, bodies)) < SEND_CHUNK_BYTES:  # the usual case: cut by count alone
         bounds = [(i, min(i + SEND_CHUNK, len(bodies)))
                   for i in range(0, len(bodies), SEND_CHUNK)]

@@ -55,6 +55,7 @@ class Producer(Jobs):
         timeout: float | None = None,
         maxlen: int | None = None,
         order_key: str | None = None,
+        priority: str = "normal",
     ) -> str:
         """Enqueue one job and return its stream entry id.
 
@@ -67,9 +68,11 @@ class Producer(Jobs):
         ``retention``, which trims only what all groups acknowledged. ``order_key`` picks
         the partition of a partitioned stream and orders the job among those sharing it
         in ``ordered`` mode (default: ``key``); send a key always with the same one.
+        ``priority`` is "high", "normal" (default) or "low": workers read higher levels
+        first (``priority_order``); a key is one job whatever level it is sent at.
         """
         return self._run(self._send_steps(stream, payload, key, headers, delay, at, timeout,
-                                            maxlen, order_key))
+                                            maxlen, order_key, priority))
 
     def send_many(
         self,
@@ -83,17 +86,19 @@ class Producer(Jobs):
         at: dt.datetime | None = None,
         maxlen: int | None = None,
         order_keys: Sequence[str] | None = None,
+        priority: str = "normal",
     ) -> list[str]:
         """Enqueue many jobs; returns their entry ids in order. Each chunk of up to
         SEND_CHUNK (1000) jobs is ONE script call that adds all of them or none (a pipeline
         could fail half way); a longer list is sent chunk after chunk, so a failure there
         leaves the chunks before it enqueued (their ids are lost with the exception).
         ``delay``/``at`` delay them all (one script call per chunk too) and return their
-        keys instead of ids; ``maxlen`` and ``order_keys`` (one per job) as for `send`.
+        keys instead of ids; ``maxlen``, ``order_keys`` (one per job) and ``priority`` (all
+        of them) as for `send`.
         On a partitioned stream each partition's jobs are sent as above, partition after
         partition: atomic per partition, in order within each."""
         return self._run(self._send_many_steps(stream, payloads, keys, headers, timeout,
-                                                 delay, at, maxlen, order_keys))
+                                                 delay, at, maxlen, order_keys, priority))
 
     def status(self, stream: str, key: str, *, group: str | None = None,
                order_key: str | None = None) -> JobStatus:
@@ -190,10 +195,11 @@ class AsyncProducer(Jobs):
         timeout: float | None = None,
         maxlen: int | None = None,
         order_key: str | None = None,
+        priority: str = "normal",
     ) -> str:
         """Enqueue one job; same arguments and result as ``Producer.send``."""
         return await self._run(self._send_steps(stream, payload, key, headers, delay, at,
-                                                timeout, maxlen, order_key))
+                                                timeout, maxlen, order_key, priority))
 
     async def send_many(
         self,
@@ -207,10 +213,12 @@ class AsyncProducer(Jobs):
         at: dt.datetime | None = None,
         maxlen: int | None = None,
         order_keys: Sequence[str] | None = None,
+        priority: str = "normal",
     ) -> list[str]:
         """As `Producer.send_many`, awaiting: one atomic script call per chunk of jobs."""
         return await self._run(self._send_many_steps(stream, payloads, keys, headers,
-                                                     timeout, delay, at, maxlen, order_keys))
+                                                     timeout, delay, at, maxlen, order_keys,
+                                                     priority))
 
     async def status(self, stream: str, key: str, *, group: str | None = None,
                      order_key: str | None = None) -> JobStatus:

@@ -29,17 +29,19 @@ import redis.exceptions
 
 from streamwork._wire.codec import ATTEMPTS_FIELD, BODY_FIELD
 from streamwork._wire.keys import GroupKeys, StreamKeys
+from streamwork._wire.priorities import sibling_streams
 
 #: scripts registered from another script's file (with other flags)
 _FILES: Final = {"ack": "complete"}
 _WORKER: Final = ("ack", "adopt", "cancel", "claim", "complete", "fail", "heartbeat",
-                  "promote", "reclaim", "schedule", "start", "tick")
+                  "promote", "read", "reclaim", "schedule", "start", "tick")
 #: shared Lua prepended to each script, in order
 PRELUDES: Final = {name: ("fields", "lib") for name in _WORKER}
 #: script flags on servers that have them; scripts not named here get no ``#!lua`` line
 FLAGS: Final = {
     "cancel": "", "claim": "", "complete": "", "fail": "", "produce": "", "promote": "",
     "rate": "", "reclaim": "", "semaphore": "allow-oom",
+    "read": "allow-oom",  # reads (and creates a level's group): never refused under OOM
     "ack": "allow-oom", "adopt": "allow-oom", "heartbeat": "allow-oom", "reap": "allow-oom",
     "start": "allow-oom",  # rewrites a job's existing record (held -> running) in place
     "trim": "allow-oom",
@@ -112,7 +114,8 @@ def cancel(record: str, settings: str, reason: str, ttl_ms: int) -> Call:
 
 
 def _group_keys(g: GroupKeys) -> list[Arg]:
-    """KEYS[1..3] of the scripts that work on a group's deliveries."""
+    """KEYS[1..3] of the scripts that work on a group's deliveries (their last two KEYS
+    are the stream's high and low priority levels: delivery sources 2 and 3)."""
     return [g.stream.stream, g.retry, g.retries]
 
 
@@ -121,7 +124,8 @@ def claim(g: GroupKeys, consumer: str, ttl_ms: int, owner: str, mode: str,
     """claim.lua: take (``mode`` "lease"), check ("check") or mark ("mark") job records;
     ``batch`` is [[entry id...], [src...], [job key...], [attempt...], [lease...]], and in
     "lease" mode optionally [start (1: taken as running at once)...]."""
-    return Call("claim", [g.stream.stream, g.retry, g.stream.fence],
+    return Call("claim",
+                [g.stream.stream, g.retry, g.stream.fence, *sibling_streams(g.stream)],
                 [g.name, consumer, ttl_ms, owner, g.job_prefix, mode, pack(batch)])
 
 
@@ -130,8 +134,8 @@ def start(g: GroupKeys, consumer: str, mode: int, ttl_ms: int,
     """start.lua: turn held leases into running ones as handlers start (op "s"), or back
     into held ones waiting for an in-place retry (op "h"); ``batch`` is [[id...], [src...],
     [job key...], [lease...], [member...], [op...], [attempt...], [due ms...]]."""
-    return Call("start", _group_keys(g), [g.name, consumer, g.job_prefix, int(mode), ttl_ms,
-                                          pack(batch)])
+    return Call("start", [*_group_keys(g), *sibling_streams(g.stream)],
+                [g.name, consumer, g.job_prefix, int(mode), ttl_ms, pack(batch)])
 
 
 def complete(g: GroupKeys, consumer: str, mode: int, done_ttl_ms: int, staged: bytes,
@@ -140,7 +144,8 @@ def complete(g: GroupKeys, consumer: str, mode: int, done_ttl_ms: int, staged: b
     """complete.lua (``oom_ok``: its ``ack`` twin, allowed under OOM): record successes;
     ``batch`` is [[id...], [src...], [job key...], [lease...], [member...], [done...]];
     ``lease_ttl_ms`` is what a record found leased by another gets back as its TTL."""
-    return Call("ack" if oom_ok else "complete", [*_group_keys(g), *staged_keys],
+    return Call("ack" if oom_ok else "complete",
+                [*_group_keys(g), *staged_keys, *sibling_streams(g.stream)],
                 [g.name, consumer, int(mode), done_ttl_ms, staged, g.job_prefix, pack(batch),
                  lease_ttl_ms])
 
@@ -148,7 +153,7 @@ def complete(g: GroupKeys, consumer: str, mode: int, done_ttl_ms: int, staged: b
 def fail(g: GroupKeys, consumer: str, worker: str, mode: int, dead_ttl_ms: int,
          entries: list[list[Any]]) -> Call:
     """fail.lua: schedule retries (this group only) or dead-letter, one list per entry."""
-    return Call("fail", [*_group_keys(g), g.stream.dead],
+    return Call("fail", [*_group_keys(g), g.stream.dead, *sibling_streams(g.stream)],
                 [g.name, consumer, worker, g.job_prefix, int(mode), dead_ttl_ms,
                  pack(entries)])
 
@@ -156,14 +161,22 @@ def fail(g: GroupKeys, consumer: str, worker: str, mode: int, dead_ttl_ms: int,
 def heartbeat(g: GroupKeys, consumer: str, ttl_ms: int, batch: list[list[Any]]) -> Call:
     """heartbeat.lua: reset idle times and extend leases of held deliveries;
     ``batch`` is [[id...], [src...], [job key...], [lease...], [member...]]."""
-    return Call("heartbeat", _group_keys(g), [g.name, consumer, ttl_ms, g.job_prefix,
-                                              pack(batch)])
+    return Call("heartbeat", [*_group_keys(g), *sibling_streams(g.stream)],
+                [g.name, consumer, ttl_ms, g.job_prefix, pack(batch)])
 
 
 def adopt(g: GroupKeys, consumer: str, ttl_ms: int, batch: list[list[Any]]) -> Call:
     """adopt.lua: take over deliveries whose entry was deleted while held;
     ``batch`` is [[id...], [src...], [member...]]."""
-    return Call("adopt", _group_keys(g), [g.name, consumer, ttl_ms, pack(batch)])
+    return Call("adopt", [*_group_keys(g), *sibling_streams(g.stream)],
+                [g.name, consumer, ttl_ms, pack(batch)])
+
+
+def read(streams: Sequence[str], group: str, consumer: str, room: int, order: str,
+         weights: Sequence[int]) -> Call:
+    """read.lua: one read round over a stream's priority levels (``streams`` in the order
+    they are served, each with its weight; 0: served first), ``room`` entries at most."""
+    return Call("read", list(streams), [group, consumer, room, order, *weights])
 
 
 def reclaim(stream: str, dead: str, group: str, consumer: str, min_idle_ms: int,

@@ -11,6 +11,8 @@ Periodic jobs add ``{S}:tick:<len(G)>:G:<schedule>`` (its last tick decided) and
 ``{S}:schedules:<len(G)>:G`` (the schedules the group's workers publish). Job chains on
 Redis Cluster add ``{S}:outbox`` (jobs sent to other slots, not moved yet) and, on a
 target ``T``, ``{T}:chained:<len(S)>:S`` (the last outbox entry of ``S`` moved to ``T``).
+Jobs sent at priority ``high`` or ``low`` go onto ``{S}:p:high`` / ``{S}:p:low``
+(``_wire/priorities.py``); ``normal`` ones onto ``S`` itself.
 A name carrying its own tag (``{orders}:eu``) gets the prefix
 ``{orders}~<len(S)>:S`` instead. Lengths in front of names make the layout injective: two
 different (stream, group, job key) triples never share a key, whatever characters they hold.
@@ -33,7 +35,7 @@ _BAD_CHARS: Final = re.compile(r"[\s\x00]")
 #: names of keys derived from some stream (see StreamKeys); never a stream of its own
 _OWNED: Final = re.compile(
     r"^\{[^{}]+\}(~|:(dead|delayed|fence|partitions|outbox)$"
-    r"|:(retry|retries|job|owner|members|rate|sem|tick|schedules|settings|chained):)")
+    r"|:(retry|retries|job|owner|members|rate|sem|tick|schedules|settings|chained|p):)")
 
 
 def check_name(option: str, name: object, *, allow_tag: bool = False) -> str:

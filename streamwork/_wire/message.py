@@ -13,6 +13,7 @@ from streamwork.errors import ConfigError, LockLost
 
 #: the header a job's order key travels in when it differs from its key (see _partitions)
 ORDER_KEY_HEADER = "sw-order-key"
+PRIORITY_HEADER = "sw-priority"  #: the job's priority level, when not "normal"
 
 __all__ = ["Message", "revoke"]
 
@@ -177,6 +178,12 @@ class Message(Generic[P]):
         """What orders this job among others (ordered mode) and picks its partition: the
         ``order_key`` it was sent with, else its key."""
         return self.headers.get(ORDER_KEY_HEADER, self.key)
+
+    @property
+    def priority(self) -> str:
+        """The level the job was sent at: "high", "normal" or "low" (kept by retries,
+        dead letters and replays)."""
+        return self.headers.get(PRIORITY_HEADER, "normal")
 
     @property
     def cancelled(self) -> bool:

@@ -24,6 +24,7 @@ from streamwork._wire.partitions import (
     check_subset,
     partition_names,
 )
+from streamwork._wire.priorities import DEFAULT_WEIGHTS, check_order, parse_weights
 from streamwork._wire.records import DEFAULT_MAX_RESULT_BYTES
 from streamwork._wire.schedules import check_catch_up
 from streamwork.errors import ConfigError
@@ -74,6 +75,8 @@ class WorkerOptions:
     catch_up: str = "last"
     batch_max: int = 100
     batch_wait: float = 0.02
+    priority_order: str = "strict"
+    priority_weights: str = DEFAULT_WEIGHTS
 
 
 #: one line of help per option (``streamwork run --help``; tests check every option has one)
@@ -115,6 +118,10 @@ HELP: Final[dict[str, str]] = {
     "batch_max": "most messages per handle_batch call (batch handlers only)",
     "batch_wait": "s a batch handler's runner waits to fill a batch once it has one message "
                   "(0: take what is ready)",
+    "priority_order": "how reads are shared among the high, normal and low levels: strict "
+                      "(higher levels drained first) or weighted (priority_weights)",
+    "priority_weights": "weighted order: reads of high:normal:low per round (e.g. 8:2:1; "
+                        "every level with jobs gets at least one)",
 }
 
 
@@ -185,6 +192,13 @@ class WorkerConfig(WorkerOptions):
         if self.rate_limit is not None:
             parse_rate(self.rate_limit)
         check_catch_up(self.catch_up)
+        check_order(self.priority_order)
+        parse_weights(self.priority_weights)
+        if self.ordered and (self.priority_order != "strict"
+                             or self.priority_weights != DEFAULT_WEIGHTS):
+            raise ConfigError("priority_order", "ordered mode reads the stream alone, in "
+                                                "order: job priorities are not supported with "
+                                                "ordered=True; drop the priority options")
         check_partitions(self.partitions)
         check_stream(self.stream, self.partitions)
         object.__setattr__(self, "only_partitions",

@@ -39,7 +39,7 @@ from streamwork._worker import chains, context
 from streamwork._worker.arrival import Arrival
 from streamwork._worker.batch_runner import AnyHandler, make_runner, per_call
 from streamwork._worker.config import WorkerConfig, parse_rate
-from streamwork._worker.delivery import MAIN, RETRY, Delivery, Entry, State, ref
+from streamwork._worker.delivery import Delivery, Entry, State, ref
 from streamwork._worker.done_cache import KeyCache
 from streamwork._worker.group import ensure_group
 from streamwork._worker.holdings import Holdings
@@ -125,7 +125,6 @@ class Consumer:
         self._read_args = (cfg.stream, ctx.gkeys.retry, ">", ">")
         # its reply as Redis sent it: redis-py would build a dict per entry, not needed here
         self.redis.set_response_callback("XREADGROUP", lambda response, **options: response)
-        self._main = cfg.stream.encode()
         self._wait_pause = WAIT_RETRY
         self.runner = make_runner(self.ctx, self.holdings, handle, starter=self.starter,
                                   limits=self.limits, slots=slots, gate=self.gate)
@@ -180,6 +179,7 @@ class Consumer:
             sup.loop("promoter", lambda: upkeep.promote_once(ctx)),
             sup.loop("upkeep", lambda: upkeep.upkeep_step(ctx)),
             sup.loop("gauges", lambda: gauges.gauges_step(ctx)),
+            sup.loop("levels", lambda: ctx.levels.discover_step(self.redis)),
         ]
         runners = [sup.spawn("runner", self.runner.loop()) for _ in range(self.cfg.concurrency)]
         runners.append(sup.loop("leaser", self._lease_waiting_once))
@@ -268,20 +268,22 @@ class Consumer:
             h.room.clear()
             await h.room.wait()
             return False
-        reply = await self.redis.execute_command(
-            "XREADGROUP", "GROUP", cfg.group, self.name, "COUNT", min(room, cfg.batch_size),
-            "BLOCK", max(1, round(cfg.read_block * 1000)), "STREAMS", *self._read_args)
+        if (levels := self.ctx.levels).active:  # jobs were sent at other priorities
+            reply: Any = await levels.read(self.redis, min(room, cfg.batch_size))
+        else:
+            reply = await self.redis.execute_command(
+                "XREADGROUP", "GROUP", cfg.group, self.name, "COUNT", min(room, cfg.batch_size),
+                "BLOCK", max(1, round(cfg.read_block * 1000)), "STREAMS", *self._read_args)
         # the reply as Redis sent it (see __init__): no dict per entry
         for stream, entries in (reply.items() if isinstance(reply, dict) else reply or ()):
-            src = MAIN if stream == self._main else RETRY
-            await uninterrupted(self.admit(entries, src, None))
+            await uninterrupted(self.admit(entries, levels.src_of(stream), None))
         return True
 
     async def admit(self, entries: list[Entry], src: int,
                     deliveries: list[int] | None) -> None:
-        """Decode, vet and lease a batch of deliveries from the stream (``src`` MAIN) or the
-        group's retry stream (RETRY), then queue what may run. ``deliveries``: each entry's
-        delivery count (None: all first deliveries)."""
+        """Decode, vet and lease a batch of deliveries from the stream (``src`` MAIN), a
+        level (HIGH, LOW) or the retry stream (RETRY), then queue what may run.
+        ``deliveries``: each entry's delivery count (None: all first deliveries)."""
         h, vet, count = self.holdings, self.arrival.vet, self.tally.count
         inflight, loose = h.inflight, h.loose
         fresh: list[Delivery] = []

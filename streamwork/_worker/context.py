@@ -15,6 +15,7 @@ from streamwork._wire.keys import GroupKeys, StreamKeys
 from streamwork._worker.config import WorkerConfig
 from streamwork._worker.done_cache import KeyCache, local_cache
 from streamwork._worker.leases import LeaseStrategy, RedisLease
+from streamwork._worker.levels import Levels
 from streamwork._worker.redlock_lease import RedlockLease
 
 
@@ -59,6 +60,7 @@ class Context:
     leases: LeaseStrategy
     cache: KeyCache | None  #: keys completed here recently (dedup on)
     tally: Tally
+    levels: Levels  #: the priority levels it reads
 
     def count(self, what: str, n: int = 1, outcome: str | None = None) -> None:
         self.tally.count(what, n, outcome)
@@ -85,4 +87,4 @@ def build(cfg: WorkerConfig, client: Any, name: str, worker_name: str,
     kind = LeaseStrategy if not cfg.dedup else RedlockLease if cfg.lock_urls else RedisLease
     return Context(cfg, name, worker_name, keys, gkeys, client, run,
                    kind(run, gkeys, cfg, name, f"{name}:{secrets.token_hex(10)}"), cache,
-                   Tally(cfg.stream, cfg.group))
+                   Tally(cfg.stream, cfg.group), Levels(cfg, gkeys.retry, name, run.run))

@@ -20,12 +20,14 @@ Entry = tuple[bytes, list[bytes] | None]
 #: delivery count (None: all first deliveries)
 Admit = Callable[[list[Entry], int, "list[int] | None"], Awaitable[None]]
 
-MAIN, RETRY = 0, 1  #: where a delivery came from: the stream, or the group's retry stream
+#: where a delivery came from: the stream, the group's retry stream, the high or low level
+MAIN, RETRY, HIGH, LOW = 0, 1, 2, 3
+_REF: tuple[bytes, ...] = (b"", b"r", b"h", b"l")
 
 
 def ref(src: int, entry_id: bytes) -> bytes:
-    """What a worker knows a delivery by: entry ids of the two streams may be equal."""
-    return entry_id if src == MAIN else b"r" + entry_id
+    """What a worker knows a delivery by: entry ids of the streams may be equal."""
+    return entry_id if src == MAIN else _REF[src] + entry_id
 
 
 class State(enum.IntEnum):
@@ -42,7 +44,7 @@ class Delivery:
     """A delivery this process holds, from admission until Redis has its outcome."""
 
     entry_id: bytes
-    src: int  # MAIN or RETRY
+    src: int  # MAIN, RETRY, HIGH or LOW
     msg: Message
     body: bytes  # the raw body: kept to adopt an entry deleted while pending
     limit: float | None  # the job's time limit, s

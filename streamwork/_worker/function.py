@@ -85,6 +85,8 @@ class WorkerKeywords(TypedDict, total=False):
     catch_up: str
     batch_max: int
     batch_wait: float
+    priority_order: str
+    priority_weights: str
     local_cache: Any
     concurrency_key: Callable[[Message[Any]], str] | None
     schedules: Sequence[Every | Cron]

@@ -22,3 +22,5 @@ async def ensure_group(ctx: Context) -> None:
         except redis.exceptions.ResponseError as exc:
             if not str(exc).startswith("BUSYGROUP"):
                 raise
+    ctx.levels.forget()  # the priority levels jobs were sent at, looked for (again)
+    await ctx.levels.discover(client)

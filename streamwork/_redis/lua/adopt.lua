@@ -9,7 +9,7 @@
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] lease TTL (ms),
 -- ARGV[4] MessagePack [[entry id...], [src...], [member "<attempts>:<id>:<body>"...]]
 -- Returns per entry: 1 adopted, 0 not ours or not deleted (left alone)
-local streams = {KEYS[1], KEYS[2]}
+local streams = delivery_streams()
 local group, consumer = ARGV[1], ARGV[2]
 local batch = cmsgpack.unpack(ARGV[4])
 local ids, srcs, members = batch[1], batch[2], batch[3]

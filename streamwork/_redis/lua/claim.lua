@@ -17,7 +17,7 @@
 -- Cost per entry in "lease" mode: ONE command (SET NX GET: it takes a free record and
 -- shows a taken one); a waiting or dead record, which never blocks a later copy, costs a
 -- second SET. Per batch: one XPENDING per stream read, one INCRBY, one XACK (duplicates).
-local streams = {KEYS[1], KEYS[2]}
+local streams = delivery_streams()
 local group, consumer, ttl, owner, prefix, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4],
   ARGV[5], ARGV[6]
 local batch = cmsgpack.unpack(ARGV[7])

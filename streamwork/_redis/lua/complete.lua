@@ -22,7 +22,7 @@
 -- said done: staged writes skipped), 4 vanished (neither stream nor group knows the entry),
 -- 5 acknowledged as cancelled (its job was cancelled while it ran: the record says
 -- cancelled, staged writes are not applied)
-local streams = {KEYS[1], KEYS[2]}
+local streams = delivery_streams()
 local retries, group, consumer = KEYS[3], ARGV[1], ARGV[2]
 local dedup = ARGV[3] ~= '0'
 local lease_here = ARGV[3] == '1'

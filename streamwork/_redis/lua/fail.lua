@@ -18,7 +18,7 @@
 -- ("c": cancelled while it ran - acknowledged, the record says cancelled, no dead letter)
 -- Returns per entry: 1 retry scheduled, 2 dead-lettered, 3 cancelled, 0 lost (not ours:
 -- nothing written), 4 vanished (neither the stream nor the group knows the entry any more)
-local streams = {KEYS[1], KEYS[2]}
+local streams = delivery_streams()
 local retries, dead = KEYS[3], KEYS[4]
 local group, consumer, worker, prefix, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now = now_ms()

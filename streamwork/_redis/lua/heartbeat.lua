@@ -17,7 +17,7 @@
 -- 0 lost (another consumer owns it, or the lease is gone),
 -- 2 deleted (ours, but its entry was deleted: adopt it), 3 vanished (neither the stream
 -- nor the group knows it any more: the server lost it)
-local streams = {KEYS[1], KEYS[2]}
+local streams = delivery_streams()
 local retries, group, consumer = KEYS[3], ARGV[1], ARGV[2]
 local batch = cmsgpack.unpack(ARGV[5])
 local ids, srcs, jobs, leases, members = batch[1], batch[2], batch[3], batch[4], batch[5]

@@ -58,19 +58,23 @@ local function xack_all(stream, group, ids)
   end
 end
 
--- A delivery comes from the stream itself (src 0) or from the group's retry stream (src 1):
--- KEYS[1] and KEYS[2] of every script that works on deliveries. Entry ids of the two
--- streams may be equal, so sets of deliveries are keyed by src .. id.
+-- A delivery comes from the stream itself (src 0), from the group's retry stream (src 1),
+-- or from the stream's high (src 2) or low (src 3) priority level: KEYS[1] and KEYS[2] of
+-- every script that works on deliveries, and its last two KEYS. Entry ids of the streams
+-- may be equal, so sets of deliveries are keyed by src .. id.
+local function delivery_streams()
+  return {KEYS[1], KEYS[2], KEYS[#KEYS - 1], KEYS[#KEYS]}
+end
 
 -- set of (src .. id) of the deliveries ``consumer`` owns, from one XPENDING per stream
 local function owned_by_src(streams, group, consumer, ids, srcs)
-  local split = {{}, {}}
+  local split = {{}, {}, {}, {}}
   for i, id in ipairs(ids) do
     local part = split[srcs[i] + 1]
     part[#part + 1] = id
   end
   local owned = {}
-  for src = 0, 1 do
+  for src = 0, #streams - 1 do
     for id, yes in pairs(owned_ids(streams[src + 1], group, consumer, split[src + 1])) do
       if yes then owned[src .. id] = true end
     end
@@ -80,7 +84,7 @@ end
 
 -- XACK deliveries given as {src -> {id...}}
 local function ack_by_src(streams, group, acks)
-  for src = 0, 1 do
+  for src = 0, #streams - 1 do
     if acks[src] and #acks[src] > 0 then xack_all(streams[src + 1], group, acks[src]) end
   end
 end

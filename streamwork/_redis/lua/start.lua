@@ -15,7 +15,7 @@
 -- Returns per entry: 1 go (started / held), 0 lost (not ours any more: nothing written),
 -- 2 cancelled (the record says cancelled now: the worker acknowledges the delivery
 -- without running it), 4 vanished (neither the stream nor the group knows it)
-local streams = {KEYS[1], KEYS[2]}
+local streams = delivery_streams()
 local retries, group, consumer, prefix, mode = KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local batch = cmsgpack.unpack(ARGV[6])
 local ids, srcs, jobs, leases, members = batch[1], batch[2], batch[3], batch[4], batch[5]

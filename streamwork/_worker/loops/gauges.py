@@ -10,9 +10,10 @@ from typing import Any, Final
 
 import redis.exceptions
 
-from streamwork._ops.stats import RetrySide, retry_side
+from streamwork._ops.sides import RetrySide, level_side, retry_side
 from streamwork._telemetry import api as telemetry
 from streamwork._wire.keys import StreamKeys
+from streamwork._wire.priorities import sibling_streams
 from streamwork._worker.context import Context
 from streamwork._worker.loops.reclaim import jitter
 from streamwork.errors import ConfigError
@@ -67,7 +68,10 @@ async def read_gauges(ctx: Context) -> None:
     pipe.xinfo_groups(ctx.cfg.stream)
     pipe.zcard(ctx.keys.delayed)
     pipe.xlen(ctx.keys.dead)
-    groups, delayed, dead = await pipe.execute(raise_on_error=False)
+    for level in sibling_streams(ctx.keys):  # the priority levels' lag and pending
+        pipe.xinfo_groups(level)
+        pipe.xlen(level)
+    groups, delayed, dead, *levels = await pipe.execute(raise_on_error=False)
     if isinstance(groups, Exception):
         return
     secs, micros = await ctx.redis.time()
@@ -82,7 +86,10 @@ async def read_gauges(ctx: Context) -> None:
         side = sides.get(name)
         # without its retry figures (a read error) the lag is not known: report none
         lag = None if side is None else side.total_lag(g.get("lag"))
-        pending = int(g["pending"]) + (0 if side is None else side.pending)
+        lags, level_pending = level_side(name, levels)
+        if lag is not None:
+            lag = None if None in lags.values() else lag + sum(v or 0 for v in lags.values())
+        pending = int(g["pending"]) + level_pending + (0 if side is None else side.pending)
         telemetry.set_gauges(ctx.cfg.stream, name, lag, pending, waiting, int(dead))
         if int(g["pending"]):
             oldest.append((name, g))

@@ -20,7 +20,7 @@ from streamwork._redis import scripts
 from streamwork._redis.replies import Reclaimed
 from streamwork._telemetry.logs import WORKER_LOGGER
 from streamwork._worker.context import Context
-from streamwork._worker.delivery import MAIN, RETRY, Admit, State, ref
+from streamwork._worker.delivery import Admit, State, ref
 from streamwork._worker.holdings import Holdings
 
 log = logging.getLogger(WORKER_LOGGER)
@@ -40,7 +40,7 @@ async def reclaim_once(ctx: Context, h: Holdings, admit: Admit,
     cfg = ctx.cfg
     await asyncio.sleep(jitter(cfg.reclaim_every))
     reached = False
-    for src, stream in ((MAIN, cfg.stream), (RETRY, ctx.gkeys.retry)):
+    for src, stream in ctx.levels.sources():  # the stream, retries, joined levels
         if stopping():
             continue
         idle = await ctx.redis.xpending_range(

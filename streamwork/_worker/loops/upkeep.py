@@ -54,7 +54,7 @@ async def upkeep_once(ctx: Context) -> tuple[int, int]:
     """One trim + reap round; returns (entries trimmed, consumers removed)."""
     cfg = ctx.cfg
     trimmed = reaped = 0
-    for stream in (ctx.keys.stream, ctx.gkeys.retry):
+    for _, stream in ctx.levels.sources():  # the stream, retries, joined priority levels
         if cfg.retention is not None:
             trimmed += await trim_stream(ctx.scripts, stream,
                                          int((time.time() - cfg.retention) * 1000))

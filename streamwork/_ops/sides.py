@@ -1,0 +1,84 @@
+"""What waits for a consumer group besides the stream itself: its retry side (retry stream
+and retry ZSET) and the stream's priority levels (``{S}:p:high``, ``{S}:p:low``), read
+from the replies :mod:`streamwork._ops.stats` and the worker's gauges collect."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from streamwork._ops.replies import norm, opt_int, text
+from streamwork._wire.priorities import SIBLINGS
+
+
+@dataclass(frozen=True, slots=True)
+class RetrySide:
+    """What waits for one group on its own side: its retry stream and its retry ZSET."""
+
+    #: entries of the retry stream not yet delivered to the group; None when Redis cannot tell
+    lag: int | None = 0
+    pending: int = 0  #: deliveries from the retry stream not acknowledged yet
+    waiting: int = 0  #: retries in the ZSET, due or not
+    due: int = 0  #: of which due (score <= now): a worker of the group promotes them next
+
+    def total_lag(self, stream_lag: int | None) -> int | None:
+        """The group's whole lag given its lag on the stream itself: that, plus the retry
+        stream's, plus the due retries; None when either lag is unknown."""
+        if stream_lag is None or self.lag is None:
+            return None
+        return stream_lag + self.lag + self.due
+
+
+def retry_side(group: str, groups_reply: Any, length: Any, waiting: Any, due: Any) -> RetrySide:
+    """:class:`RetrySide` of ``group`` from the replies to ``XINFO GROUPS`` and ``XLEN`` of
+    its retry stream and ``ZCARD``/``ZCOUNT -inf now`` of its retry ZSET (an exception in
+    place of the XINFO/XLEN reply: no retry stream yet, counted as empty).
+
+    Without a consumer group on the retry stream (its workers create it at id 0 when they
+    start) every entry there is still to be delivered. A null lag (Redis < 7, or entries
+    deleted past the group's position) stays unknown, as on the stream itself, unless the
+    retry stream is empty."""
+    entries = 0 if isinstance(length, Exception) else int(length or 0)
+    found = None if isinstance(groups_reply, Exception) else named(groups_reply, group)
+    if found is None:
+        lag: int | None = entries
+        pending = 0
+    else:
+        lag = opt_int(found.get("lag"))
+        if lag is None and entries == 0:
+            lag = 0
+        pending = int(found.get("pending") or 0)
+    return RetrySide(lag=lag, pending=pending, waiting=int(waiting or 0), due=int(due or 0))
+
+
+def named(groups_reply: Any, name: str) -> dict[str, Any] | None:
+    """The entry of group ``name`` in an XINFO GROUPS reply, None when it has none."""
+    for raw in groups_reply or []:
+        info = norm(raw)
+        if text(info.get("name")) == name:
+            return info
+    return None
+
+
+
+def level_side(group: str, replies: list[Any]) -> tuple[dict[str, int | None], int]:
+    """The lag per level (``high``, ``low``: levels with a stream only) and the pending
+    deliveries on the levels of ``group``, from the replies to ``XINFO GROUPS`` and ``XLEN``
+    of each level stream in SIBLINGS order (an error: no such stream; none at all: the
+    stream has no level). Without the group on
+    an existing level stream (no worker has looked since the first job was sent there),
+    every entry there is lag."""
+    lags: dict[str, int | None] = {}
+    pending = 0
+    if not replies:  # the stream has no level stream (nothing was asked)
+        return lags, pending
+    for level, groups_reply, length in zip(SIBLINGS, replies[::2], replies[1::2], strict=True):
+        if isinstance(length, Exception) or not length:
+            continue
+        found = None if isinstance(groups_reply, Exception) else named(groups_reply, group)
+        if found is None:
+            lags[level] = int(length)
+            continue
+        lags[level] = opt_int(found.get("lag"))
+        pending += int(found.get("pending") or 0)
+    return lags, pending
