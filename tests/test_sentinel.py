@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import threading
 import time
@@ -434,8 +435,14 @@ def _log(paths: list[Path]) -> str:
 MIN_REPLICAS = ["--min-replicas-to-write", "2", "--min-replicas-max-lag", "10"]
 
 
-@pytest.mark.parametrize("how", ["kill-primary", "kill-primary-wait", "sentinel-failover",
-                                 "sentinel-failover-min-replicas"])
+#: the CI run keeps one failover of each kind (a kill, a SENTINEL FAILOVER), both with
+#: the guard against loss; the unguarded two run with STREAMWORK_SOAK=1
+_SOAK = pytest.mark.skipif(not os.environ.get("STREAMWORK_SOAK"), reason="set STREAMWORK_SOAK=1")
+
+
+@pytest.mark.parametrize("how", [
+    pytest.param("kill-primary", marks=_SOAK), "kill-primary-wait",
+    pytest.param("sentinel-failover", marks=_SOAK), "sentinel-failover-min-replicas"])
 def test_failover_mid_run_under_a_producer_and_two_workers(
         spawn_worker: Callable[..., subprocess.Popen[bytes]], tmp_path: Path,
         how: str) -> None:
