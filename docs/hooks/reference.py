@@ -157,7 +157,7 @@ KEY_TYPES = {
     "dead": "stream", "delayed": "zset", "fence": "string", "partitions": "string",
     "retry": "stream", "retries": "zset", "settings": "hash", "owner": "string",
     "members": "zset", "rate": "hash", "semaphore": "zset", "job": "string",
-    "tick": "string", "schedules": "hash",
+    "tick": "string", "schedules": "hash", "paused": "hash",
 }
 
 

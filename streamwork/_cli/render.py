@@ -46,14 +46,22 @@ def _top(g: GroupStats) -> str:
     return "\n".join(f"{name} ({pending:,})" for name, pending in g.top_consumers) or "-"
 
 
+def _state(g: GroupStats) -> Text:
+    """``running``, or ``paused`` with its reason (a paused group starts no job)."""
+    if g.paused is None:
+        return Text("running")
+    return Text("paused" + (f": {g.paused.reason}" if g.paused.reason else ""), style="yellow")
+
+
 def _groups_table(s: StreamStats) -> Table:
     table = Table(title=f"groups of {s.stream}", title_justify="left")
     table.add_column("group", no_wrap=True)
+    table.add_column("state")
     for col in ("consumers", "entries-read", "lag", "pending", "oldest pending"):
         table.add_column(col, justify="right", no_wrap=True)
     table.add_column("top consumers (pending)")
     for g in s.groups:
-        table.add_row(g.name, fmt_count(g.consumers), fmt_count(g.entries_read),
+        table.add_row(g.name, _state(g), fmt_count(g.consumers), fmt_count(g.entries_read),
                       fmt_count(g.lag), fmt_count(g.pending), fmt_age(g.oldest_pending_age_s),
                       _top(g))
     return table
@@ -154,6 +162,7 @@ def render_top(samples: Sequence[StreamStats], rates: dict[str, StreamRates],
         streams.add_column(col, justify="right", no_wrap=True)
     groups = Table(title="groups", title_justify="left")
     groups.add_column("stream/group", no_wrap=True)
+    groups.add_column("state")
     for col in ("lag", "pending", "oldest pending", "acked/s", "consumers"):
         groups.add_column(col, justify="right", no_wrap=True)
     split = Table(title="partitions", title_justify="left")
@@ -176,7 +185,7 @@ def render_top(samples: Sequence[StreamStats], rates: dict[str, StreamRates],
                         f"{s.delayed_due:,} / {s.delayed_total:,}", fmt_count(s.dead))
         for g in s.groups:
             label = f"{s.stream}/{g.name}"
-            groups.add_row(label, fmt_count(g.lag), fmt_count(g.pending),
+            groups.add_row(label, _state(g), fmt_count(g.lag), fmt_count(g.pending),
                            fmt_age(g.oldest_pending_age_s),
                            fmt_rate(r.acked_per_s.get(g.name) if r else None),
                            fmt_count(g.consumers))

@@ -8,9 +8,9 @@ per thousand streams, never one per stream: first, per stream ``S``, ``XINFO STR
 ``XINFO GROUPS S``, ``ZCARD {S}:delayed`` and ``XLEN {S}:dead``; then, per group ``G``,
 ``XPENDING S G - + 1`` (the oldest pending entry and its idle time; only when the group
 holds deliveries), ``XINFO CONSUMERS S G`` (only when it has consumers), ``XINFO GROUPS``
-of its retry stream and ``ZCARD`` of its retry ZSET; last, only where they are needed, the
-due counts (``ZCOUNT -inf now`` of a ZSET that is not empty) and ``XLEN`` of a retry
-stream whose group cannot tell its lag. Each command is O(1) or O(groups/consumers) on the
+of its retry stream, ``ZCARD`` of its retry ZSET and ``HGETALL`` of its pause hash; last,
+only where they are needed, the due counts (``ZCOUNT -inf now`` of a ZSET that is not
+empty) and ``XLEN`` of a retry stream whose group cannot tell its lag. Each command is O(1) or O(groups/consumers) on the
 server (no script, nothing that walks the keyspace but the ``SCAN`` of
 :func:`discover_streams`), so Redis is never blocked for long. Nothing is written. The
 commands are not one snapshot: figures of a busy stream can disagree by the few jobs that
@@ -39,6 +39,7 @@ import redis
 
 from streamwork._ops.replies import entry_id, norm, opt_int, text
 from streamwork._wire.keys import StreamKeys, is_dead_letter_stream, is_owned_key
+from streamwork._wire.pausing import PauseState, parse_pause
 from streamwork.errors import ConfigError, StreamNotFound
 
 __all__ = [
@@ -99,6 +100,7 @@ class GroupStats:
     #: of ``retries_waiting``, those whose backoff is over but not yet promoted onto the
     #: retry stream (a worker of the group does that), counted in ``lag``
     retries_due: int = 0
+    paused: PauseState | None = None  #: why and since when it is paused (None: it runs)
 
     def as_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -237,6 +239,7 @@ class _Group:
     length: Any = 0
     waiting: Any = 0
     due: Any = 0
+    paused: Any = None  #: HGETALL of its pause hash
 
     def ask(self, now: _Later, later: _Later, stream: str, keys: StreamKeys,
             now_ms: int) -> None:
@@ -265,6 +268,7 @@ class _Group:
                 later.ask(partial(setattr, self, "due")).zcount(gkeys.retries, "-inf", now_ms)
 
         now.ask(retry_groups).xinfo_groups(gkeys.retry)
+        now.ask(partial(setattr, self, "paused")).hgetall(gkeys.paused)
         now.ask(waiting).zcard(gkeys.retries)
 
     def stats(self) -> GroupStats | None:
@@ -300,7 +304,7 @@ class _Group:
             retries_waiting=side.waiting,
             retry_lag=side.lag,
             retries_due=side.due,
-        )
+            paused=parse_pause(_checked(self.paused)))
 
 
 def _named(groups_reply: Any, name: str) -> dict[str, Any] | None:

@@ -35,7 +35,7 @@ from streamwork._telemetry.logs import WORKER_LOGGER, fields
 from streamwork._wire.extensions import Codec
 from streamwork._wire.keys import GroupKeys
 from streamwork._wire.message import Message
-from streamwork._worker import context
+from streamwork._worker import context, pause
 from streamwork._worker.arrival import Arrival
 from streamwork._worker.batch_runner import AnyHandler, make_runner, per_call
 from streamwork._worker.config import WorkerConfig, parse_rate
@@ -106,6 +106,7 @@ class Consumer:
                                codec, convert, ctx.cache)
         queue = RunQueue(eager=self.leases.claims)
         self.holdings = Holdings(self.ctx, queue)
+        self.pause = queue.pause  # the group paused: read once a second (pause.py)
         # with job records, a handler starts only once start.lua has checked its record
         self.starter: Starter | None = (
             Starter(self.scripts, ctx.gkeys, name, self.leases, cfg.visibility_ms, queue)
@@ -156,6 +157,7 @@ class Consumer:
             flags = await sup.until_ok("start", lambda: scripts.supports_flags(self.redis))
             self.scripts.use_flags(flags)
             await sup.until_ok("start", lambda: ensure_group(ctx))
+            await sup.until_ok("start", lambda: pause.read(ctx, self.pause))
             if self.gate is not None:  # the partition is ours now: its pending jobs first
                 gate = self.gate
                 await sup.until_ok("start", lambda: gate.take_over(self.admit))
@@ -179,6 +181,7 @@ class Consumer:
             sup.loop("promoter", lambda: upkeep.promote_once(ctx)),
             sup.loop("upkeep", lambda: upkeep.upkeep_step(ctx)),
             sup.loop("gauges", lambda: gauges.gauges_step(ctx)),
+            sup.loop("pause", lambda: pause.watch_step(ctx, self.pause)),
         ]
         runners = [sup.spawn("runner", self.runner.loop()) for _ in range(self.cfg.concurrency)]
         runners.append(sup.loop("leaser", self._lease_waiting_once))
@@ -236,9 +239,12 @@ class Consumer:
         await ensure_group(self.ctx)
 
     def let_go_unstarted(self) -> None:
-        """Ordered mode, stopping or no longer the partition's owner: see `OrderedGate`."""
+        """Ordered mode, stopping or no longer the partition's owner: see `OrderedGate`;
+        stopping while paused: see `pause.let_go_unstarted`."""
         if self.gate is not None:
             self.gate.let_go_unstarted()
+        elif self.pause.on:  # paused: what has not started would only wait out the drain
+            pause.let_go_unstarted(self.holdings)
 
     async def _drain(self) -> int:
         """Let held deliveries finish within drain_timeout; return how many are left.
@@ -258,6 +264,9 @@ class Consumer:
         """Read the next batch and admit it; False (Redis not asked) when there is no room
         for more work, or while a reclaimed suspect runs alone."""
         cfg, h = self.cfg, self.holdings
+        if self.pause.on:  # paused: read nothing new until resumed
+            await self.pause.resumed()
+            return False
         held = h.held()
         # work to come (queued, running, waiting) is bounded by the capacity; outcomes
         # being written are not work to come, so the next batch is read while they are

@@ -68,8 +68,11 @@ class Runner:
         slots, limits = self._slots, self._limits
         checked = limits is not None or self._starter is not None  # else no lease to check
         cancellable = cfg.cancel_running and self.calls.is_async
+        pause = queue.pause  # the group paused: take nothing (pause.py)
         try:
             while True:
+                if pause.on:
+                    await pause.resumed()
                 # take a ready delivery without a round trip through the loop
                 if ready:
                     d = ready.popleft()
@@ -83,6 +86,11 @@ class Runner:
                     except asyncio.CancelledError:
                         h.forget(d)
                         raise
+                if pause.on:  # paused while it waited (for d, a slot): d waits at the front
+                    if slots is not None:
+                        slots.release()
+                    pause.hold_back(ready, d)
+                    continue
                 if (checked or d.dropped or d.state != State.QUEUED) and not await (
                         self._ready(d) if limits is not None
                         else may_start(d, h, ctx.leases, self._starter)):
