@@ -10,11 +10,11 @@ per thousand streams, never one per stream: first, per stream ``S``, ``XINFO STR
 holds deliveries), ``XINFO CONSUMERS S G`` (only when it has consumers), ``XINFO GROUPS``
 of its retry stream, ``ZCARD`` of its retry ZSET and ``HGETALL`` of its pause hash; last,
 only where they are needed, the due counts (``ZCOUNT -inf now`` of a ZSET that is not
-empty) and ``XLEN`` of a retry stream whose group cannot tell its lag. Each command is O(1) or O(groups/consumers) on the
-server (no script, nothing that walks the keyspace but the ``SCAN`` of
-:func:`discover_streams`), so Redis is never blocked for long. Nothing is written. The
-commands are not one snapshot: figures of a busy stream can disagree by the few jobs that
-moved between two reads.
+empty) and ``XLEN`` of a retry stream whose group cannot tell its lag. Each command is
+O(1) or O(groups/consumers) on the server (no script, nothing that walks the keyspace but
+the ``SCAN`` of :func:`discover_streams`), so Redis is never blocked for long. Nothing is
+written. The commands are not one snapshot: figures of a busy stream can disagree by the
+few jobs that moved between two reads.
 
 A group's ``lag`` is what will reach it without any new send: the stream's entries not yet
 delivered to it, plus its retry stream's (replayed dead letters, promoted retries), plus its
