@@ -218,7 +218,7 @@ async def test_two_workers_both_pause_and_resume(redis_url: str, r: redis.Redis)
             assert [w.starts for w in ws] == [[], []]
             info = r.xinfo_groups(STREAM)[0]
             # at most a read already blocked in Redis when the pause was seen got some: held
-            assert info["pending"] + info["lag"] == 40 and info["lag"] >= 40 - 2 * 110, info
+            assert info["pending"] + info["lag"] == 40, info
             await p.resume(STREAM, GROUP)
             await await_for(lambda: set(ws[0].done) | set(ws[1].done) >= set(keys)
                             and _idle(r), timeout=60, message="all done after the resume")
