@@ -293,34 +293,47 @@ async def test_cancel_a_queued_job_while_paused(redis_url: str, r: redis.Redis) 
     assert set(w.done) == set(keys[:-1]) and set(w.done.values()) == {1}
 
 
-async def test_stopping_while_paused_lets_go_at_once(redis_url: str, r: redis.Redis) -> None:
+async def test_restarts_during_a_pause_let_go_at_once_and_use_no_attempt(
+        redis_url: str, r: redis.Redis) -> None:
     """A worker stopped while paused does not sit out its drain: what it held is let go
-    (still pending), and the next worker runs it after the resume, each job once."""
-    a = Pausable.from_url(redis_url, concurrency=1, batch_size=10, drain_timeout=60.0,
-                          visibility_timeout=1.0)
+    (still pending) with its delivery count taken back, so the next worker takes it over
+    without counting a delivery; after two such restarts and the resume each job runs once,
+    on its first attempt."""
+    vt = 1.0
+    workers = [Pausable.from_url(redis_url, concurrency=1, batch_size=10, drain_timeout=60.0,
+                                 visibility_timeout=vt, max_deliveries=3) for _ in range(3)]
+    a, b, c = workers
     async with sw.AsyncProducer.from_url(redis_url) as p:
         keys = await _send(p, 10, "stop", sleep=0.2)
         task = asyncio.create_task(a.serve())
         await await_for(lambda: len(a.starts) >= 1, timeout=20)
         await p.pause(STREAM, GROUP)
         await await_for(lambda: _paused(a), timeout=10)
-        began = time.monotonic()
-        a.stop()
-        await task
-        assert time.monotonic() - began < 20, "the stop waited out the drain"
-        assert int(r.xpending(STREAM, GROUP)["pending"]) >= 3  # left pending, not lost
-        b = Pausable.from_url(redis_url, visibility_timeout=1.0)
-        tb = asyncio.create_task(b.serve())
+        for w, nxt in ((a, b), (b, c)):
+            began = time.monotonic()
+            w.stop()
+            await task
+            assert time.monotonic() - began < 20, "the stop waited out the drain"
+            rows = r.xpending_range(STREAM, GROUP, min="-", max="+", count=100)
+            assert len(rows) >= 3 and {row["times_delivered"] for row in rows} == {0}
+            task = asyncio.create_task(nxt.serve())
+            # the next worker, paused too, takes them over once idle for the timeout
+            held = len(rows)
+            await await_for(lambda n=nxt, k=held: _paused(n) and n.counts["reclaimed"] >= k,
+                            timeout=30, message="the held jobs taken over")
         try:
-            await await_for(lambda: _paused(b), timeout=10)
+            assert {row["times_delivered"] for row in
+                    r.xpending_range(STREAM, GROUP, min="-", max="+", count=100)} == {1}
             await p.resume(STREAM, GROUP)
-            await await_for(lambda: set(a.done) | set(b.done) >= set(keys) and _idle(r),
-                            timeout=60, message="the next worker ran what was let go")
+            await await_for(lambda: set(sum((w.done for w in workers), Counter())) >= set(keys)
+                            and _idle(r), timeout=60, message="all done after the resume")
         finally:
-            b.stop()
-            await tb
-    done = a.done + b.done
+            c.stop()
+            await task
+    done: Counter[str] = sum((w.done for w in workers), Counter())
     assert set(done) == set(keys) and set(done.values()) == {1}
+    assert {n for w in workers for n in w.attempts.values()} == {1}
+    assert r.xlen(StreamKeys.for_stream(STREAM).dead) == 0
 
 
 async def test_the_pause_outlives_a_redis_restart(make_server: Callable[..., Any]) -> None:

@@ -239,17 +239,16 @@ class Consumer:
         await ensure_group(self.ctx)
 
     def let_go_unstarted(self) -> None:
-        """Ordered mode, stopping or no longer the partition's owner: see `OrderedGate`;
-        stopping while paused: see `pause.let_go_unstarted`."""
+        """Ordered mode, stopping or no longer the partition's owner: see `OrderedGate`."""
         if self.gate is not None:
             self.gate.let_go_unstarted()
-        elif self.pause.on:  # paused: what has not started would only wait out the drain
-            pause.let_go_unstarted(self.holdings)
 
     async def _drain(self) -> int:
         """Let held deliveries finish within drain_timeout; return how many are left.
         In ordered mode what has not started is let go at once, to the next owner."""
         self.let_go_unstarted()
+        if self.pause.on:  # what has not started would only wait out the drain
+            await pause.hand_back(self.ctx, self.holdings)
         h = self.holdings
         deadline = time.monotonic() + self.cfg.drain_timeout
         while h.held() and time.monotonic() < deadline:

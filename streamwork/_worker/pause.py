@@ -9,8 +9,9 @@ and heartbeats, so no other worker reclaims them and no delivery or attempt is c
 A handler running when the pause is seen runs to its end; its outcome is written as usual.
 Resumed, the runners take the queue where they left it.
 
-A worker stopped while paused lets go at once of what it has not started (it stays pending
-in the group and is taken over by a worker of the group after ``visibility_timeout``).
+A worker stopped while paused lets go at once of what it has not started: it stays pending
+in the group and is taken over by a worker of the group after ``visibility_timeout``,
+without counting as a delivery (`hand_back`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER
 from streamwork._wire.pausing import PauseState, parse_pause
-from streamwork._worker.delivery import State
+from streamwork._worker.delivery import MAIN, RETRY, State
 
 if TYPE_CHECKING:
     from streamwork._worker.context import Context
@@ -103,15 +104,51 @@ class _Held(Protocol):
     def forget(self, d: Delivery, outcome: str = ...) -> None: ...
 
 
-def let_go_unstarted(h: _Held) -> int:
-    """Stopping while paused: deliveries not started (queued, waiting) are let go without
-    touching Redis, rather than held for the whole drain; they stay pending in the group.
-    Returns how many."""
-    gone = 0
+def let_go_unstarted(h: _Held) -> list[Delivery]:
+    """Deliveries not started (queued, waiting) let go without touching Redis: they stay
+    pending in the group. Returns them."""
+    gone = []
     for d in list(h.inflight.values()):
         if d.state in (State.QUEUED, State.WAITING):
             d.dropped = True
             h.waiting.pop(d.ref, None)
             h.forget(d, "released")
-            gone += 1
+            gone.append(d)
     return gone
+
+
+async def hand_back(ctx: Context, h: _Held) -> int:
+    """Stopping while paused: let go at once of what has not started (it would only wait
+    out the drain), and take one off each one's delivery count (``XCLAIM ... RETRYCOUNT``,
+    to this consumer still), so that the worker taking it over after ``visibility_timeout``
+    counts the delivery it never ran as none: restarts during a pause use up no attempt.
+    Best effort (Redis may be down): it is pending either way. Returns how many."""
+    gone = let_go_unstarted(h)
+    if not gone:
+        return 0
+    group, name = ctx.cfg.group, ctx.name
+    try:
+        for src, stream in ((MAIN, ctx.cfg.stream), (RETRY, ctx.gkeys.retry)):
+            ids = sorted((d.entry_id for d in gone if d.src == src), key=_id_order)
+            if not ids:
+                continue
+            rows = await ctx.redis.xpending_range(stream, group, min=ids[0], max=ids[-1],
+                                                  count=len(ids) + 10_000, consumername=name)
+            counts = {row["message_id"]: int(row["times_delivered"]) for row in rows}
+            pipe = ctx.redis.pipeline(transaction=False)
+            for entry_id in ids:
+                if counts.get(entry_id, 0) > 0:
+                    pipe.xclaim(stream, group, name, 0, [entry_id], justid=True,
+                                retrycount=counts[entry_id] - 1)
+            await pipe.execute()
+    except Exception as exc:  # stopping anyway: they are pending, counted once more
+        log.warning("paused and stopping: could not hand back the jobs not started (%s); "
+                    "they stay pending", exc, extra=ctx.fields())
+    log.info("paused and stopping: %d jobs not started left pending for the group",
+             len(gone), extra=ctx.fields())
+    return len(gone)
+
+
+def _id_order(entry_id: bytes) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition(b"-")
+    return int(ms), int(seq or 0)
