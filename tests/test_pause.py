@@ -389,8 +389,8 @@ def test_a_pause_survives_a_worker_restart_and_readyz_says_paused(
         redis_url: str, r: redis.Redis,
         spawn_worker: Callable[..., Any]) -> None:
     """Paused with the CLI, a worker process stays ready (/readyz 200, saying paused);
-    stopped and started again, the new process is paused from its start and runs nothing
-    until `streamwork resume`; then every job runs once (ledger)."""
+    stopped and started again (as two processes), the new ones are paused from their start
+    and run nothing until `streamwork resume`; then every job runs once (ledger)."""
     from tests.workers.ledger import STREAM as LSTREAM
     from tests.workers.ledger import LedgerWorker
 
@@ -416,10 +416,14 @@ def test_a_pause_survives_a_worker_restart_and_readyz_says_paused(
         first.terminate()
         assert first.wait(timeout=60) == 0
 
+        # started again, as two processes under a supervisor: both paused from the start
         port = free_port()
-        spawn_worker("tests.workers.ledger:LedgerWorker", redis_url, "--health-port", str(port))
-        wait(lambda: _probe(port)[0] == 200, "the new process ready")
-        assert _probe(port)[1]["workers"][0]["paused"] is True
+        spawn_worker("tests.workers.ledger:LedgerWorker", redis_url, "--health-port", str(port),
+                     "--processes", "2")
+        wait(lambda: _probe(port)[0] == 200, "the new processes ready")
+        code, body = _probe(port)
+        assert body["paused"] == [f"{LSTREAM}/{group}"]
+        assert [w["paused"] for c in body["processes"] for w in c["workers"]] == [True, True]
         during = [f"d-{i}" for i in range(20)]
         for key in during:
             p.send(LSTREAM, {}, key=key)
@@ -434,8 +438,9 @@ def test_a_pause_survives_a_worker_restart_and_readyz_says_paused(
         assert out.exit_code == 0 and f"{LSTREAM}/{group}: resumed" in out.output
         wait(lambda: r.hlen("ledger") == 30 and stream_idle(r, LSTREAM, group),
              "every job handled after the resume")
-        wait(lambda: _probe(port)[1].get("paused") is None and
-             _probe(port)[1]["workers"][0]["paused"] is False, "readyz says running")
+        wait(lambda: "paused" not in _probe(port)[1], "readyz says running")
+        assert [w["paused"] for c in _probe(port)[1]["processes"] for w in c["workers"]
+                ] == [False, False]
     counts = {k.decode(): int(v) for k, v in r.hgetall("ledger").items()}
     assert set(counts) == set(before + during) and set(counts.values()) == {1}
     assert "running" in _cli("inspect", LSTREAM, "--url", redis_url).output

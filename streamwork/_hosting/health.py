@@ -116,6 +116,13 @@ def summarise(kind: str, entries: Sequence[dict[str, Any]], label: str,
     return not bad, body
 
 
+def paused_groups(workers: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
+    """``{"paused": ["stream/group", ...]}`` for the workers' entries whose group is
+    paused, for a probe's body; empty when none is."""
+    paused = sorted({f"{w['stream']}/{w['group']}" for w in workers if w.get("paused")})
+    return {"paused": paused} if paused else {}
+
+
 class LoopProbe:
     """The probes of the workers one event loop serves; called from the HTTP threads."""
 
@@ -152,9 +159,7 @@ class LoopProbe:
             return False, {"status": "fail", "reason": (
                 f"the event loop did not run a call within {LOOP_TIMEOUT:g} s: a handler "
                 "blocks it (make it async, or a plain def so it runs in the thread pool)")}
-        paused = sorted({f"{e['stream']}/{e['group']}" for e in entries if e.get("paused")})
-        return summarise(kind, entries, "workers", loop="responsive",
-                         **({"paused": paused} if paused else {}))
+        return summarise(kind, entries, "workers", loop="responsive", **paused_groups(entries))
 
 
 class _Server(ThreadingHTTPServer):
