@@ -85,7 +85,7 @@ async def read(ctx: Context, pause: Pause) -> None:
                         f" ({state.reason})" if state.reason else "",
                         extra=ctx.fields(reason=state.reason or None))
         else:
-            log.warning("group resumed: jobs start again", extra=ctx.fields())
+            log.info("group resumed: jobs start again", extra=ctx.fields())
     if ctx.tally.metering:
         telemetry.set_paused(ctx.cfg.stream, ctx.cfg.group, pause.on)
 
