@@ -494,3 +494,34 @@ def test_producer_checks_and_partitions(redis_url: str, r: redis.Redis) -> None:
         assert [s.reason if s else None for s in states] == ["all of it"] * 3
         assert p.resume("split", "g") is True
         assert p.paused("split", "g") is None
+
+
+async def test_a_partitioned_worker_pauses_on_every_partition(redis_url: str,
+                                                              r: redis.Redis) -> None:
+    """On a partitioned stream the pause is written to every partition and each partition's
+    consumer honours it: nothing runs on any partition until the resume, then all once."""
+    w = Pausable.from_url(redis_url, partitions=3)
+    task = asyncio.create_task(w.serve())
+    try:
+        await await_for(lambda: w.health().ready and len(w.partitions_served) == 3,
+                        timeout=30)
+        async with sw.AsyncProducer.from_url(redis_url, partitions=3) as p:
+            await p.pause(STREAM, GROUP, reason="split")
+            consumers = w._partitioned.consumers.values()  # type: ignore[union-attr]
+            await await_for(lambda: _paused(w) and all(c.pause.on for c in consumers),
+                            timeout=10, message="every partition's consumer paused")
+            seen = time.monotonic()
+            keys = await _send(p, 30, "part")
+            assert [r.exists(StreamKeys.for_stream(name).group(GROUP).paused)
+                    for name in partition_names(STREAM, 3)] == [1, 1, 1]
+            await asyncio.sleep(2.0)  # a window for starts that must not happen
+            assert _late(w.starts, seen) == [] and not set(w.done) & set(keys)
+            await p.resume(STREAM, GROUP)
+            await await_for(lambda: set(w.done) >= set(keys) and all(
+                stream_idle(r, name, GROUP) for name in partition_names(STREAM, 3)),
+                timeout=60, message="all done after the resume")
+            assert not _paused(w)
+    finally:
+        w.stop()
+        await task
+    assert set(w.done) == set(keys) and set(w.done.values()) == {1}
