@@ -171,7 +171,8 @@ async def test_held_deliveries_are_kept_through_a_pause_longer_than_the_visibili
             await await_for(lambda: _paused(a), timeout=10, message="a sees the pause")
             seen = time.monotonic()
             # the job running when the pause landed finishes; the rest stay held by a
-            await await_for(lambda: sum(a.done.values()) == len(a.starts), timeout=10)
+            await await_for(lambda: sum(a.done.values()) == len(a.starts) == a.counts["acked"],
+                            timeout=10, message="the running job finished and acknowledged")
             held = r.xpending_range(STREAM, GROUP, min="-", max="+", count=100)
             assert len(held) >= 5, held
             owner = {row["consumer"].decode() for row in held}
