@@ -34,3 +34,10 @@ def test_this_consumers_own_deliveries_are_never_taken_as_a_batch() -> None:
     nothing) instead."""
     assert _first_deliveries(_idle(1, 1, 1, mine=1), 5, "me") == 1
     assert _first_deliveries(_idle(1, 1, mine=0), 5, "me") == 0
+
+
+def test_deliveries_handed_back_unrun_count_as_first_deliveries() -> None:
+    """A worker stopped while its group was paused hands back what it never ran with its
+    delivery count taken back to 0: such deliveries join a batch like first ones."""
+    assert _first_deliveries(_idle(0, 1, 0), 5, "me") == 3
+    assert _first_deliveries(_idle(0, 2, 1), 5, "me") == 1
