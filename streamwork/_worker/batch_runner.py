@@ -117,8 +117,8 @@ class BatchRunner(Runner):
             while True:
                 batch = await self._gather(loop)
                 if pause.on:  # paused while it gathered: the batch waits at the front
-                    for d in reversed(batch):
-                        pause.hold_back(h.queue.ready, d)
+                    h.queue.ready.extendleft(reversed(batch))
+                    await pause.resumed()
                     continue
                 if slots is not None:
                     try:

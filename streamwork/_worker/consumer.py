@@ -263,9 +263,8 @@ class Consumer:
         """Read the next batch and admit it; False (Redis not asked) when there is no room
         for more work, or while a reclaimed suspect runs alone."""
         cfg, h = self.cfg, self.holdings
-        if self.pause.on:  # paused: read nothing new until resumed
-            await self.pause.resumed()
-            return False
+        if self.pause.on:  # paused: read nothing new until resumed (Redis not asked)
+            return await self.pause.resumed()
         held = h.held()
         # work to come (queued, running, waiting) is bounded by the capacity; outcomes
         # being written are not work to come, so the next batch is read while they are

@@ -50,14 +50,17 @@ class Pause:
         #: told when the pause ends (the run queue wakes its parked runners)
         self.on_resume: Callable[[], None] | None = None
 
-    async def resumed(self) -> None:
-        """Return once the group is not paused (at once if it is not)."""
+    async def resumed(self) -> bool:
+        """Return once the group is not paused (at once if it is not); False, so a loop's
+        step that waited here says it did not ask Redis."""
         await self._resumed.wait()
+        return False
 
-    def hold_back(self, ready: deque[Delivery], d: Delivery) -> None:
-        """A runner took ``d`` as the pause came: it goes back to the front of the queue,
-        untouched, to be the first taken when the group resumes."""
+    async def hold_back(self, ready: deque[Delivery], d: Delivery) -> None:
+        """A runner took ``d`` while paused: ``d`` goes back to the front of the queue,
+        untouched, to be the first taken, and the runner waits for the resume."""
         ready.appendleft(d)
+        await self._resumed.wait()
 
     def update(self, state: PauseState | None) -> bool:
         """Take the state just read; returns whether it changed paused/running."""

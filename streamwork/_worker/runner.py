@@ -71,8 +71,6 @@ class Runner:
         pause = queue.pause  # the group paused: take nothing (pause.py)
         try:
             while True:
-                if pause.on:
-                    await pause.resumed()
                 # take a ready delivery without a round trip through the loop
                 if ready:
                     d = ready.popleft()
@@ -86,10 +84,10 @@ class Runner:
                     except asyncio.CancelledError:
                         h.forget(d)
                         raise
-                if pause.on:  # paused while it waited (for d, a slot): d waits at the front
+                if pause.on:  # paused (now, or while it waited for d or a slot): d waits
                     if slots is not None:
                         slots.release()
-                    pause.hold_back(ready, d)
+                    await pause.hold_back(ready, d)
                     continue
                 if (checked or d.dropped or d.state != State.QUEUED) and not await (
                         self._ready(d) if limits is not None
