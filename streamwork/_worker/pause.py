@@ -37,8 +37,9 @@ POLL_INTERVAL: Final = 1.0  #: s between two reads of the pause hash by one cons
 
 
 class Pause:
-    """Whether this consumer's group is paused, as last read from Redis; runners look at
-    ``on`` before taking a delivery and wait on `resumed` while it is set."""
+    """Whether this consumer's group is paused, as last read from Redis; a runner looks at
+    ``on`` once per delivery it takes (and gives it back, `hold_back`, while it is set),
+    the reader before each read."""
 
     __slots__ = ("_resumed", "on", "on_resume", "state")
 
