@@ -83,6 +83,15 @@ def _paused(w: sw.StreamWorker) -> bool:
     return w.health().paused is not None
 
 
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _taken_over(w: sw.StreamWorker, n: int) -> Callable[[], bool]:
+    """Whether ``w`` is paused and has reclaimed ``n`` deliveries."""
+    return lambda: _paused(w) and w.counts["reclaimed"] >= n
+
+
 def _idle(r: redis.Redis) -> bool:
     return stream_idle(r, STREAM, GROUP)
 
@@ -175,14 +184,14 @@ async def test_held_deliveries_are_kept_through_a_pause_longer_than_the_visibili
                             timeout=10, message="the running job finished and acknowledged")
             held = r.xpending_range(STREAM, GROUP, min="-", max="+", count=100)
             assert len(held) >= 5, held
-            owner = {row["consumer"].decode() for row in held}
+            owner = {_text(row["consumer"]) for row in held}
             assert owner == {a.consumer_name}
             tb = asyncio.create_task(b.serve())
             await await_for(lambda: _paused(b), timeout=10, message="b starts paused")
             await asyncio.sleep(3 * a.config.visibility_timeout)  # the window a reclaim needs
             rows = r.xpending_range(STREAM, GROUP, min="-", max="+", count=100)
             assert {row["message_id"] for row in rows} == {row["message_id"] for row in held}
-            assert {row["consumer"].decode() for row in rows} == {a.consumer_name}
+            assert {_text(row["consumer"]) for row in rows} == {a.consumer_name}
             assert {row["times_delivered"] for row in rows} == {1}
             assert b.counts["reclaimed"] == 0 and b.starts == []
             assert _late(a.starts, seen) == []
@@ -319,9 +328,8 @@ async def test_restarts_during_a_pause_let_go_at_once_and_use_no_attempt(
             assert len(rows) >= 3 and {row["times_delivered"] for row in rows} == {0}
             task = asyncio.create_task(nxt.serve())
             # the next worker, paused too, takes them over once idle for the timeout
-            held = len(rows)
-            await await_for(lambda n=nxt, k=held: _paused(n) and n.counts["reclaimed"] >= k,
-                            timeout=30, message="the held jobs taken over")
+            await await_for(_taken_over(nxt, len(rows)), timeout=30,
+                            message="the held jobs taken over")
         try:
             assert {row["times_delivered"] for row in
                     r.xpending_range(STREAM, GROUP, min="-", max="+", count=100)} == {1}
@@ -442,7 +450,7 @@ def test_a_pause_survives_a_worker_restart_and_readyz_says_paused(
         wait(lambda: "paused" not in _probe(port)[1], "readyz says running")
         assert [w["paused"] for c in _probe(port)[1]["processes"] for w in c["workers"]
                 ] == [False, False]
-    counts = {k.decode(): int(v) for k, v in r.hgetall("ledger").items()}
+    counts = {_text(k): int(v) for k, v in r.hgetall("ledger").items()}
     assert set(counts) == set(before + during) and set(counts.values()) == {1}
     assert "running" in _cli("inspect", LSTREAM, "--url", redis_url).output
 
