@@ -517,7 +517,8 @@ async def test_a_partitioned_worker_pauses_on_every_partition(redis_url: str,
         async with sw.AsyncProducer.from_url(redis_url, partitions=3) as p:
             await p.pause(STREAM, GROUP, reason="split")
             consumers = w._partitioned.consumers.values()  # type: ignore[union-attr]
-            await await_for(lambda: _paused(w) and all(c.pause.on for c in consumers),
+            await await_for(lambda: _paused(w) and all(c.holdings.queue.pause.state
+                                                       for c in consumers),
                             timeout=10, message="every partition's consumer paused")
             seen = time.monotonic()
             keys = await _send(p, 30, "part")

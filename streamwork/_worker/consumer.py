@@ -104,9 +104,8 @@ class Consumer:
         # its payload_type (``convert``) and skipped if the done-cache knows its job
         self.arrival = Arrival(cfg, name, State.WAITING if self.leases.claims else State.QUEUED,
                                codec, convert, ctx.cache)
-        queue = RunQueue(eager=self.leases.claims)
+        queue = RunQueue(eager=self.leases.claims, paused=True)  # until the pause is read
         self.holdings = Holdings(self.ctx, queue)
-        self.pause = queue.pause  # the group paused: read once a second (pause.py)
         # with job records, a handler starts only once start.lua has checked its record
         self.starter: Starter | None = (
             Starter(self.scripts, ctx.gkeys, name, self.leases, cfg.visibility_ms, queue)
@@ -157,7 +156,6 @@ class Consumer:
             flags = await sup.until_ok("start", lambda: scripts.supports_flags(self.redis))
             self.scripts.use_flags(flags)
             await sup.until_ok("start", lambda: ensure_group(ctx))
-            await sup.until_ok("start", lambda: pause.read(ctx, self.pause))
             if self.gate is not None:  # the partition is ours now: its pending jobs first
                 gate = self.gate
                 await sup.until_ok("start", lambda: gate.take_over(self.admit))
@@ -181,7 +179,7 @@ class Consumer:
             sup.loop("promoter", lambda: upkeep.promote_once(ctx)),
             sup.loop("upkeep", lambda: upkeep.upkeep_step(ctx)),
             sup.loop("gauges", lambda: gauges.gauges_step(ctx)),
-            sup.loop("pause", lambda: pause.watch_step(ctx, self.pause)),
+            sup.loop("pause", lambda: pause.watch_step(ctx, h.queue.pause)),
         ]
         runners = [sup.spawn("runner", self.runner.loop()) for _ in range(self.cfg.concurrency)]
         runners.append(sup.loop("leaser", self._lease_waiting_once))
@@ -246,10 +244,10 @@ class Consumer:
     async def _drain(self) -> int:
         """Let held deliveries finish within drain_timeout; return how many are left.
         In ordered mode what has not started is let go at once, to the next owner."""
-        self.let_go_unstarted()
-        if self.pause.on:  # what has not started would only wait out the drain
-            await pause.hand_back(self.ctx, self.holdings)
         h = self.holdings
+        self.let_go_unstarted()
+        if h.queue.pause.on:  # what has not started would only wait out the drain
+            await pause.hand_back(self.ctx, h)
         deadline = time.monotonic() + self.cfg.drain_timeout
         while h.held() and time.monotonic() < deadline:
             h.empty.clear()
@@ -263,8 +261,8 @@ class Consumer:
         """Read the next batch and admit it; False (Redis not asked) when there is no room
         for more work, or while a reclaimed suspect runs alone."""
         cfg, h = self.cfg, self.holdings
-        if self.pause.on:  # paused: read nothing new until resumed (Redis not asked)
-            return await self.pause.resumed()
+        if h.queue.pause.on:  # paused: read nothing new until resumed (Redis not asked)
+            return await h.queue.pause.resumed()
         held = h.held()
         # work to come (queued, running, waiting) is bounded by the capacity; outcomes
         # being written are not work to come, so the next batch is read while they are

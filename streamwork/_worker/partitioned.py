@@ -135,7 +135,8 @@ class Partitioned:
 
     def paused(self) -> PauseState | None:
         """The pause of the group as the first paused partition's consumer read it."""
-        return next((c.pause.state for c in self.consumers.values() if c.pause.on), None)
+        pauses = (c.holdings.queue.pause for c in self.consumers.values())
+        return next((p.state for p in pauses if p.state is not None), None)
 
     def dead_tasks(self) -> tuple[str, ...]:
         return tuple(t for c in self.consumers.values() for t in c.sup.dead_tasks)

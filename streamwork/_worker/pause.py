@@ -1,13 +1,14 @@
 """Pausing a consumer group: while its pause hash (``GroupKeys.paused``) is in Redis, the
 group's workers start no job.
 
-Each consumer reads the hash when it starts (before anything can run) and then once every
-`POLL_INTERVAL` (one HGETALL a second, whatever the job rate: the fast path only looks at
-``Pause.on``). While paused, the reader reads nothing new and the runners take nothing from
-the run queue; what is held stays held: queued and read-ahead deliveries keep their leases
-and heartbeats, so no other worker reclaims them and no delivery or attempt is counted.
-A handler running when the pause is seen runs to its end; its outcome is written as usual.
-Resumed, the runners take the queue where they left it.
+Each consumer reads the hash as it starts serving (it starts paused: nothing runs before
+that read), then once every `POLL_INTERVAL`: one HGETALL a second, whatever the job rate
+(the fast path only looks at ``Pause.on``). While paused, the reader reads nothing new and
+the runners take nothing from the run queue; what is held stays held: queued and
+read-ahead deliveries keep their leases and heartbeats, so no other worker reclaims them
+and no delivery or attempt is counted. A handler running when the pause is seen runs to
+its end; its outcome is written as usual. Resumed, the runners take the queue where they
+left it.
 
 A worker stopped while paused lets go at once of what it has not started: it stays pending
 in the group and is taken over by a worker of the group after ``visibility_timeout``,
@@ -43,11 +44,12 @@ class Pause:
 
     __slots__ = ("_resumed", "on", "on_resume", "state")
 
-    def __init__(self) -> None:
-        self.on = False
+    def __init__(self, on: bool = False) -> None:
+        self.on = on  # a consumer's starts paused until its first read of the hash
         self.state: PauseState | None = None
         self._resumed = asyncio.Event()
-        self._resumed.set()
+        if not on:
+            self._resumed.set()
         #: told when the pause ends (the run queue wakes its parked runners)
         self.on_resume: Callable[[], None] | None = None
 
@@ -57,9 +59,13 @@ class Pause:
         await self._resumed.wait()
         return False
 
-    async def hold_back(self, ready: deque[Delivery], d: Delivery) -> None:
-        """A runner took ``d`` while paused: ``d`` goes back to the front of the queue,
-        untouched, to be the first taken, and the runner waits for the resume."""
+    async def hold_back(self, ready: deque[Delivery], d: Delivery,
+                        slot: asyncio.Semaphore | None = None) -> None:
+        """A runner took ``d`` (and a ``slot``) while paused: ``d`` goes back to the front
+        of the queue, untouched, to be the first taken, the slot is given back, and the
+        runner waits for the resume."""
+        if slot is not None:
+            slot.release()
         ready.appendleft(d)
         await self._resumed.wait()
 
@@ -95,9 +101,10 @@ async def read(ctx: Context, pause: Pause) -> None:
 
 
 async def watch_step(ctx: Context, pause: Pause) -> bool:
-    """Wait `POLL_INTERVAL`, then read the pause hash (one turn of the pause loop)."""
-    await asyncio.sleep(POLL_INTERVAL)
+    """Read the pause hash, then wait `POLL_INTERVAL` (one turn of the pause loop; the
+    first read comes as the consumer starts serving, and nothing starts before it)."""
     await read(ctx, pause)
+    await asyncio.sleep(POLL_INTERVAL)
     return True
 
 

@@ -68,7 +68,6 @@ class Runner:
         slots, limits = self._slots, self._limits
         checked = limits is not None or self._starter is not None  # else no lease to check
         cancellable = cfg.cancel_running and self.calls.is_async
-        pause = queue.pause  # the group paused: take nothing (pause.py)
         try:
             while True:
                 # take a ready delivery without a round trip through the loop
@@ -84,10 +83,8 @@ class Runner:
                     except asyncio.CancelledError:
                         h.forget(d)
                         raise
-                if pause.on:  # paused (now, or while it waited for d or a slot): d waits
-                    if slots is not None:
-                        slots.release()
-                    await pause.hold_back(ready, d)
+                if queue.pause.on:  # paused (now, or while it waited for d, a slot): pause.py
+                    await queue.pause.hold_back(ready, d, slots)
                     continue
                 if (checked or d.dropped or d.state != State.QUEUED) and not await (
                         self._ready(d) if limits is not None

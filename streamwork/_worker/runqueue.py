@@ -40,7 +40,7 @@ class RunQueue:
     __slots__ = ("_due", "_getters", "deferred", "eager", "feed", "on_idle", "pause", "ready",
                  "waking")
 
-    def __init__(self, eager: bool = False) -> None:
+    def __init__(self, eager: bool = False, paused: bool = False) -> None:
         self.ready: deque[Delivery] = deque()
         self._getters: deque[asyncio.Future[bool]] = deque()
         self.waking = 0  # runners woken that have not taken a delivery yet
@@ -51,7 +51,7 @@ class RunQueue:
         self._due = False  # a deferred wake-up is scheduled
         self.feed: Callable[[list[Delivery]], None] | None = None
         self.on_idle: Callable[[], None] | None = None
-        self.pause = Pause()
+        self.pause = Pause(paused)  # ``paused``: until the group's pause hash is first read
         self.pause.on_resume = self._resume
 
     def put_many(self, ds: list[Delivery]) -> None:

@@ -177,7 +177,7 @@ class StreamWorker(WorkerOptions, Generic[P]):
             return Health(False, False, False, False, ())
         alive, ready = c.health()
         return Health(alive, ready, c.stopping, not c.sup.failures and c.joined,
-                      tuple(c.sup.dead_tasks), c.pause.state)
+                      tuple(c.sup.dead_tasks), c.holdings.queue.pause.state)
 
     @property
     def counts(self) -> Counter[str]:

@@ -67,8 +67,7 @@ async def reclaim_once(ctx: Context, h: Holdings, admit: Admit,
 
 
 def _first_deliveries(idle: list[Any], max_deliveries: int, me: str) -> int:
-    """How many oldest idle deliveries in a row were made once (or handed back unrun by a
-    worker stopped while paused: none), to others than ``me``."""
+    """How many oldest idle deliveries in a row were made at most once, to others than ``me``."""
     once = next((i for i, p in enumerate(idle) if int(p["times_delivered"]) > 1
                  or p["consumer"] in (me, me.encode())), len(idle))
     return once if max_deliveries >= 3 else 0  # else no lone try would be left after
