@@ -429,10 +429,11 @@ def test_a_pause_survives_a_worker_restart_and_readyz_says_paused(
         port = free_port()
         spawn_worker("tests.workers.ledger:LedgerWorker", redis_url, "--health-port", str(port),
                      "--processes", "2")
-        wait(lambda: _probe(port)[0] == 200, "the new processes ready")
+        wait(lambda: [w["paused"] for c in _probe(port)[1].get("processes", ())
+                      for w in c.get("workers", ())] == [True, True],
+             "both new processes say paused")
         code, body = _probe(port)
-        assert body["paused"] == [f"{LSTREAM}/{group}"]
-        assert [w["paused"] for c in body["processes"] for w in c["workers"]] == [True, True]
+        assert code == 200 and body["paused"] == [f"{LSTREAM}/{group}"]
         during = [f"d-{i}" for i in range(20)]
         for key in during:
             p.send(LSTREAM, {}, key=key)
