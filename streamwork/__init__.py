@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from streamwork._producer.shells import AsyncProducer, Producer
     from streamwork._wire.extensions import Codec
     from streamwork._wire.message import Message
+    from streamwork._wire.pausing import PauseState
     from streamwork._wire.records import JobStatus
     from streamwork._wire.schedules import Cron, Every
     from streamwork._worker.function import batch_worker, worker
@@ -59,7 +60,7 @@ _LAZY = {
     "StreamWorker": "_worker.worker", "JobStatus": "_wire.records",
     "Cron": "_wire.schedules", "Every": "_wire.schedules", "worker": "_worker.function",
     "batch_worker": "_worker.function",
-    "Codec": "_wire.extensions",
+    "Codec": "_wire.extensions", "PauseState": "_wire.pausing",
 }
 
 
@@ -101,6 +102,7 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "Message",
+    "PauseState",
     "PayloadTooLarge",
     "Producer",
     "RedisUnavailable",

@@ -191,7 +191,7 @@ def test_top_once_renders_one_frame_with_the_right_numbers(redis_url: str,
     assert out.startswith("streamwork top")
     assert row(out, "orders") == ["orders", "10", "0.0", "2 / 3", "2"]
     billing = row(out, "orders/billing")
-    assert billing[1:3] == ["4", "5"] and billing[4:] == ["0.0", "2"]
+    assert billing[1:3] == ["4", "5"] and billing[4:] == ["0.0", "2", "running"]
     assert row(out, "orders/audit")[1:3] == ["10", "0"]
     assert "c-a" in out and "c-b" in out  # busiest consumers
 

@@ -354,6 +354,45 @@ def test_actions_refuse_get_and_missing_csrf(redis_url: str, r: redis.Redis,
     assert dead_count(r) == 0
 
 
+def test_pause_and_resume_buttons_need_the_csrf_token(redis_url: str, r: redis.Redis,
+                                                      dashboard: Callable[..., str]) -> None:
+    """A group's pause and resume are POST actions guarded as replay and purge are (405 on
+    GET, 403 without the page's CSRF token, with a forged one or from another origin);
+    with it the group is paused (its reason kept), the page says so, and resume ends it."""
+    base = dashboard(redis_url)
+    seed(redis_url, r, backlog=False)
+    paused_key = StreamKeys.for_stream(STREAM).group(GROUP).paused
+    with httpx.Client(base_url=base, follow_redirects=False) as http, \
+            sw.Producer.from_url(redis_url) as p:
+        page = http.get("/")
+        assert 'action="/group/pause"' in page.text and "running" in page.text
+        csrf = _csrf_of(page.text)
+        form = {"stream": STREAM, "group": GROUP, "reason": "refunds <b>audit</b>"}
+        assert http.get("/group/pause").status_code == 405
+        assert http.post("/group/pause", data=form).status_code == 403
+        assert http.post("/group/pause", data={**form, "csrf": "0" * 64}).status_code == 403
+        assert http.post("/group/pause", data={**form, "csrf": csrf},
+                         headers={"Origin": "http://evil.example"}).status_code == 403
+        assert not r.exists(paused_key)
+        typo = http.post("/group/pause", data={**form, "group": "nope", "csrf": csrf})
+        assert typo.status_code == 400 and "no consumer group &#39;nope&#39;" in typo.text
+        done = http.post("/group/pause", data={**form, "csrf": csrf})
+        assert done.status_code == 303 and "done=paused" in done.headers["location"]
+        state = p.paused(STREAM, GROUP)
+        assert state is not None and state.reason == "refunds <b>audit</b>"
+        page = http.get(done.headers["location"])
+        assert f"{STREAM}/{GROUP}: paused." in page.text
+        assert "paused</span>: refunds &lt;b&gt;audit&lt;/b&gt;" in page.text
+        assert 'action="/group/resume"' in page.text
+        assert http.post("/group/resume", data={"stream": STREAM, "group": GROUP}
+                         ).status_code == 403
+        assert p.paused(STREAM, GROUP) is not None
+        done = http.post("/group/resume", data={"stream": STREAM, "group": GROUP,
+                                                "csrf": csrf})
+        assert done.status_code == 303 and "done=resumed" in done.headers["location"]
+        assert p.paused(STREAM, GROUP) is None
+
+
 def test_page_says_when_redis_is_unreachable(dashboard: Callable[..., str]) -> None:
     """Redis down: the page answers 503 naming the server (password hidden) and the error,
     not a traceback."""

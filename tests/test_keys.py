@@ -33,13 +33,14 @@ def _utf8(text: str) -> bool:
 def derived(keys: StreamKeys, job_key: str, group: str = "billing") -> list[str]:
     g = keys.group(group)
     return [keys.dead, keys.delayed, keys.fence, keys.partitions, g.retry, g.retries,
-            g.job(job_key), g.job_prefix, g.owner, g.members, g.settings]
+            g.job(job_key), g.job_prefix, g.owner, g.members, g.settings, g.paused]
 
 
 def test_names_of_owned_keys_are_refused_as_streams() -> None:
     """A stream may not be named like a key streamwork keeps for another stream."""
     for name in ("{orders}:dead", "{orders}:retry:7:billing", "{orders}~3:a:b", "{x}:fence",
-                 "{orders}:partitions", "{orders}:owner:7:billing", "{orders}:members:1:g"):
+                 "{orders}:partitions", "{orders}:owner:7:billing", "{orders}:members:1:g",
+                 "{orders}:paused:7:billing"):
         with pytest.raises(ConfigError, match="key streamwork keeps"):
             StreamKeys.for_stream(name)
     for name in ("{orders}:deadline", "{orders}:eu", "orders:dead"):
@@ -96,6 +97,7 @@ def _all_keys(stream: str, group: str, job: str) -> dict[str, str]:
     return {"dead": k.dead, "delayed": k.delayed, "fence": k.fence,
             "partitions": k.partitions, "retry": g.retry, "retries": g.retries,
             "owner": g.owner, "members": g.members, "settings": g.settings, "job": g.job(job),
+            "paused": g.paused,
             "stream": stream}
 
 
@@ -116,7 +118,7 @@ def test_keys_are_injective(a: tuple[str, str, str], b: tuple[str, str, str]) ->
     # per-stream keys are shared only by the same stream, per-group only by the same group
     for role in ("dead", "delayed", "fence", "partitions", "stream"):
         assert (ka[role] == kb[role]) == (a[0] == b[0]), role
-    for role in ("retry", "retries", "owner", "members", "settings"):
+    for role in ("retry", "retries", "owner", "members", "settings", "paused"):
         assert (ka[role] == kb[role]) == (a[:2] == b[:2]), role
     # and no key of one triple is a key of another role of the other
     for ra, name_a in ka.items():

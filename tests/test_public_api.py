@@ -35,6 +35,7 @@ PUBLIC = [
     "LockLost",
     "LockNotAcquired",
     "Message",
+    "PauseState",
     "PayloadTooLarge",
     "Producer",
     "RedisUnavailable",

@@ -221,6 +221,33 @@ async def test_gauges_and_spans_count_the_priority_levels(
     producer.close()
 
 
+async def test_paused_gauge_follows_the_pause(redis_url: str) -> None:
+    """``streamwork.stream.paused`` is 1 while the worker's group is paused, 0 otherwise,
+    set by the worker's own read of the pause (once a second)."""
+    stream = "gauged-pause"  # a stream no other test's worker reports on
+
+    def paused() -> float | None:
+        points = [p for p in _points("streamwork.stream.paused")
+                  if p.attributes.get("stream") == stream]
+        return float(points[0].value) if points else None
+
+    worker = LedgerWorker.from_url(redis_url, stream=stream)
+    task = asyncio.create_task(worker.serve())
+    try:
+        await await_for(lambda: paused() == 0.0, timeout=20, message="gauge at 0")
+        async with sw.AsyncProducer.from_url(redis_url) as p:
+            await p.pause(stream, worker.config.group, reason="gauge")
+            await await_for(lambda: paused() == 1.0, timeout=20, message="gauge at 1")
+            await p.resume(stream, worker.config.group)
+            await await_for(lambda: paused() == 0.0, timeout=20, message="gauge back to 0")
+    finally:
+        worker.stop()
+        await task
+    points = [p for p in _points("streamwork.stream.paused")
+              if p.attributes.get("stream") == stream]
+    assert [dict(p.attributes) for p in points] == [{"stream": stream, "group": "testers"}]
+
+
 class _Receiver(BaseHTTPRequestHandler):
     bodies: dict[str, list[bytes]] = {"/v1/traces": [], "/v1/metrics": []}
 

@@ -1,6 +1,6 @@
 """The ``streamwork`` command: run (one or several workers, ``--processes``, health probes),
-send, demo; dlq, inspect, top, job, cancel, schedules, dashboard and bench register from
-their own modules."""
+send, demo; dlq, inspect, top, job, cancel, pause, resume, schedules, dashboard and bench
+register from their own modules."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from streamwork._cli import bench as _bench_cli
 from streamwork._cli import dashboard as cli_dashboard
 from streamwork._cli import dlq as cli_dlq
 from streamwork._cli import ops as cli_ops
+from streamwork._cli import pause as cli_pause
 from streamwork._cli import schedules as cli_schedules
 from streamwork._cli.common import detect_partitions, fail, partitions_option, url_option
 from streamwork._hosting import processes as processes_mod
@@ -421,6 +422,7 @@ def demo(url: str | None, orders: int) -> None:
 
 cli_dlq.register(main)
 cli_ops.register(main)
+cli_pause.register(main)
 cli_dashboard.register(main)
 cli_schedules.register(main)
 _bench_cli.register(main)

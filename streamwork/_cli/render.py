@@ -48,16 +48,24 @@ def _top(g: GroupStats) -> str:
     return "\n".join(f"{name} ({pending:,})" for name, pending in g.top_consumers) or "-"
 
 
+def _state(g: GroupStats) -> Text:
+    """``running``, or ``paused`` with its reason (a paused group starts no job)."""
+    if g.paused is None:
+        return Text("running")
+    return Text("paused" + (f": {g.paused.reason}" if g.paused.reason else ""), style="yellow")
+
+
 def _groups_table(s: StreamStats) -> Table:
     table = Table(title=f"groups of {s.stream}", title_justify="left")
     table.add_column("group", no_wrap=True)
     for col in ("consumers", "entries-read", "lag", "pending", "oldest pending"):
         table.add_column(col, justify="right", no_wrap=True)
     table.add_column("top consumers (pending)")
+    table.add_column("state")
     for g in s.groups:
         table.add_row(g.name, fmt_count(g.consumers), fmt_count(g.entries_read),
                       fmt_count(g.lag), fmt_count(g.pending), fmt_age(g.oldest_pending_age_s),
-                      _top(g))
+                      _top(g), _state(g))
     return table
 
 
@@ -158,6 +166,7 @@ def render_top(samples: Sequence[StreamStats], rates: dict[str, StreamRates],
     groups.add_column("stream/group", no_wrap=True)
     for col in ("lag", "pending", "oldest pending", "acked/s", "consumers"):
         groups.add_column(col, justify="right", no_wrap=True)
+    groups.add_column("state")
     split = Table(title="partitions", title_justify="left")
     split.add_column("stream#partition", no_wrap=True)
     split.add_column("group", no_wrap=True)
@@ -181,7 +190,7 @@ def render_top(samples: Sequence[StreamStats], rates: dict[str, StreamRates],
             groups.add_row(label, fmt_count(g.lag), fmt_count(g.pending),
                            fmt_age(g.oldest_pending_age_s),
                            fmt_rate(r.acked_per_s.get(g.name) if r else None),
-                           fmt_count(g.consumers))
+                           fmt_count(g.consumers), _state(g))
             idle = {c.name: c.idle_s for c in g.consumer_list}
             for name, pending in g.top_consumers:
                 busy.add_row(label, name, fmt_count(pending), fmt_age(idle.get(name)))

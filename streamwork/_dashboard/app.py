@@ -1,4 +1,4 @@
-"""The dashboard's web app (Starlette): one server-rendered page and two POST actions.
+"""The dashboard's web app (Starlette): one server-rendered page and four POST actions.
 
 ``GET /`` shows the streams (groups, consumers, lag, pending and the oldest pending age,
 delayed, dead, produced/s and acked/s sparklines) and each one's oldest dead letters, a
@@ -7,8 +7,10 @@ name, ``?sort=`` orders worst first, ``?page=``: :mod:`streamwork._dashboard.pag
 a job lookup by key (``?job_stream=S&job_key=K[&job_group=G]``). ``POST /dlq/replay``
 and ``POST /dlq/purge`` act on one dead letter (``id`` and ``where``, the stream or
 partition holding it) or all of a stream's; both need the page's CSRF token and redirect
-back to the page (303). Security (token, CSRF, headers) is
-:mod:`streamwork._dashboard.security`'s; figures are :mod:`streamwork._dashboard.data`'s.
+back to the page (303). ``POST /group/pause`` (``stream``, ``group``, ``reason``) and
+``POST /group/resume`` pause and resume a consumer group, with the same CSRF check.
+Security (token, CSRF, headers) is :mod:`streamwork._dashboard.security`'s; figures are
+:mod:`streamwork._dashboard.data`'s.
 
 Templates are package data (``streamwork/_dashboard/templates``), rendered by Jinja2 with
 autoescaping on: payloads, keys, error texts and stream names are shown as text.
@@ -48,7 +50,7 @@ from streamwork.errors import ConfigError, StreamworkError
 __all__ = ["DashboardSettings", "create_app"]
 
 _ENTRY_ID: Final = re.compile(r"^\d{1,20}-\d{1,20}$")
-_DONE: Final = ("replayed", "purged")
+_DONE: Final = ("replayed", "purged", "paused", "resumed", "was not paused")
 _JOB_PARAMS: Final = ("job_stream", "job_key", "job_group")
 
 
@@ -143,6 +145,33 @@ class _Dashboard:
         deleted = await run_in_threadpool(data.purge, self.client, wheres, ids)
         return _back(stream, "purged", deleted, 0)
 
+    # ------------------------------------------------------------ POST /group/*
+
+    async def pause(self, request: Request) -> Response:
+        stream, group, form = await self._group(request)
+        reason = _field(form, "reason", required=False)
+        await run_in_threadpool(_refused_as_400, data.pause_group, self.client, stream,
+                                group, reason)
+        return _back(stream, "paused", 1, 0, group)
+
+    async def resume(self, request: Request) -> Response:
+        stream, group, _ = await self._group(request)
+        was = await run_in_threadpool(_refused_as_400, data.resume_group, self.client,
+                                      stream, group)
+        return _back(stream, "resumed" if was else "was not paused", 1, 0, group)
+
+    async def _group(self, request: Request) -> tuple[str, str, FormData]:
+        """(stream, group, the form) of a group action, after the CSRF check and a check of
+        both names (400 naming what is wrong)."""
+        form = await request.form()
+        self.guard.check_post(request, form.get(CSRF_FIELD))
+        stream, group = _field(form, "stream"), _field(form, "group")
+        try:
+            StreamKeys.for_stream(stream).group(group)
+        except ConfigError as exc:
+            raise HTTPException(400, f"bad stream or group name: {exc}") from None
+        return stream, group, form
+
     async def _target(self, request: Request, confirm_all: bool = False,
                       ) -> tuple[str, list[str], list[str] | None]:
         """(stream, the streams to act on, the ids or None for all), after the CSRF check
@@ -184,8 +213,17 @@ def _field(form: FormData, name: str, required: bool = True) -> str:
     return value
 
 
-def _back(stream: str, done: str, n: int, skipped: int) -> RedirectResponse:
-    query = urlencode({"done": done, "n": n, "skipped": skipped, "stream": stream})
+def _refused_as_400(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``; a ValueError (no such group, a bad reason) is a 400 saying why."""
+    try:
+        return fn(*args)
+    except (ValueError, ConfigError) as exc:
+        raise HTTPException(400, str(exc)) from None
+
+
+def _back(stream: str, done: str, n: int, skipped: int, group: str = "") -> RedirectResponse:
+    query = urlencode({"done": done, "n": n, "skipped": skipped, "stream": stream,
+                       **({"group": group} if group else {})})
     return RedirectResponse(f"/?{query}", status_code=303)
 
 
@@ -195,6 +233,7 @@ class _Flash:
     n: int
     skipped: int
     stream: str
+    group: str = ""
 
 
 def _flash(q: Any) -> _Flash | None:
@@ -204,7 +243,7 @@ def _flash(q: Any) -> _Flash | None:
         return None
     try:
         return _Flash(done, int(q.get("n", "0")), int(q.get("skipped", "0")),
-                      q.get("stream", ""))
+                      q.get("stream", ""), q.get("group", ""))
     except ValueError:
         return None
 
@@ -243,6 +282,8 @@ def create_app(settings: DashboardSettings, *, client: Any = None) -> Starlette:
         Route("/", dash.index, methods=["GET"]),
         Route("/dlq/replay", dash.replay, methods=["POST"]),
         Route("/dlq/purge", dash.purge, methods=["POST"]),
+        Route("/group/pause", dash.pause, methods=["POST"]),
+        Route("/group/resume", dash.resume, methods=["POST"]),
     ]
     return Starlette(routes=list(routes), lifespan=lifespan, exception_handlers=handlers,
                      middleware=[Middleware(GuardMiddleware, guard=dash.guard)])

@@ -1,12 +1,13 @@
-"""What the dashboard shows, read from Redis with a sync client; and its two actions.
+"""What the dashboard shows, read from Redis with a sync client; and its actions.
 
 The figures come from :mod:`streamwork._ops.stats`, the code behind ``streamwork inspect
 --json``, so the page and the CLI agree: a plain stream's figures are those of
 ``inspect --json``; a partitioned stream (its partition count recorded in
 ``{S}:partitions``) is shown once, as the sums over its partitions, the figures of
 ``inspect S --json``. Dead letters go through :mod:`streamwork._ops.deadletter` (list, replay,
-purge) and job lookups through :meth:`streamwork.Producer.status`, as ``streamwork dlq``
-and ``streamwork job`` do.
+purge), job lookups through :meth:`streamwork.Producer.status` and pausing a group
+through :meth:`streamwork.Producer.pause` / ``resume``, as ``streamwork dlq``, ``job``,
+``pause`` and ``resume`` do.
 
 Anything shown of a payload, result, key or error text is cut to a preview
 (:func:`preview`, :func:`clip`); the template escapes it.
@@ -17,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
+
+import redis
 
 from streamwork._ops import deadletter, partitioned, stats
 from streamwork._ops.replies import id_order
@@ -36,10 +39,12 @@ __all__ = [
     "lookup_job",
     "partition_streams",
     "partition_streams_of",
+    "pause_group",
     "preview",
     "purge",
     "redact_url",
     "replay",
+    "resume_group",
     "snapshot",
 ]
 
@@ -206,3 +211,29 @@ def lookup_job(client: Any, streams: Sequence[StreamStats], stream: str, key: st
                                                    for g in groups))
     except StreamworkError as exc:
         return JobLookup(stream, key, group, error=str(exc))
+
+
+def _group_producer(client: Any, stream: str, group: str) -> Producer:
+    """A producer over the dashboard's client for ``stream`` (its partitions), once
+    ``group`` is found among the stream's groups; ValueError saying what is wrong else."""
+    names: set[str] = set()
+    for _, name in partition_streams_of(client, stream):
+        try:
+            names.update(g["name"].decode() if isinstance(g["name"], bytes) else str(g["name"])
+                         for g in client.xinfo_groups(name))
+        except redis.ResponseError:  # no such stream (partition)
+            continue
+    if group not in names:
+        raise ValueError(f"stream {stream!r} has no consumer group {group!r}")
+    count = _recorded_partitions(client, stream)
+    return Producer(client, partitions={stream: count} if count > 1 else 1)
+
+
+def pause_group(client: Any, stream: str, group: str, reason: str) -> None:
+    """Pause ``group`` of ``stream`` (every partition's), as ``streamwork pause`` does."""
+    _group_producer(client, stream, group).pause(stream, group, reason=reason)
+
+
+def resume_group(client: Any, stream: str, group: str) -> bool:
+    """Resume ``group`` of ``stream``; whether it was paused."""
+    return _group_producer(client, stream, group).resume(stream, group)

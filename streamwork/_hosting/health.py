@@ -12,7 +12,9 @@ serving and draining are all live, because restarting the process would not help
 them. ``/readyz`` is 200 while every worker is ready: group joined, Redis answering, not
 draining. So during a drain ``/livez`` stays 200 and ``/readyz`` is 503. Both bodies are
 JSON: ``status`` (``ok``/``fail``), ``reason`` when failing, and one entry per worker with
-the fields of `Health`.
+the fields of `Health`. A worker whose group is paused stays ready (a pause is deliberate):
+its entry says ``"paused": true`` with ``pause_reason`` and ``paused_since``, and the body
+lists the paused workers' groups under ``paused``.
 """
 
 from __future__ import annotations
@@ -93,7 +95,10 @@ def judge(w: Watched) -> dict[str, Any]:
         "group": worker.config.group, "consumer": worker.consumer_name, "state": state,
         "live": state != "failed", "ready": h.ready and state == "serving",
         "alive": h.alive, "draining": h.draining, "redis_ok": h.redis_ok,
-        "dead_tasks": list(h.dead_tasks)}
+        "dead_tasks": list(h.dead_tasks), "paused": h.paused is not None}
+    if h.paused is not None:  # deliberate: still ready, but say so
+        entry["pause_reason"] = h.paused.reason
+        entry["paused_since"] = h.paused.since
     if reason and not entry["ready"]:
         entry["reason"] = reason
     return entry
@@ -109,6 +114,13 @@ def summarise(kind: str, entries: Sequence[dict[str, Any]], label: str,
         body["reason"] = "; ".join(
             f"{e.get('worker', e.get('child'))}: {e.get('reason', 'not ' + kind)}" for e in bad)
     return not bad, body
+
+
+def paused_groups(workers: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
+    """``{"paused": ["stream/group", ...]}`` for the workers' entries whose group is
+    paused, for a probe's body; empty when none is."""
+    paused = sorted({f"{w['stream']}/{w['group']}" for w in workers if w.get("paused")})
+    return {"paused": paused} if paused else {}
 
 
 class LoopProbe:
@@ -147,7 +159,7 @@ class LoopProbe:
             return False, {"status": "fail", "reason": (
                 f"the event loop did not run a call within {LOOP_TIMEOUT:g} s: a handler "
                 "blocks it (make it async, or a plain def so it runs in the thread pool)")}
-        return summarise(kind, entries, "workers", loop="responsive")
+        return summarise(kind, entries, "workers", loop="responsive", **paused_groups(entries))
 
 
 class _Server(ThreadingHTTPServer):

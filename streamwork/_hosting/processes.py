@@ -39,7 +39,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Final
 
-from streamwork._hosting.health import LOOP_TIMEOUT, ProbeServer, Verdict, summarise
+from streamwork._hosting.health import (
+    LOOP_TIMEOUT,
+    ProbeServer,
+    Verdict,
+    paused_groups,
+    summarise,
+)
 from streamwork._redis.server import free_port
 from streamwork._telemetry.logs import fields
 
@@ -197,7 +203,9 @@ class ProcessSupervisor:
         """``/livez`` or ``/readyz`` over the children, each asked on its own port."""
         with concurrent.futures.ThreadPoolExecutor(len(self.children)) as pool:
             entries = list(pool.map(lambda c: self._probe_child(c, kind), self.children))
-        return summarise(kind, entries, "processes", restarts=self.restarts)
+        workers = [w for e in entries for w in e.get("workers", ())]
+        return summarise(kind, entries, "processes", restarts=self.restarts,
+                         **paused_groups(workers))
 
     def _probe_child(self, child: Child, kind: str) -> dict[str, Any]:
         proc, port = child.proc, child.health_port

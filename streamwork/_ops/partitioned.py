@@ -69,6 +69,7 @@ def _merge_group(parts: Sequence[GroupStats]) -> GroupStats:
         retries_waiting=sum(g.retries_waiting for g in parts),
         retry_lag=_sum_known(g.retry_lag for g in parts),
         retries_due=sum(g.retries_due for g in parts),
+        paused=next((g.paused for g in parts if g.paused is not None), None),
     )
 
 

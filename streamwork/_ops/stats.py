@@ -9,14 +9,14 @@ per thousand streams, never one per stream: first, per stream ``S``, ``XINFO STR
 ``EXISTS`` of its two priority level streams; then, per group ``G``,
 ``XPENDING S G - + 1`` (the oldest pending entry and its idle time; only when the group
 holds deliveries), ``XINFO CONSUMERS S G`` (only when it has consumers), ``XINFO GROUPS``
-of its retry stream and ``ZCARD`` of its retry ZSET, and ``XINFO GROUPS`` and ``XLEN`` of
-the level streams of a stream that has them; last, only where they are needed, the
-due counts (``ZCOUNT -inf now`` of a ZSET that is not empty) and ``XLEN`` of a retry
-stream whose group cannot tell its lag. Each command is O(1) or O(groups/consumers) on the
-server (no script, nothing that walks the keyspace but the ``SCAN`` of
-:func:`discover_streams`), so Redis is never blocked for long. Nothing is written. The
-commands are not one snapshot: figures of a busy stream can disagree by the few jobs that
-moved between two reads.
+of its retry stream, ``ZCARD`` of its retry ZSET and ``HGETALL`` of its pause hash, and
+``XINFO GROUPS`` and ``XLEN`` of the level streams of a stream that has them; last, only
+where they are needed, the due counts (``ZCOUNT -inf now`` of a ZSET that is not empty)
+and ``XLEN`` of a retry stream whose group cannot tell its lag. Each command is O(1) or
+O(groups/consumers) on the server (no script, nothing that walks the keyspace but the
+``SCAN`` of :func:`discover_streams`), so Redis is never blocked for long. Nothing is
+written. The commands are not one snapshot: figures of a busy stream can disagree by the
+few jobs that moved between two reads.
 
 A group's ``lag`` is what will reach it without any new send: the stream's entries not yet
 delivered to it, plus its retry stream's (replayed dead letters, promoted retries), plus its
@@ -42,6 +42,7 @@ import redis
 from streamwork._ops.replies import entry_id, norm, opt_int, text
 from streamwork._ops.sides import RetrySide, level_side, named, retry_side
 from streamwork._wire.keys import StreamKeys, is_dead_letter_stream, is_owned_key
+from streamwork._wire.pausing import PauseState, parse_pause
 from streamwork._wire.priorities import sibling_streams
 from streamwork.errors import ConfigError, StreamNotFound
 
@@ -106,6 +107,7 @@ class GroupStats:
     #: jobs sent at priority high or low not yet delivered to the group, per level (only
     #: levels jobs were sent at), counted in ``lag``; their pending ones are in ``pending``
     priority_lag: dict[str, int | None] = field(default_factory=dict)
+    paused: PauseState | None = None  #: why and since when it is paused (None: it runs)
 
     def as_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -206,6 +208,7 @@ class _Group:
     length: Any = 0
     waiting: Any = 0
     due: Any = 0
+    paused: Any = None  #: HGETALL of its pause hash
 
     def ask(self, now: _Later, later: _Later, stream: str, keys: StreamKeys,
             now_ms: int) -> None:
@@ -234,6 +237,7 @@ class _Group:
                 later.ask(partial(setattr, self, "due")).zcount(gkeys.retries, "-inf", now_ms)
 
         now.ask(retry_groups).xinfo_groups(gkeys.retry)
+        now.ask(partial(setattr, self, "paused")).hgetall(gkeys.paused)
         now.ask(waiting).zcard(gkeys.retries)
 
     def stats(self) -> GroupStats | None:
@@ -269,7 +273,7 @@ class _Group:
             retries_waiting=side.waiting,
             retry_lag=side.lag,
             retries_due=side.due,
-        )
+            paused=parse_pause(_checked(self.paused)))
 
 
 def _gone(reply: Any, *markers: str) -> bool:

@@ -80,13 +80,44 @@ class Groups:
 
 
 @dataclass(frozen=True, slots=True)
+class HashSet:
+    """HSET the ``fields`` of one hash (a group's pause)."""
+
+    key: str
+    fields: dict[str, str | int]
+
+    def issue(self, client: Any, runner: Any) -> Any:
+        return client.hset(self.key, mapping=self.fields)
+
+
+@dataclass(frozen=True, slots=True)
+class HashGetAll:
+    """HGETALL one hash (a group's pause); the reply is a dict, empty if there is none."""
+
+    key: str
+
+    def issue(self, client: Any, runner: Any) -> Any:
+        return client.hgetall(self.key)
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """DEL one key; the reply is how many were there (0 or 1)."""
+
+    key: str
+
+    def issue(self, client: Any, runner: Any) -> Any:
+        return client.delete(self.key)
+
+
+@dataclass(frozen=True, slots=True)
 class Sleep:
     """Wait ``seconds`` (a retry's backoff, or `result`'s pause); the reply is None."""
 
     seconds: float
 
 
-Command: TypeAlias = "Xadd | Script | Get | SetIfMissing | Groups"
+Command: TypeAlias = Xadd | Script | Get | SetIfMissing | Groups | HashSet | HashGetAll | Delete
 Request: TypeAlias = "Command | Sleep"
 Steps: TypeAlias = Generator[Request, Any, T]
 

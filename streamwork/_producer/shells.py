@@ -17,10 +17,12 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
-from streamwork._producer.jobs import CANCEL_TTL, Jobs
+from streamwork._producer.jobs import CANCEL_TTL
+from streamwork._producer.pausing import Pausing
 from streamwork._producer.rounds import Result, Sleep, Steps, advance
 from streamwork._redis import connection, scripts
 from streamwork._wire.codec import Payload
+from streamwork._wire.pausing import PauseState
 from streamwork._wire.records import JobStatus
 
 __all__ = ["AsyncProducer", "Producer"]
@@ -28,7 +30,7 @@ __all__ = ["AsyncProducer", "Producer"]
 T = TypeVar("T")
 
 
-class Producer(Jobs):
+class Producer(Pausing):
     """Enqueue jobs from synchronous code; one instance is safe to share between threads."""
 
     def __init__(self, client: Any, **options: Any) -> None:
@@ -141,6 +143,25 @@ class Producer(Jobs):
         not in a busy loop."""
         return self._run(self._result_steps(stream, key, group, timeout, order_key))
 
+    def pause(self, stream: str, group: str, *, reason: str | None = None) -> PauseState:
+        """Pause consumer group ``group`` of ``stream``: within about a second its workers
+        start no job, wherever they run, until `resume`. Jobs keep arriving and wait in
+        the stream; deliveries a worker already holds stay its own (kept alive, no attempt
+        counted); a handler already running finishes. The pause is kept in Redis (it
+        outlives worker restarts) with ``reason`` and its time; pausing again replaces
+        both. Returns that state. A ``group`` the stream does not have (while it has
+        others) raises `GroupNotFound` and pauses nothing."""
+        return self._run(self._pause_steps(stream, group, reason))
+
+    def resume(self, stream: str, group: str) -> bool:
+        """End the pause of ``group``: its workers start jobs again within about a second,
+        the held ones first. Returns whether it was paused."""
+        return self._run(self._resume_steps(stream, group))
+
+    def paused(self, stream: str, group: str) -> PauseState | None:
+        """Why and since when ``group`` is paused (`PauseState`), or None if it is not."""
+        return self._run(self._paused_steps(stream, group))
+
     def close(self) -> None:
         """Close the connection pool."""
         self._redis.close()
@@ -170,7 +191,7 @@ class Producer(Jobs):
         return step.value
 
 
-class AsyncProducer(Jobs):
+class AsyncProducer(Pausing):
     """Enqueue jobs from asyncio code (FastAPI, aiohttp, ...); use ``async with``."""
 
     def __init__(self, client: Any, **options: Any) -> None:
@@ -235,6 +256,19 @@ class AsyncProducer(Jobs):
                      timeout: float | None = 30.0, order_key: str | None = None) -> Any:
         """As `Producer.result`, awaiting (other tasks run while it waits)."""
         return await self._run(self._result_steps(stream, key, group, timeout, order_key))
+
+    async def pause(self, stream: str, group: str, *,
+                    reason: str | None = None) -> PauseState:
+        """As `Producer.pause`, awaiting."""
+        return await self._run(self._pause_steps(stream, group, reason))
+
+    async def resume(self, stream: str, group: str) -> bool:
+        """As `Producer.resume`, awaiting."""
+        return await self._run(self._resume_steps(stream, group))
+
+    async def paused(self, stream: str, group: str) -> PauseState | None:
+        """As `Producer.paused`, awaiting."""
+        return await self._run(self._paused_steps(stream, group))
 
     async def aclose(self) -> None:
         """Close the connection pool."""

@@ -25,7 +25,7 @@ COUNTERS: Final = (
     "produced", "consumed", "acked", "retried", "dead_lettered", "deduplicated", "reclaimed",
 )
 LOCK_COUNTERS: Final = ("contended", "lost")
-GAUGES: Final = ("lag", "pending", "delayed", "dead", "oldest_pending_idle")
+GAUGES: Final = ("lag", "pending", "delayed", "dead", "oldest_pending_idle", "paused")
 
 _PACKAGE: Final = "streamwork"
 _tracer = trace.get_tracer(_PACKAGE)
@@ -106,6 +106,11 @@ def set_oldest_pending_idle(stream: str, group: str, seconds: float) -> None:
     """Record how long the group's oldest pending delivery has been idle (0: none pending);
     over the visibility timeout, its consumer is dead or stalled."""
     _board.values[("oldest_pending_idle", stream, group)] = seconds
+
+
+def set_paused(stream: str, group: str, paused: bool) -> None:
+    """Record whether the group is paused (1) or runs (0), as its worker last read it."""
+    _board.values[("paused", stream, group)] = 1.0 if paused else 0.0
 
 
 def start_counting(stream: str, group: str) -> None:

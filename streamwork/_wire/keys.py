@@ -6,7 +6,8 @@ script touches one Cluster slot. For a plain name (prefix ``{S}``): ``{S}:dead``
 ``{S}:retries:<len(G)>:G`` (ZSET), and one job record per job key ``K``:
 ``{S}:job:<len(G)>:G:K``; ordered mode adds ``{S}:owner:<len(G)>:G`` (the partition's
 lease) and ``{S}:members:<len(G)>:G`` (the group's live workers, on the base stream);
-every group has ``{S}:settings:<len(G)>:G`` (what its workers declare, for cancel).
+every group has ``{S}:settings:<len(G)>:G`` (what its workers declare, for cancel); a paused
+group has ``{S}:paused:<len(G)>:G`` (why and since when).
 Periodic jobs add ``{S}:tick:<len(G)>:G:<schedule>`` (its last tick decided) and
 ``{S}:schedules:<len(G)>:G`` (the schedules the group's workers publish). Job chains on
 Redis Cluster add ``{S}:outbox`` (jobs sent to other slots, not moved yet) and, on a
@@ -35,7 +36,7 @@ _BAD_CHARS: Final = re.compile(r"[\s\x00]")
 #: names of keys derived from some stream (see StreamKeys); never a stream of its own
 _OWNED: Final = re.compile(
     r"^\{[^{}]+\}(~|:(dead|delayed|fence|partitions|outbox)$"
-    r"|:(retry|retries|job|owner|members|rate|sem|tick|schedules|settings|chained|p):)")
+    r"|:(retry|retries|job|owner|members|rate|sem|tick|schedules|settings|chained|p|paused):)")
 
 
 def check_name(option: str, name: object, *, allow_tag: bool = False) -> str:
@@ -178,6 +179,12 @@ class GroupKeys:
         """Hash of what the group's workers declare at start (``dedup``: "1" or "0"), read
         by cancel.lua to say plainly when a cancel can have no effect."""
         return f"{self.stream.prefix}:settings:{_lp(self.name)}"
+
+    @property
+    def paused(self) -> str:
+        """Hash saying the group is paused (``reason``, ``since`` in Unix ms), absent while it
+        runs: its workers read it once a second and start no job while it is there."""
+        return f"{self.stream.prefix}:paused:{_lp(self.name)}"
 
     @property
     def owner(self) -> str:

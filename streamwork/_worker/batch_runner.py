@@ -113,8 +113,13 @@ class BatchRunner(Runner):
         watch: TimeLimit[list[Delivery]] = TimeLimit(
             loop, lambda batch: self._time_out_all(batch, runner))
         try:
+            pause = h.queue.pause
             while True:
                 batch = await self._gather(loop)
+                if pause.on:  # paused while it gathered: the batch waits at the front
+                    h.queue.ready.extendleft(reversed(batch))
+                    await pause.resumed()
+                    continue
                 if slots is not None:
                     try:
                         await slots.acquire()
@@ -140,6 +145,8 @@ class BatchRunner(Runner):
         cfg, h = self.ctx.cfg, self.holdings
         queue, most = h.queue, cfg.batch_max
         ready = queue.ready
+        if queue.pause.on:  # the group paused: take nothing until it resumes (pause.py)
+            await queue.pause.resumed()
         batch = [ready.popleft() if ready else await queue.get()]
         until = loop.time() + cfg.batch_wait
         try:

@@ -35,7 +35,7 @@ from streamwork._telemetry.logs import WORKER_LOGGER, fields
 from streamwork._wire.extensions import Codec
 from streamwork._wire.keys import GroupKeys
 from streamwork._wire.message import Message
-from streamwork._worker import chains, context
+from streamwork._worker import chains, context, pause
 from streamwork._worker.arrival import Arrival
 from streamwork._worker.batch_runner import AnyHandler, make_runner, per_call
 from streamwork._worker.config import WorkerConfig, parse_rate
@@ -105,7 +105,7 @@ class Consumer:
         self.arrival = Arrival(cfg, name, State.WAITING if self.leases.claims else State.QUEUED,
                                codec, convert, ctx.cache,
                                chains.sender(cfg, codec, self.redis, url))
-        queue = RunQueue(eager=self.leases.claims)
+        queue = RunQueue(eager=self.leases.claims, paused=True)  # until the pause is read
         self.holdings = Holdings(self.ctx, queue)
         # with job records, a handler starts only once start.lua has checked its record
         self.starter: Starter | None = (
@@ -180,6 +180,7 @@ class Consumer:
             sup.loop("upkeep", lambda: upkeep.upkeep_step(ctx)),
             sup.loop("gauges", lambda: gauges.gauges_step(ctx)),
             sup.loop("levels", lambda: ctx.levels.discover_step(self.redis)),
+            sup.loop("pause", lambda: pause.watch_step(ctx, h.queue.pause)),
         ]
         runners = [sup.spawn("runner", self.runner.loop()) for _ in range(self.cfg.concurrency)]
         runners.append(sup.loop("leaser", self._lease_waiting_once))
@@ -244,8 +245,10 @@ class Consumer:
     async def _drain(self) -> int:
         """Let held deliveries finish within drain_timeout; return how many are left.
         In ordered mode what has not started is let go at once, to the next owner."""
-        self.let_go_unstarted()
         h = self.holdings
+        self.let_go_unstarted()
+        if h.queue.pause.on:  # what has not started would only wait out the drain
+            await pause.hand_back(self.ctx, h)
         deadline = time.monotonic() + self.cfg.drain_timeout
         while h.held() and time.monotonic() < deadline:
             h.empty.clear()
@@ -259,6 +262,8 @@ class Consumer:
         """Read the next batch and admit it; False (Redis not asked) when there is no room
         for more work, or while a reclaimed suspect runs alone."""
         cfg, h = self.cfg, self.holdings
+        if h.queue.pause.on:  # paused: read nothing new until resumed (Redis not asked)
+            return await h.queue.pause.resumed()
         held = h.held()
         # work to come (queued, running, waiting) is bounded by the capacity; outcomes
         # being written are not work to come, so the next batch is read while they are

@@ -34,6 +34,7 @@ from streamwork._telemetry.logs import WORKER_LOGGER, fields
 from streamwork._wire.extensions import Codec
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import check_recorded, partition_names
+from streamwork._wire.pausing import PauseState
 from streamwork._worker.batch_runner import AnyHandler
 from streamwork._worker.config import WorkerConfig
 from streamwork._worker.consumer import Consumer
@@ -131,6 +132,11 @@ class Partitioned:
         ready = alive and self.joined and self.redis_ok and all(
             c.health()[1] for c in self.consumers.values() if c.joined)
         return alive, ready
+
+    def paused(self) -> PauseState | None:
+        """The pause of the group as the first paused partition's consumer read it."""
+        pauses = (c.holdings.queue.pause for c in self.consumers.values())
+        return next((p.state for p in pauses if p.state is not None), None)
 
     def dead_tasks(self) -> tuple[str, ...]:
         return tuple(t for c in self.consumers.values() for t in c.sup.dead_tasks)

@@ -83,6 +83,9 @@ class Runner:
                     except asyncio.CancelledError:
                         h.forget(d)
                         raise
+                if queue.pause.on:  # paused (now, or while it waited for d, a slot): pause.py
+                    await queue.pause.hold_back(ready, d, slots)
+                    continue
                 if (checked or d.dropped or d.state != State.QUEUED) and not await (
                         self._ready(d) if limits is not None
                         else may_start(d, h, ctx.leases, self._starter)):

@@ -8,6 +8,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, overload
 
+from streamwork._worker.pause import Pause
+
 if TYPE_CHECKING:
     from streamwork._worker.delivery import Delivery
 
@@ -31,11 +33,14 @@ class RunQueue:
 
     With ``feed`` set (job records, no limits: see `Starter.prestart`), what is put goes
     to ``feed`` first, which starts deliveries for the runners that are idle and puts them
-    in ``ready`` once start.lua answered; ``on_idle`` is told when a runner parks."""
+    in ``ready`` once start.lua answered; ``on_idle`` is told when a runner parks.
 
-    __slots__ = ("_due", "_getters", "deferred", "eager", "feed", "on_idle", "ready", "waking")
+    While ``pause.on`` (the group is paused, pause.py) runners take nothing from it."""
 
-    def __init__(self, eager: bool = False) -> None:
+    __slots__ = ("_due", "_getters", "deferred", "eager", "feed", "on_idle", "pause", "ready",
+                 "waking")
+
+    def __init__(self, eager: bool = False, paused: bool = False) -> None:
         self.ready: deque[Delivery] = deque()
         self._getters: deque[asyncio.Future[bool]] = deque()
         self.waking = 0  # runners woken that have not taken a delivery yet
@@ -46,6 +51,8 @@ class RunQueue:
         self._due = False  # a deferred wake-up is scheduled
         self.feed: Callable[[list[Delivery]], None] | None = None
         self.on_idle: Callable[[], None] | None = None
+        self.pause = Pause(paused)  # ``paused``: until the group's pause hash is first read
+        self.pause.on_resume = self._resume
 
     def put_many(self, ds: list[Delivery]) -> None:
         """Queue ``ds``, in order, and wake a runner for them if none is on its way."""
@@ -56,8 +63,18 @@ class RunQueue:
         self.kick()
 
     def idle(self) -> int:
-        """Runners parked or woken that no ready delivery is waiting for yet."""
+        """Runners parked or woken that no ready delivery is waiting for yet (none while
+        paused: nothing is started for them then)."""
+        if self.pause.on:
+            return 0
         return len(self._getters) + self.waking - len(self.ready)
+
+    def _resume(self) -> None:
+        """The pause ended: wake parked runners for what is ready, and let the starter
+        (prestart) start deliveries for the idle ones."""
+        self._wake_all()
+        if self.on_idle is not None:
+            self.on_idle()
 
     def kick(self) -> None:
         """Wake one parked runner if deliveries are ready and none is on its way (eager:

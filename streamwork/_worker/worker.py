@@ -27,6 +27,7 @@ from streamwork._text import describe
 from streamwork._wire.extensions import check_codec
 from streamwork._wire.keys import check_name
 from streamwork._wire.message import Message, P
+from streamwork._wire.pausing import PauseState
 from streamwork._wire.payloads import converter
 from streamwork._wire.schedules import check_schedules
 from streamwork._worker.batch_runner import AnyHandler, BatchHandler, check_batch
@@ -55,13 +56,16 @@ def consumer_name() -> str:
 @dataclass(frozen=True, slots=True)
 class Health:
     """A worker's health, for probes: ``alive`` - serving, every internal task running;
-    ``ready`` - alive, group joined, Redis answering, not draining."""
+    ``ready`` - alive, group joined, Redis answering, not draining; ``paused`` - why and
+    since when its group is paused (None: it runs), which leaves it ready: a pause is
+    deliberate, not a fault."""
 
     alive: bool
     ready: bool
     draining: bool
     redis_ok: bool
     dead_tasks: tuple[str, ...]
+    paused: PauseState | None = None
 
 
 class StreamWorker(WorkerOptions, Generic[P]):
@@ -168,13 +172,13 @@ class StreamWorker(WorkerOptions, Generic[P]):
         p = self._partitioned
         if p is not None:
             alive, ready = p.health()
-            return Health(alive, ready, p.stopping, p.redis_ok, p.dead_tasks())
+            return Health(alive, ready, p.stopping, p.redis_ok, p.dead_tasks(), p.paused())
         c = self._consumer
         if c is None:
             return Health(False, False, False, False, ())
         alive, ready = c.health()
         return Health(alive, ready, c.stopping, not c.sup.failures and c.joined,
-                      tuple(c.sup.dead_tasks))
+                      tuple(c.sup.dead_tasks), c.holdings.queue.pause.state)
 
     @property
     def counts(self) -> Counter[str]:

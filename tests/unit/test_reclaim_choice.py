@@ -37,3 +37,10 @@ def test_this_consumers_own_deliveries_are_said_so() -> None:
     longer than the visibility timeout, most idle deliveries are the worker's own)."""
     assert _first_deliveries(_idle(1, 1, 1, mine=1), 5, "me")[1] is True
     assert _first_deliveries(_idle(1, 2, mine=1), 5, "me") == (["0-0"], False)
+
+
+def test_deliveries_handed_back_unrun_count_as_first_deliveries() -> None:
+    """A worker stopped while its group was paused hands back what it never ran with its
+    delivery count taken back to 0: such deliveries join a batch like first ones."""
+    assert _first_deliveries(_idle(0, 1, 0), 5, "me") == (["0-0", "1-0", "2-0"], False)
+    assert _first_deliveries(_idle(0, 2, 1), 5, "me") == (["0-0", "2-0"], False)

@@ -75,11 +75,12 @@ async def reclaim_once(ctx: Context, h: Holdings, admit: Admit,
 
 
 def _first_deliveries(idle: list[Any], max_deliveries: int, me: str) -> tuple[list[Any], bool]:
-    """The ids of the idle deliveries made once (none when no lone try would be left after
-    a batch: ``max_deliveries`` under 3), and whether any of them is ``me``'s own."""
+    """The ids of the idle deliveries made once, or handed back unrun (count 0: by a worker
+    stopped while paused), none when no lone try would be left after a batch
+    (``max_deliveries`` under 3), and whether any of them is ``me``'s own."""
     if max_deliveries < 3:
         return [], False
-    once = [p for p in idle if int(p["times_delivered"]) == 1]
+    once = [p for p in idle if int(p["times_delivered"]) <= 1]
     return [p["message_id"] for p in once], any(p["consumer"] in (me, me.encode())
                                                 for p in once)
 
