@@ -22,6 +22,7 @@ import streamwork as sw
 from streamwork._cli.main import main
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names
+from streamwork._wire.priorities import sibling_streams
 from streamwork.testing import await_for, free_port, stream_idle
 
 STREAM, GROUP = "pausing", "payments"
@@ -343,6 +344,37 @@ async def test_restarts_during_a_pause_let_go_at_once_and_use_no_attempt(
     assert set(done) == set(keys) and set(done.values()) == {1}
     assert {n for w in workers for n in w.attempts.values()} == {1}
     assert r.xlen(StreamKeys.for_stream(STREAM).dead) == 0
+
+
+async def test_a_worker_stopped_while_paused_hands_back_high_priority_jobs_too(
+        redis_url: str, r: redis.Redis) -> None:
+    """Deliveries read from a priority level's own stream are handed back like the others:
+    still pending, their delivery count taken back to 0, run once after the resume."""
+    high = sibling_streams(StreamKeys.for_stream(STREAM))[0]
+    workers = [Pausable.from_url(redis_url, concurrency=1, batch_size=10, drain_timeout=60.0,
+                                 visibility_timeout=1.0) for _ in range(2)]
+    a, b = workers
+    async with sw.AsyncProducer.from_url(redis_url) as p:
+        keys = [f"urgent-{i}" for i in range(20)]
+        await p.send_many(STREAM, [{"sleep": 0.3}] * len(keys), keys=keys, priority="high")
+        task = asyncio.create_task(a.serve())
+        await await_for(lambda: len(a.starts) >= 1, timeout=20)
+        await p.pause(STREAM, GROUP)
+        await await_for(lambda: _paused(a), timeout=10)
+        a.stop()
+        await task
+        rows = r.xpending_range(high, GROUP, min="-", max="+", count=100)
+        assert len(rows) >= 3 and {row["times_delivered"] for row in rows} == {0}, rows
+        await p.resume(STREAM, GROUP)
+        task = asyncio.create_task(b.serve())
+        try:
+            await await_for(lambda: set(a.done + b.done) >= set(keys) and _idle(r),
+                            timeout=60, message="all done after the resume")
+        finally:
+            b.stop()
+            await task
+    assert set((a.done + b.done).values()) == {1}
+    assert {n for w in workers for n in w.attempts.values()} == {1}
 
 
 async def test_the_pause_outlives_a_redis_restart(make_server: Callable[..., Any]) -> None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER
 from streamwork._wire.pausing import PauseState, parse_pause
-from streamwork._worker.delivery import MAIN, RETRY, State
+from streamwork._worker.delivery import State
 
 if TYPE_CHECKING:
     from streamwork._worker.context import Context
@@ -139,7 +139,7 @@ async def hand_back(ctx: Context, h: _Held) -> int:
         return 0
     group, name = ctx.cfg.group, ctx.name
     try:
-        for src, stream in ((MAIN, ctx.cfg.stream), (RETRY, ctx.gkeys.retry)):
+        for src, stream in ctx.levels.sources():  # the stream, retries, priority levels
             ids = sorted((d.entry_id for d in gone if d.src == src), key=_id_order)
             if not ids:
                 continue
