@@ -167,7 +167,10 @@ class Supervisor:
             stop.wait(seconds)
         finally:
             resumed = time.monotonic()
-            os.kill(proc.pid, signal.SIGCONT)
+            # a SIGKILL meanwhile (the nemesis may kill a stopped worker) and the supervisor
+            # reaping it leave no process to continue
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)
             self.stops[proc.pid].append((began, resumed))
         return proc.pid
 
