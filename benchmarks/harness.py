@@ -8,7 +8,6 @@ builds the result.
 from __future__ import annotations
 
 import asyncio
-import gc
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -27,6 +26,7 @@ from benchmarks.measure import (
     Params,
     Run,
     Span,
+    frozen_gc,
     make_jobs,
     percentile,
     summary,
@@ -204,8 +204,9 @@ class Harness:
             tally = Monitor(self.port, marker, str(self.r.client_info()["addr"]))
             tally.start()
         # timed runs start at the join; counting runs (commands, memory) take every job
-        run = asyncio.run(serve_until(worker, n, Span(self.r),
-                                      from_join=not (monitor or accounting)))
+        with frozen_gc():
+            run = asyncio.run(serve_until(worker, n, Span(self.r),
+                                          from_join=not (monitor or accounting)))
         if tally is not None:
             self.r.echo(marker)
             tally.join(30)
@@ -231,14 +232,8 @@ class Harness:
             stream = self.fresh_stream("latency-on" if dedup else "latency-off")
         worker = LatencyWorker.from_url(self.url, stream=stream, group=GROUP, dedup=dedup,
                                         concurrency=concurrency, batch_size=batch_size)
-        # as `streamwork run` does once started: move what lives on (here: everything the
-        # harness built so far) out of the collector's sight, so gen-2 collections stay short
-        gc.collect()
-        gc.freeze()
-        try:
+        with frozen_gc():
             achieved = asyncio.run(paced(worker, self.url, stream, n, rate))
-        finally:
-            gc.unfreeze()
         skip = len(worker.latencies) // 50  # the first 2 %: connections still warming up
         lat = sorted(worker.latencies[skip:])
         return {

@@ -40,7 +40,16 @@ import redis
 import redis.asyncio as aredis
 
 from benchmarks.harness import Harness, serve_until
-from benchmarks.measure import GROUP, Run, Span, end_process, make_jobs, redis_cpu, summary
+from benchmarks.measure import (
+    GROUP,
+    Run,
+    Span,
+    end_process,
+    frozen_gc,
+    make_jobs,
+    redis_cpu,
+    summary,
+)
 from streamwork import Message, StreamWorker
 from streamwork.errors import BenchError
 
@@ -119,7 +128,8 @@ def ceiling_once(h: Harness, jobs: int, tasks: int = CONCURRENCY) -> Run:
         finally:
             await client.aclose()
 
-    run = asyncio.run(go())
+    with frozen_gc():  # as streamwork's run (and the peers' own processes start afresh)
+        run = asyncio.run(go())
     _check_counter(h.r, jobs, "ceiling")
     return run
 
@@ -134,7 +144,8 @@ def streamwork_once(h: Harness, jobs: int, dedup: bool,
     worker = IncrWorker.from_url(h.url, stream=stream, group=GROUP, dedup=dedup,
                                  concurrency=concurrency)
     h.wait_clients_gone(keep=1)
-    run = asyncio.run(serve_until(worker, jobs, Span(h.r)))
+    with frozen_gc():  # as `streamwork run` does
+        run = asyncio.run(serve_until(worker, jobs, Span(h.r)))
     _check_counter(h.r, jobs, "streamwork")
     return run
 

@@ -4,6 +4,8 @@ Tasks, all on one event loop, each supervised (supervisor.py):
 
 * reader    - XREADGROUP ``>`` in batches, never more than concurrency + batch_size
               deliveries held (waiting, queued, running, or finished and not yet written);
+* claimer   - with job records: takes the leases of what the reader admitted (claim.lua),
+              while the reader reads the next batch;
 * leaser    - retries the lease of deliveries that wait (a live duplicate holds the job,
               the lock quorum is down, Redis refused): waiting never uses up an attempt;
 * runners   - ``concurrency`` long-lived tasks that run handlers (runner.py; a batch of
@@ -126,6 +128,9 @@ class Consumer:
         # its reply as Redis sent it: redis-py would build a dict per entry, not needed here
         self.redis.set_response_callback("XREADGROUP", lambda response, **options: response)
         self._wait_pause = WAIT_RETRY
+        # admitted by the reader, their leases not asked for yet (the claimer's work)
+        self._unclaimed: list[Delivery] = []
+        self._claimable = asyncio.Event()
         self.runner = make_runner(self.ctx, self.holdings, handle, starter=self.starter,
                                   limits=self.limits, slots=slots, gate=self.gate)
         if (self.starter is not None and self.gate is None and self.limits is None and not slots
@@ -184,6 +189,8 @@ class Consumer:
         ]
         runners = [sup.spawn("runner", self.runner.loop()) for _ in range(self.cfg.concurrency)]
         runners.append(sup.loop("leaser", self._lease_waiting_once))
+        if self.leases.claims:
+            runners.append(sup.loop("claimer", self._claim_once))
         keepers = [sup.loop("flusher", self.outcomes.step)]
         if (limits := self.limits) is not None and limits.key_of is not None:
             every = self.cfg.heartbeat_interval
@@ -281,14 +288,16 @@ class Consumer:
                 "BLOCK", max(1, round(cfg.read_block * 1000)), "STREAMS", *self._read_args)
         # the reply as Redis sent it (see __init__): no dict per entry
         for stream, entries in (reply.items() if isinstance(reply, dict) else reply or ()):
-            await uninterrupted(self.admit(entries, levels.src_of(stream), None))
+            await uninterrupted(self.admit(entries, levels.src_of(stream), None, defer=True))
         return True
 
     async def admit(self, entries: list[Entry], src: int,
-                    deliveries: list[int] | None) -> None:
+                    deliveries: list[int] | None, *, defer: bool = False) -> None:
         """Decode, vet and lease a batch of deliveries from the stream (``src`` MAIN), a
         level (HIGH, LOW) or the retry stream (RETRY), then queue what may run.
-        ``deliveries``: each entry's delivery count (None: all first deliveries)."""
+        ``deliveries``: each entry's delivery count (None: all first deliveries).
+        ``defer`` (the reader): their leases are left to the claimer, so the next batch
+        is read while claim.lua runs for this one."""
         h, vet, count = self.holdings, self.arrival.vet, self.tally.count
         inflight, loose = h.inflight, h.loose
         fresh: list[Delivery] = []
@@ -316,7 +325,25 @@ class Consumer:
             return
         for d in fresh:
             h.waiting[d.ref] = d
+        if defer:
+            self._unclaimed.extend(fresh)
+            self._claimable.set()
+            return
         await self._lease(fresh)
+
+    async def _claim_once(self) -> bool:
+        """Take the leases of what the reader admitted, a batch_size at a time, in the
+        order read. On an error they stay waiting: the leaser tries them again.
+        Returns whether Redis was asked."""
+        if not self._unclaimed:
+            self._claimable.clear()
+            await self._claimable.wait()
+            return False
+        n, waiting = self.cfg.batch_size, self.holdings.waiting
+        batch, self._unclaimed = self._unclaimed[:n], self._unclaimed[n:]
+        # one let go meanwhile (stopping while paused, reported gone) is no longer waiting
+        batch = [d for d in batch if waiting.get(d.ref) is d]
+        return bool(batch) and await uninterrupted(self._lease(batch))
 
     async def _lease(self, batch: list[Delivery]) -> bool:
         """Take the leases of waiting deliveries and queue those that may run. Busy ones
