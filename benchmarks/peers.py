@@ -5,9 +5,10 @@ The protocol: ONE worker process; the handler does one Redis ``INCR`` (``async``
 framework has an async worker) on its own client; N jobs are enqueued before the worker
 starts (untimed); timed from the worker's start until N jobs were handled. The ceiling is
 16 bare asyncio tasks doing just the INCR, N in all, on ``redis.asyncio``: what the
-handler's own work allows one process.
+handler's own work allows one process. The stream floor adds only what reading a stream
+takes (XREADGROUP, decoding, XACK): what any stream consumer can reach at best.
 
-streamwork (dedup off and on) and the ceiling run in this process. Each peer runs as a
+streamwork (dedup off and on), the ceiling and the floor run in this process. Each peer runs as a
 child process (``benchmarks/peer_workers/<module>.py``) in a throwaway virtualenv of its
 own (cached under ``~/.cache/streamwork-bench-peers/``; never a project dependency),
 because their pins conflict (arq wants redis-py < 6, rq and taskiq-redis >= 6). The child
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+import msgpack
 import redis
 import redis.asyncio as aredis
 
@@ -61,6 +63,7 @@ CONCURRENCY: Final = 16  #: handler concurrency of every contender (rq: 1, see i
 RUN_TIMEOUT: Final = 120.0  #: seconds one peer run may take (enqueue, then serve)
 INSTALL_TIMEOUT: Final = 600.0
 POLL: Final = 0.002  #: seconds between polls of the counter
+BATCH_READ: Final = 100  #: entries per XREADGROUP of the stream floor
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +134,55 @@ def ceiling_once(h: Harness, jobs: int, tasks: int = CONCURRENCY) -> Run:
     with frozen_gc():  # as streamwork's run (and the peers' own processes start afresh)
         run = asyncio.run(go())
     _check_counter(h.r, jobs, "ceiling")
+    return run
+
+
+def stream_floor_once(h: Harness, jobs: int, tasks: int = CONCURRENCY) -> Run:
+    """The least any stream consumer does around the same handler: a prefilled stream read
+    with XREADGROUP (COUNT 100), each body MessagePack-decoded, the INCR run by ``tasks``
+    asyncio tasks, and XACK once per batch read; no leases, no retries, no telemetry,
+    nothing kept across a crash. Its ratio to the ceiling is about the most any consumer of
+    a stream reaches here: what reading and acknowledging costs beside the handler, on the
+    same event loop."""
+    stream = h.fresh_stream("floor")
+    keys, payloads = make_jobs(jobs)
+    h.prefill(stream, keys, payloads, group=True)
+
+    async def go() -> Run:
+        span = Span(h.r)
+        span.start()
+        client = aredis.Redis.from_url(h.url)
+        # bounded: the reader reads the next batch once the tasks have room for it
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=BATCH_READ)
+
+        async def one() -> None:
+            while (body := await queue.get()) is not None:
+                msgpack.unpackb(body)
+                await client.incr(COUNTER)
+
+        async def read() -> None:
+            left = jobs
+            while left > 0:
+                reply: Any = await client.xreadgroup(GROUP, "floor", {stream: ">"},
+                                                     count=min(BATCH_READ, left))
+                entries: list[Any] = reply[0][1] if reply else []
+                for _, fields in entries:
+                    await queue.put(fields[b"d"])
+                if entries:
+                    await client.xack(stream, GROUP, *(entry_id for entry_id, _ in entries))
+                left -= len(entries)
+            for _ in range(tasks):
+                await queue.put(None)  # every task ends once the queue is drained
+
+        try:
+            await asyncio.gather(read(), *(one() for _ in range(tasks)))
+            return span.stop(jobs)
+        finally:
+            await client.aclose()
+
+    with frozen_gc():
+        run = asyncio.run(go())
+    _check_counter(h.r, jobs, "stream floor")
     return run
 
 
@@ -268,6 +320,9 @@ def run_peers(h: Harness, jobs: int, repeats: int, say: Callable[[str], None],
     results: dict[str, dict[str, Any]] = {
         "ceiling": {"config": f"{CONCURRENCY} asyncio tasks, one INCR each per job, "
                               "redis.asyncio", "versions": {"redis": redis.__version__}},
+        "stream_floor": {"config": f"XREADGROUP COUNT {BATCH_READ}, msgpack decode, "
+                                   f"{CONCURRENCY} asyncio tasks, XACK per batch; "
+                                   "redis.asyncio", "versions": {"redis": redis.__version__}},
         "streamwork_dedup_off": {"config": f"StreamWorker(concurrency={CONCURRENCY}, "
                                            "dedup=False), async handle",
                                  "versions": local_versions},
@@ -286,6 +341,7 @@ def run_peers(h: Harness, jobs: int, repeats: int, say: Callable[[str], None],
 
     once: dict[str, Callable[[], Run]] = {
         "ceiling": lambda: ceiling_once(h, jobs),
+        "stream_floor": lambda: stream_floor_once(h, jobs),
         "streamwork_dedup_off": lambda: streamwork_once(h, jobs, dedup=False),
         "streamwork_dedup_on": lambda: streamwork_once(h, jobs, dedup=True),
     }

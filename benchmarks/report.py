@@ -20,7 +20,8 @@ def _fmt_rate(value: float) -> str:
 
 
 #: display names of the peers scenario's contenders (others keep their key)
-PEER_LABELS = {"ceiling": "bare-handler ceiling", "streamwork_dedup_off": "streamwork dedup off",
+PEER_LABELS = {"ceiling": "bare-handler ceiling", "stream_floor": "bare stream loop",
+               "streamwork_dedup_off": "streamwork dedup off",
                "streamwork_dedup_on": "streamwork dedup on"}
 
 
@@ -238,8 +239,9 @@ def plot_peers(result: dict[str, Any], path: str) -> str:
     peers = result["peers"]
     rows = peer_rows(peers)
     rates = [row.get("jobs_per_s", 0.0) for _, row in rows]
-    colors = ["grey" if k == "ceiling" else "tab:blue" if k.startswith("streamwork")
-              else "tab:orange" for k in peers["results"]]
+    colors = ["grey" if k in ("ceiling", "stream_floor")
+              else "tab:blue" if k.startswith("streamwork") else "tab:orange"
+              for k in peers["results"]]
     fig, ax = plt.subplots(figsize=(9, 4.5))
     bars = ax.bar(range(len(rows)), rates, color=colors)
     for bar, (_, row) in zip(bars, rows, strict=True):

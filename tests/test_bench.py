@@ -282,7 +282,7 @@ def test_importing_streamwork_and_its_cli_help_leave_the_harness_unloaded() -> N
 
 # ---- the peers scenario ----
 
-LOCAL = ("ceiling", "streamwork_dedup_off", "streamwork_dedup_on")
+LOCAL = ("ceiling", "stream_floor", "streamwork_dedup_off", "streamwork_dedup_on")
 
 
 def _harness(redis_url: str) -> Harness:
@@ -292,8 +292,8 @@ def _harness(redis_url: str) -> Harness:
 
 def test_peers_scenario_measures_streamwork_and_the_ceiling_in_process(redis_url: str) -> None:
     """The in-process part of the peers scenario (no install, no network): the bare-handler
-    ceiling and streamwork with dedup off and on each handle every job (one INCR each) and
-    report a positive rate and their ratio to the ceiling."""
+    ceiling, the bare stream loop and streamwork with dedup off and on each handle every job
+    (one INCR each) and report a positive rate and their ratio to the ceiling."""
     h = _harness(redis_url)
     try:
         peers = run_peers(h, 200, 1, lambda _: None, peers=())
