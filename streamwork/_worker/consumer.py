@@ -4,10 +4,10 @@ Tasks, all on one event loop, each supervised (supervisor.py):
 
 * reader    - XREADGROUP ``>`` in batches, never more than concurrency + batch_size
               deliveries held (waiting, queued, running, or finished and not yet written);
-* claimer   - with job records: takes the leases of what the reader admitted (claim.lua),
-              while the reader reads the next batch;
+* claimer   - with job records: leases what the reader admitted (claiming.py);
 * leaser    - retries the lease of deliveries that wait (a live duplicate holds the job,
-              the lock quorum is down, Redis refused): waiting never uses up an attempt;
+              the lock quorum is down, Redis refused; claiming.py): waiting never uses up
+              an attempt;
 * runners   - ``concurrency`` long-lived tasks that run handlers (runner.py; a batch of
               jobs per call: batch_runner.py), each bounded by the job's time limit;
 * flusher   - writes outcomes in batches (outcomes.py);
@@ -47,6 +47,7 @@ from streamwork._worker.group import ensure_group
 from streamwork._worker.holdings import Holdings
 from streamwork._worker.limits import Limits, hold_ms
 from streamwork._worker.loops import gauges, heartbeat, reclaim, upkeep
+from streamwork._worker.loops.claiming import Claimer
 from streamwork._worker.ordered import OrderedGate
 from streamwork._worker.outcomes import Outcomes
 from streamwork._worker.runqueue import RunQueue
@@ -61,8 +62,6 @@ from streamwork._worker.supervisor import (
 
 log = logging.getLogger(WORKER_LOGGER)
 
-WAIT_RETRY: Final = 0.2  #: s before a waiting delivery's lease is tried again (first time)
-WAIT_RETRY_MAX: Final = 2.0  #: s, cap of that pause while nothing gets leased
 FINAL_FLUSH: Final = 2.0  #: s a stopping worker keeps trying to write its last outcomes
 #: what claim.lua's refusals count (counter, outcome) and how the delivery leaves
 GONE: Final[dict[int, tuple[str, str | None, str]]] = {
@@ -127,10 +126,7 @@ class Consumer:
         self._read_args = (cfg.stream, ctx.gkeys.retry, ">", ">")
         # its reply as Redis sent it: redis-py would build a dict per entry, not needed here
         self.redis.set_response_callback("XREADGROUP", lambda response, **options: response)
-        self._wait_pause = WAIT_RETRY
-        # admitted by the reader, their leases not asked for yet (the claimer's work)
-        self._unclaimed: list[Delivery] = []
-        self._claimable = asyncio.Event()
+        self.claimer = Claimer(self.holdings.waiting, cfg.batch_size, self._lease)
         self.runner = make_runner(self.ctx, self.holdings, handle, starter=self.starter,
                                   limits=self.limits, slots=slots, gate=self.gate)
         if (self.starter is not None and self.gate is None and self.limits is None and not slots
@@ -188,9 +184,9 @@ class Consumer:
             sup.loop("pause", lambda: pause.watch_step(ctx, h.queue.pause)),
         ]
         runners = [sup.spawn("runner", self.runner.loop()) for _ in range(self.cfg.concurrency)]
-        runners.append(sup.loop("leaser", self._lease_waiting_once))
+        runners.append(sup.loop("leaser", self.claimer.retry_once))
         if self.leases.claims:
-            runners.append(sup.loop("claimer", self._claim_once))
+            runners.append(sup.loop("claimer", self.claimer.claim_once))
         keepers = [sup.loop("flusher", self.outcomes.step)]
         if (limits := self.limits) is not None and limits.key_of is not None:
             every = self.cfg.heartbeat_interval
@@ -326,24 +322,9 @@ class Consumer:
         for d in fresh:
             h.waiting[d.ref] = d
         if defer:
-            self._unclaimed.extend(fresh)
-            self._claimable.set()
-            return
-        await self._lease(fresh)
-
-    async def _claim_once(self) -> bool:
-        """Take the leases of what the reader admitted, a batch_size at a time, in the
-        order read. On an error they stay waiting: the leaser tries them again.
-        Returns whether Redis was asked."""
-        if not self._unclaimed:
-            self._claimable.clear()
-            await self._claimable.wait()
-            return False
-        n, waiting = self.cfg.batch_size, self.holdings.waiting
-        batch, self._unclaimed = self._unclaimed[:n], self._unclaimed[n:]
-        # one let go meanwhile (stopping while paused, reported gone) is no longer waiting
-        batch = [d for d in batch if waiting.get(d.ref) is d]
-        return bool(batch) and await uninterrupted(self._lease(batch))
+            self.claimer.add(fresh)
+        else:
+            await self._lease(fresh)
 
     async def _lease(self, batch: list[Delivery]) -> bool:
         """Take the leases of waiting deliveries and queue those that may run. Busy ones
@@ -388,14 +369,3 @@ class Consumer:
             self._enqueue(ready)
             count("consumed", len(ready))
         return self.leases.claims  # a strategy that claims asks the stream's Redis first
-
-    async def _lease_waiting_once(self) -> bool:
-        """Try again to lease deliveries that wait, pausing longer while nothing gets
-        through (0.2 s doubling to 2 s). Returns whether Redis was asked."""
-        await asyncio.sleep(self._wait_pause)
-        waiting = self.holdings.waiting
-        before = len(waiting)
-        reached = bool(waiting) and await uninterrupted(self._lease(list(waiting.values())))
-        self._wait_pause = (WAIT_RETRY if not before or len(waiting) < before
-                            else min(self._wait_pause * 2, WAIT_RETRY_MAX))
-        return reached
