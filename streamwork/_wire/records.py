@@ -40,6 +40,7 @@ RECORD_ERROR_LIMIT: Final = 400  #: characters of a failure a job record keeps (
 CUT: Final = "…"  #: marks where a record's error was cut
 _NIL: Final = b"\xc0"  #: MessagePack's nil
 _ARRAY_OF_5: Final = b"\x95"  #: MessagePack's header of an array of 5 items
+_EMPTY: Final = b"\xa0"  #: MessagePack's empty str
 
 STATES: Final = {"H": "queued", "R": "running", "D": "done", "W": "waiting", "X": "dead",
                   "C": "cancelled"}
@@ -98,11 +99,12 @@ class JobStatus:
 
 
 def done_record(token: int | None, attempts: int, result: Any, max_bytes: int,
-                pack: Callable[[Any], bytes] | None = None) -> bytes:
+                pack: Callable[[Any], bytes] | None = None, now: bytes | None = None) -> bytes:
     """The done record of a job whose handler returned ``result`` (capped at ``max_bytes``
     of MessagePack; over it, or not encodable, the job still completes without it).
     ``pack``: a reused ``_extensions.packer(codec).pack`` (one thread only), which saves
-    building a Packer per job and carries the worker's ext types."""
+    building a Packer per job and carries the worker's ext types; ``now``: the packed
+    finish time (Unix ms) of a batch, read once for all of its jobs (else read here)."""
     if pack is None:
         pack = packer().pack
     note = ""
@@ -120,8 +122,10 @@ def done_record(token: int | None, attempts: int, result: Any, max_bytes: int,
                 packed = _NIL
     # the record's array is put together here, so the result is packed once: a value
     # whose packing succeeds once need not succeed twice
-    return b"".join((b"D", _ARRAY_OF_5, pack(token or 0), pack(attempts),
-                     pack(int(time.time() * 1000)), packed, pack(note)))
+    if now is None:
+        now = pack(int(time.time() * 1000))
+    return b"".join((b"D", _ARRAY_OF_5, pack(token or 0), pack(attempts), now, packed,
+                     pack(note) if note else _EMPTY))
 
 
 def record_error(error_type: str, detail: str, limit: int = RECORD_ERROR_LIMIT) -> str:

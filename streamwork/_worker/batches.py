@@ -1,8 +1,10 @@
 """What the worker's scripts get for a batch of deliveries: the columns of their
-MessagePack argument, one list per field. Pure: built from the deliveries alone."""
+MessagePack argument, one list per field: built from the deliveries (and, for done
+records, the clock, read once a batch)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -31,10 +33,11 @@ def done_columns(live: list[Delivery], cfg: WorkerConfig, leases: LeaseStrategy,
     result packed by ``pack``); the members of adopted entries when there are any."""
     batch: list[list[Any]] = [[d.entry_id for d in live], [d.src for d in live]]
     if cfg.dedup:
+        now = pack(int(time.time() * 1000))  # one clock read for the batch
         batch += [[d.msg.key for d in live], [leases.value(d) for d in live],
                   [d.member for d in live],
                   [done_record(d.msg.fencing_token, d.msg.attempt, d.result,
-                               cfg.max_result_bytes, pack) for d in live]]
+                               cfg.max_result_bytes, pack, now) for d in live]]
     elif any(d.member for d in live):
         batch += [[], [], [d.member for d in live]]
     return batch
