@@ -48,6 +48,7 @@ from streamwork._worker.holdings import Holdings
 from streamwork._worker.limits import Limits, hold_ms
 from streamwork._worker.loops import gauges, heartbeat, reclaim, upkeep
 from streamwork._worker.loops.claiming import Claimer
+from streamwork._worker.loops.filling import Fill
 from streamwork._worker.ordered import OrderedGate
 from streamwork._worker.outcomes import Outcomes
 from streamwork._worker.runqueue import RunQueue
@@ -63,7 +64,6 @@ from streamwork._worker.supervisor import (
 log = logging.getLogger(WORKER_LOGGER)
 
 FINAL_FLUSH: Final = 2.0  #: s a stopping worker keeps trying to write its last outcomes
-FILL_WAIT: Final = 0.02  #: s a busy reader waits at most for room for half a batch
 #: what claim.lua's refusals count (counter, outcome) and how the delivery leaves
 GONE: Final[dict[int, tuple[str, str | None, str]]] = {
     Claim.DUPLICATE: ("deduplicated", "duplicate", "deduplicated"),
@@ -128,8 +128,7 @@ class Consumer:
         # its reply as Redis sent it: redis-py would build a dict per entry, not needed here
         self.redis.set_response_callback("XREADGROUP", lambda response, **options: response)
         self.claimer = Claimer(self.holdings.waiting, cfg.batch_size, self._lease)
-        self._low = max(1, min(cfg.batch_size, self.capacity) // 2)  # see _fill_wait
-        self._short_since = 0.0
+        self.fill = Fill(self.holdings.room, min(cfg.batch_size, self.capacity) // 2)
         self.runner = make_runner(self.ctx, self.holdings, handle, starter=self.starter,
                                   limits=self.limits, slots=slots, gate=self.gate)
         if (self.starter is not None and self.gate is None and self.limits is None and not slots
@@ -279,9 +278,8 @@ class Consumer:
             h.room.clear()
             await h.room.wait()
             return False
-        if room < self._low and await self._fill_wait():
+        if await self.fill.short(room):  # busy: let room for half a batch build up
             return False
-        self._short_since = 0.0
         if (levels := self.ctx.levels).active:  # jobs were sent at other priorities
             reply: Any = await levels.read(self.redis, min(room, cfg.batch_size))
         else:
@@ -291,19 +289,6 @@ class Consumer:
         # the reply as Redis sent it (see __init__): no dict per entry
         for stream, entries in (reply.items() if isinstance(reply, dict) else reply or ()):
             await uninterrupted(self.admit(entries, levels.src_of(stream), None, defer=True))
-        return True
-
-    async def _fill_wait(self) -> bool:
-        """Busy (room for less than half a batch): wait for room for half a batch, at
-        most FILL_WAIT since the room first fell short, so reads and claims come in
-        batches rather than a few jobs each; True while waiting is worth it."""
-        now, h = time.monotonic(), self.holdings
-        since = self._short_since = self._short_since or now
-        if now - since >= FILL_WAIT:
-            return False  # read what there is room for (fill up to capacity)
-        h.room.clear()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(h.room.wait(), FILL_WAIT - (now - since))
         return True
 
     async def admit(self, entries: list[Entry], src: int,
