@@ -35,6 +35,25 @@ def test_complete_acks_only_what_the_caller_owns_even_past_the_listing_limit(
     assert pending[ids[250]] == b"other" and len(pending) == 498
 
 
+def test_the_ownership_check_spans_ids_of_every_shape_in_any_order(r: redis.Redis) -> None:
+    """The batch's id span is found without parsing ids: ids whose milliseconds or
+    sequence parts differ in length (9-5 < 10-1 < 10-12 < 100-3), given out of order, are
+    all found owned; one another consumer owns, and one outside our span, are not."""
+    for entry_id in ("1-1", "9-5", "9-40", "10-1", "10-12", "100-3", "100-10", "2000-0"):
+        r.xadd("s", {"d": "x"}, id=entry_id)
+    r.xgroup_create("s", "g", id="0")
+    r.xreadgroup("g", "me", {"s": ">"}, count=100)
+    r.xclaim("s", "g", "other", 0, ["10-12"])
+    batch = ["100-10", "9-40", "10-12", "9-5", "2000-0", "100-3", "10-1"]
+    res = scripts.SyncScripts(r).run(scripts.complete(
+        StreamKeys.for_stream("s").group("g"), "me", 0, 0, b"", [],
+        [batch, [0] * 7, [""] * 7, [""] * 7, [""] * 7, [""] * 7]))
+    assert res == [1, 1, 0, 1, 1, 1, 1]
+    pending = {row["message_id"]: row["consumer"] for row in
+               r.xpending_range("s", "g", min="-", max="+", count=100)}
+    assert pending == {b"1-1": b"me", b"10-12": b"other"}
+
+
 def test_claim_tokens_increase_in_batch_order_and_same_key_copies_are_busy(
     r: redis.Redis,
 ) -> None:

@@ -1,12 +1,6 @@
 -- lib: shared functions, prepended by scripts.py to the scripts that use them (Lua has no
 -- includes). XACK checks no ownership, so every write to a delivery first asks owned_ids.
 
--- "<ms>-<seq>" -> ms, seq as numbers
-local function parse_id(id)
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  return tonumber(ms), tonumber(seq)
-end
-
 -- the server's clock in Unix milliseconds
 local function now_ms()
   local t = redis.call('TIME')
@@ -14,19 +8,23 @@ local function now_ms()
 end
 
 -- set of the ids (of ``ids``) that ``consumer`` owns in the group's PEL: ONE XPENDING over
--- the batch's id range filtered to the consumer (plus single lookups only if that listing
--- was truncated)
+-- the milliseconds the batch's ids span, filtered to the consumer (plus single lookups only
+-- if that listing was truncated). The span is found without parsing an id: a shorter
+-- milliseconds part is an earlier one, and of two as long, the lesser string has the
+-- earlier (or the same) milliseconds; XPENDING takes "<ms>" as "<ms>-0" to "<ms>-<max>".
 local function owned_ids(stream, group, consumer, ids)
   local owned = {}
   if #ids == 0 then return owned end
+  local find = string.find
   local lo, hi = ids[1], ids[1]
-  local lm, ls = parse_id(lo)
-  local hm, hs = lm, ls
+  local lod = find(lo, '-', 1, true)
+  local hid = lod
   for _, id in ipairs(ids) do
-    local m, s = parse_id(id)
-    if m < lm or (m == lm and s < ls) then lo, lm, ls = id, m, s end
-    if m > hm or (m == hm and s > hs) then hi, hm, hs = id, m, s end
+    local d = find(id, '-', 1, true)
+    if d < lod or (d == lod and id < lo) then lo, lod = id, d end
+    if d > hid or (d == hid and id > hi) then hi, hid = id, d end
   end
+  lo, hi = string.sub(lo, 1, lod - 1), string.sub(hi, 1, hid - 1)
   local limit = #ids * 2 + 64
   local rows = redis.call('XPENDING', stream, group, lo, hi, limit, consumer)
   for _, r in ipairs(rows) do owned[r[1]] = true end
@@ -123,7 +121,9 @@ end
 
 -- a running record's cancel request: lease deadline (ms), cancel ttl (ms), reason; or nil
 local function cancel_asked(record)
-  if not record or string.sub(record, 1, 1) ~= 'R' then return nil end
+  if not record or string.sub(record, 1, 1) ~= 'R' or not string.find(record, '|C', 1, true) then
+    return nil
+  end
   local deadline, ttl, reason = string.match(record, '^R[^|]*|[^|]*|[^|]*|C(%d+)|(%d+)|(.*)$')
   if not deadline then return nil end
   return tonumber(deadline), tonumber(ttl), reason
