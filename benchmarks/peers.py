@@ -41,7 +41,7 @@ import msgpack
 import redis
 import redis.asyncio as aredis
 
-from benchmarks.harness import Harness, serve_until
+from benchmarks.harness import Harness, _entries, serve_until
 from benchmarks.measure import (
     GROUP,
     Run,
@@ -163,9 +163,8 @@ def stream_floor_once(h: Harness, jobs: int, tasks: int = CONCURRENCY) -> Run:
         async def read() -> None:
             left = jobs
             while left > 0:
-                reply: Any = await client.xreadgroup(GROUP, "floor", {stream: ">"},
-                                                     count=min(BATCH_READ, left))
-                entries: list[Any] = reply[0][1] if reply else []
+                entries = _entries(await client.xreadgroup(GROUP, "floor", {stream: ">"},
+                                                           count=min(BATCH_READ, left)))
                 for _, fields in entries:
                     await queue.put(fields[b"d"])
                 if entries:
