@@ -98,9 +98,9 @@ def _send(r: redis.Redis, url: str, jobs: int) -> None:
 def run_worker(url: str, kind: str, jobs: int, dedup: bool, batch_max: int,
                window: float | None = None) -> tuple[float, float]:
     """One run on the (loopback, emptied here) Redis at ``url``: jobs per second from the
-    worker's first effect to its last (or, with ``window``, to that many seconds after
-    the first, if the jobs last longer), and the mean number of messages per handler
-    call."""
+    worker's first effect (the last poll that saw none) to its last (or, with ``window``,
+    to that many seconds after the first, if the jobs last longer), and the mean number
+    of messages per handler call."""
     r = redis.Redis.from_url(url)
     try:
         _send(r, url, jobs)
@@ -113,14 +113,20 @@ def run_worker(url: str, kind: str, jobs: int, dedup: bool, batch_max: int,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             first = last = 0.0
-            before = done = calls = 0
-            deadline = time.monotonic() + RUN_LIMIT
+            done = calls = 0
+            # the clock starts at the last poll that saw nothing done: the first effect
+            # came after it (a poll that found some done already would lose them, or all
+            # of them when one poll finds the run over: a busy machine polls seldom)
+            idle_at = time.monotonic()
+            deadline = idle_at + RUN_LIMIT
             while time.monotonic() < deadline:
                 pipe = r.pipeline(transaction=False)
                 done, got = pipe.hlen(ROWS).get(CALLS).execute()
                 now = time.monotonic()
-                if done and not first:
-                    first, before = now, done
+                if not done:
+                    idle_at = now
+                elif not first:
+                    first = idle_at
                 if done >= jobs or (first and window is not None and now - first >= window):
                     last, calls = now, int(got or 0)
                     break
@@ -134,7 +140,7 @@ def run_worker(url: str, kind: str, jobs: int, dedup: bool, batch_max: int,
         r.close()
     if not last:
         raise BenchError(f"{kind}: not all {jobs} jobs done within {RUN_LIMIT:.0f} s")
-    return (done - before) / max(last - first, 1e-9), done / calls if calls else 1.0
+    return done / max(last - first, 1e-9), done / calls if calls else 1.0
 
 
 def _end(worker: subprocess.Popen[bytes]) -> None:
