@@ -479,8 +479,8 @@ def test_failover_mid_run_under_a_producer_and_two_workers(
                 else:
                     with deployment.sentinels[0].client() as s:
                         assert s.execute_command("SENTINEL", "FAILOVER", SERVICE)
-                new_port = wait_for(lambda: (p := deployment.primary_port()) != old.port and p,
-                                    30, 0.05, message="a replica promoted")
+                new_port = wait_for(lambda: deployment.settled_primary(old.port), 30, 0.05,
+                                    message="a replica promoted, every sentinel naming it")
                 promoted_at = time.monotonic()
                 if waiting:
                     sending.replicas = 1  # the dead primary will not come back

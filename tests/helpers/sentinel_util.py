@@ -86,6 +86,29 @@ class LocalSentinels:
                 continue
         raise AssertionError("no sentinel answered")
 
+    def settled_primary(self, not_port: int) -> int | None:
+        """The new primary once the failover away from ``not_port`` has settled: every
+        sentinel names the same node and that node says it is a master (a sentinel may
+        name a replica promoted in a failover that a later one, in a newer epoch, undoes
+        on a busy machine); else None."""
+        ports = set()
+        for s in self.sentinels:
+            try:
+                with s.client() as c:
+                    _, port = c.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
+            except redis.RedisError:
+                return None
+            ports.add(int(port))
+        if len(ports) != 1 or not_port in ports:
+            return None
+        port = ports.pop()
+        try:
+            with self.direct(port) as c:
+                role = c.info("replication")["role"]
+        except redis.RedisError:
+            return None
+        return port if role == "master" else None
+
     def logs(self) -> str:
         return "\n".join(f"--- sentinel {s.port}:\n{s.log()}" for s in self.sentinels)
 
