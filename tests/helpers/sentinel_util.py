@@ -75,17 +75,6 @@ class LocalSentinels:
     def servers(self) -> dict[int, RedisServer]:
         return {s.port: s for s in [self.primary, *self.replicas]}
 
-    def primary_port(self) -> int:
-        """The primary's port as the first answering sentinel says."""
-        for s in self.sentinels:
-            try:
-                with s.client() as c:
-                    _, port = c.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
-                    return int(port)
-            except redis.RedisError:
-                continue
-        raise AssertionError("no sentinel answered")
-
     def settled_primary(self, not_port: int) -> int | None:
         """The new primary once the failover away from ``not_port`` has settled: every
         sentinel names the same node and that node says it is a master (a sentinel may
