@@ -493,8 +493,13 @@ def test_failover_mid_run_under_a_producer_and_two_workers(
             assert not sending.is_alive(), "the producer thread hangs"
             assert sending.error is None, f"the producer raised: {sending.error!r}"
             sent = list(sending.sent)
-            with _direct(new_port) as client:
-                assert client.info("replication")["role"] == "master"
+            # on a busy machine the sentinels may fail over a second time (the promoted
+            # replica stalled past down-after-milliseconds, or a rival election in a newer
+            # epoch): the data is read from the primary they agree on now
+            final_port = wait_for(lambda: deployment.settled_primary(old.port), 30, 0.05,
+                                  message="every sentinel naming one primary at the end")
+            moved = final_port != new_port
+            with _direct(final_port) as client:
                 wait_for(lambda: any(p.poll() is not None for p in procs)
                          or stream_idle(client, STREAM, GROUP), 30, 0.1,
                          message="the stream to drain")
@@ -533,8 +538,10 @@ def test_failover_mid_run_under_a_producer_and_two_workers(
     assert not lost_confirmed, f"WAIT-confirmed sends lost: {lost_confirmed[:5]}"
     # the loss is the old primary's last writes: on a dead primary nothing sent after the
     # kill; a demoted one takes writes until the sentinels reconfigure it
+    if moved:  # the first promoted primary's last writes may be lost as well
+        print(f"  a second failover moved the primary from {new_port} to {final_port}")
     stray = [s for s in lost if s.returned < triggered - LOSS_HORIZON
-             or (killing and s.started > triggered)]
+             or (killing and s.started > triggered and not moved)]
     assert not stray, f"lost sends that were not the old primary's last writes: {stray[:5]}"
     if waiting:
         assert len(confirmed) >= BEFORE
