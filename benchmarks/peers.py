@@ -367,9 +367,12 @@ def run_peers(h: Harness, jobs: int, repeats: int, say: Callable[[str], None],
             results[name].update(summary(done))
             results[name]["worker_cpu_pct"] = results[name].pop("client_cpu_pct")
     ceiling = results["ceiling"].get("jobs_per_s", 0.0)
-    for row in results.values():
+    for name, row in results.items():
         if "jobs_per_s" in row and ceiling > 0:
             row["ratio"] = round(row["jobs_per_s"] / ceiling, 3)
+            # each round's run against the ceiling's run of the same round (the spread)
+            row["round_ratios"] = [round(r.rate / c.rate, 3) for r, c in
+                                   zip(runs[name], runs["ceiling"], strict=False) if c.rate > 0]
     return {"jobs": jobs, "repeats": repeats, "concurrency": CONCURRENCY,
             "results": results, "seconds": round(time.time() - started, 1)}
 

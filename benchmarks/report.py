@@ -180,10 +180,14 @@ def render(result: dict[str, Any], console: Console) -> None:
     goals.add_column("goal")
     goals.add_column("measured", justify="right")
     goals.add_column("", justify="center")
+    goals.add_column("pairs: lowest to highest, passing", justify="right")
     for g in result["goals"]:
         measured = "n/a" if g["measured"] is None else f"{g['measured']:.3g}"
+        runs = g.get("runs") or []
+        spread = (f"{min(runs):.3g} to {max(runs):.3g}, {g['runs_passing']} of {len(runs)}"
+                  if runs else "")
         goals.add_row(g["goal"], measured,
-                      "[green]PASS[/green]" if g["pass"] else "[red]MISS[/red]")
+                      "[green]PASS[/green]" if g["pass"] else "[red]MISS[/red]", spread)
     console.print(goals)
     load = result["machine"]
     console.print(f"load average {load['loadavg_start']} -> {load.get('loadavg_end')}; "

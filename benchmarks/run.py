@@ -143,9 +143,9 @@ def _run(h: Harness, params: Params, say: Callable[[str], None],
     # each ratio comes from PAIRED runs: the baseline and streamwork alternate, one pair per
     # repeat, and the ratio is the median of the pairs' ratios, so a burst of background
     # load hits both sides of a ratio instead of one
-    sc["raw_xadd"], produce, ratio = _paired(h, "raw XADD", h.raw_xadd_once, "produce",
-                                             h.produce_once)
-    sc["produce"] = {**produce, "baseline": "raw_xadd", "ratio": ratio}
+    sc["raw_xadd"], produce, ratios = _paired(h, "raw XADD", h.raw_xadd_once, "produce",
+                                              h.produce_once)
+    sc["produce"] = {**produce, "baseline": "raw_xadd", **ratios}
     sc["raw_consume"] = h.repeat("raw XREADGROUP+XACK", h.raw_consume_once)
     sc["raw_safety"] = h.repeat("raw naive safety loop", h.raw_safety_once)
     base_once = {"raw_consume": h.raw_consume_once, "raw_safety": h.raw_safety_once}
@@ -160,11 +160,11 @@ def _run(h: Harness, params: Params, say: Callable[[str], None],
         best = max(sweep, key=lambda s: s["jobs_per_s"])
         conc, batch = best["concurrency"], best["batch_size"]
         label = f"consume dedup {'on' if dedup else 'off'} c={conc} b={batch} (paired)"
-        paired_base, paired, ratio = _paired(
+        paired_base, paired, ratios = _paired(
             h, base, base_once[base], label,
             functools.partial(h.consume_run, dedup, conc, batch))
         sc[key] = {**paired, "concurrency": conc, "batch_size": batch, "baseline": base,
-                   "ratio": ratio, "paired_baseline": paired_base, "sweep": sweep}
+                   **ratios, "paired_baseline": paired_base, "sweep": sweep}
 
     # each mode is offered LOAD_FRACTION of its OWN best rate (dedup on can take less)
     latency: dict[str, Any] = {}
@@ -226,9 +226,9 @@ def _ratio(value: float, baseline: float) -> float:
 
 
 def _paired(h: Harness, base_what: str, base_once: Callable[[], Run], what: str,
-            once: Callable[[], Run]) -> tuple[dict[str, Any], dict[str, Any], float]:
+            once: Callable[[], Run]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Baseline and subject run in turn, ``repeats`` pairs: (baseline summary, subject
-    summary, median of the pairs' ratios)."""
+    summary, {"ratio": median of the pairs' ratios, "pair_ratios": each pair's})."""
     base_runs: list[Run] = []
     runs: list[Run] = []
     ratios: list[float] = []
@@ -239,7 +239,9 @@ def _paired(h: Harness, base_what: str, base_once: Callable[[], Run], what: str,
         ratios.append(_ratio(r.rate, b.rate))
         h.say(f"{what} [{i + 1}/{h.params.repeats}]: {r.rate:,.0f} jobs/s, "
               f"{ratios[-1]:.2f}x {base_what} ({b.rate:,.0f} jobs/s)")
-    return summary(base_runs), summary(runs), round(statistics.median(ratios), 3)
+    return summary(base_runs), summary(runs), {
+        "ratio": round(statistics.median(ratios), 3),
+        "pair_ratios": [round(x, 3) for x in ratios]}
 
 
 def _lookup(result: dict[str, Any], path: str) -> float | None:
@@ -256,10 +258,34 @@ def _goals(result: dict[str, Any]) -> list[dict[str, Any]]:
     goals = []
     for name, path, op, target in GOALS + (PEER_GOALS if "peers" in result else ()):
         value = _lookup(result, path)
-        ok = value is not None and (value >= target if op == ">=" else value <= target)
-        goals.append({"goal": name, "measured": value, "op": op, "target": target,
-                      "pass": ok})
+        ok = value is not None and _meets(value, op, target)
+        goal: dict[str, Any] = {"goal": name, "measured": value, "op": op, "target": target,
+                                "pass": ok}
+        runs = _runs_of(result, path)
+        if runs:  # a ratio's pairs (or rounds): how far one run's verdict can be trusted
+            goal["runs"] = runs
+            goal["runs_passing"] = sum(_meets(x, op, target) for x in runs)
+        goals.append(goal)
     return goals
+
+
+def _meets(value: float, op: str, target: float) -> bool:
+    return value >= target if op == ">=" else value <= target
+
+
+def _runs_of(result: dict[str, Any], path: str) -> list[float]:
+    """The per-pair values behind a goal's ratio (``pair_ratios`` of a paired scenario,
+    ``round_ratios`` of a peers row), or [] where the figure has none."""
+    if not path.endswith(".ratio"):
+        return []
+    parent = path.removesuffix(".ratio")
+    for key in ("pair_ratios", "round_ratios"):
+        node: Any = (result if parent.startswith("peers") else result.get("scenarios", {}))
+        for part in [*parent.split("."), key]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, list) and node:
+            return [float(x) for x in node]
+    return []
 
 
 def _machine(r: redis.Redis) -> dict[str, Any]:

@@ -106,6 +106,15 @@ def test_quick_run_reports_latency_commands_memory_and_goals(
     for goal in result["goals"]:
         assert goal["measured"] is not None and goal["measured"] > 0, goal
         assert isinstance(goal["pass"], bool)
+    # each ratio goal shows its pairs: the spread one run's verdict comes with
+    repeats = result["params"]["repeats"]
+    ratios = {name for name, path, _, _ in GOALS if path.endswith(".ratio")}
+    ratio_goals = [g for g in result["goals"] if g["goal"] in ratios]
+    assert len(ratio_goals) == 3, [g["goal"] for g in result["goals"]]
+    for goal in ratio_goals:
+        assert len(goal["runs"]) == repeats, goal
+        assert min(goal["runs"]) <= goal["measured"] <= max(goal["runs"]), goal
+        assert goal["runs_passing"] == sum(x >= goal["target"] for x in goal["runs"])
 
 
 def test_quick_run_reports_batch_handlers_against_handle_and_a_raw_loop(
@@ -317,6 +326,8 @@ def _fake_peers() -> dict[str, Any]:
                "redis_cpu_pct": 10.0, "versions": {"redis": "8.1.0"}, "config": "c"}
         for name, rate in (("ceiling", 1000.0), ("streamwork_dedup_off", 950.0),
                            ("streamwork_dedup_on", 650.0), ("arq", 100.0))}
+    rows["streamwork_dedup_off"]["round_ratios"] = [0.95, 0.88, 1.01]
+    rows["streamwork_dedup_on"]["round_ratios"] = [0.65, 0.81, 0.6]
     rows["rq"] = {"requirements": ["rq==2.12.0"], "error": "n/a: pip install failed: boom"}
     return {"jobs": 100, "repeats": 1, "concurrency": 16, "results": rows, "seconds": 1.0}
 
@@ -330,6 +341,9 @@ def test_peer_goals_count_only_when_the_peers_scenario_ran() -> None:
     off, on = goals[-2:]
     assert (off["measured"], off["pass"]) == (0.95, True)
     assert (on["measured"], on["pass"]) == (0.65, False)
+    # each round's ratio comes along: how many rounds alone would have passed
+    assert (off["runs"], off["runs_passing"]) == ([0.95, 0.88, 1.01], 2)
+    assert (on["runs"], on["runs_passing"]) == ([0.65, 0.81, 0.6], 1)
 
 
 def test_peers_table_and_bar_chart_show_every_contender_and_failures(tmp_path: Path) -> None:
