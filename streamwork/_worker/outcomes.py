@@ -153,8 +153,8 @@ class Outcomes:
                                 key=d.msg.key, entry_id=d.msg.id, attempt=d.msg.attempt))
                 h.forget(d, "cancelled")
             else:
-                h.lose(d, "not the owner at completion (reclaimed by another worker)",
-                       leave=True)
+                h.lose(d, "not the owner at completion (its lease lapsed, or another worker "
+                       "reclaimed it)", leave=True)
         h.forget_all(finished, "acked")
         ctx.count("acked", acked, "success")
         await lease.release(live)
