@@ -617,13 +617,48 @@ def test_redis_restarts_mid_call_lose_nothing_and_apply_nothing_twice(
     r.close()
 
 
+def test_two_long_outages_in_a_row_bring_a_workers_own_deliveries_back_in_batches(
+        make_server: Any, spawn_worker: Any, tmp_path: Any) -> None:
+    """One worker, two Redis outages in a row, each longer than the visibility timeout:
+    both times every lease lapses and the worker lets go of all it held, and both times it
+    takes its deliveries back as a batch, never one at a time as suspects (the second time
+    they are delivered twice, but what this process let go itself did not kill it).
+    Every job applied once, none lost or dead-lettered."""
+    server = make_server(appendfsync="always")
+    r = redis.Redis.from_url(server.url)
+    stream = "twice-down"
+    keys = [f"job-{i}" for i in range(600)]
+    with sw.Producer.from_url(server.url) as p:
+        p.send_many(stream, [{"sleep": 0.05}] * len(keys), keys=keys)
+    log = tmp_path / "worker.log"
+    with log.open("w") as out:
+        proc = spawn_worker("tests.workers.dedup:StagedLedgerWorker", server.url,
+                            "--log-level", "INFO", env={"SW_TEST_STREAM": stream}, stdout=out)
+        _restart_twice_and_drain(server, r, keys, stream, "billing", long_twice=True)
+    r = redis.Redis.from_url(server.url)
+    report = Ledger(r).report(keys)
+    text = log.read_text(errors="replace")
+    alone = text.count("a suspect, it runs alone")
+    batches = text.count("first deliveries, run as a batch")
+    print(f"\ntwo long outages: taken back in batches={batches} alone={alone}")
+    assert proc.poll() is None, f"the worker exited on the outage:\n{text[-3000:]}"
+    assert report.exactly_once, (report.lost[:5], list(report.twice.items())[:5])
+    assert r.xpending(stream, "billing")["pending"] == 0
+    assert r.xlen(StreamKeys.for_stream(stream).dead) == 0
+    assert text.count("lease lost: ") > 0, "no lease lapsed"
+    assert batches >= 2, text[-3000:]
+    assert alone == 0, f"{alone} deliveries taken back one at a time:\n{text[-3000:]}"
+    r.close()
+
+
 def _restart_twice_and_drain(server: Any, r: redis.Redis, keys: list[str], stream: str,
-                             group: str) -> None:
+                             group: str, long_twice: bool = False) -> None:
     client = [r]  # the current connection (a new one after each restart)
     applied_at_restarts = []
     # a quick restart, then one down longer than the visibility timeout (1 s): the leases
     # lapse meanwhile, so calls still running race the reclaimers of the other worker
-    for share, down_for in ((0.2, 0.0), (0.5, 1.5)):
+    # (``long_twice``: both down that long)
+    for share, down_for in ((0.2, 1.5 if long_twice else 0.0), (0.5, 1.5)):
         wait_for(lambda s=share: client[0].hlen("ledger") >= s * len(keys), 60,  # type: ignore[misc]
                  message=f"{share:.0%} of the jobs applied")
         applied_at_restarts.append(client[0].hlen("ledger"))

@@ -97,4 +97,4 @@ class Arrival:
                       _sender=self.sender)
         return Delivery(entry_id, src, msg, body,
                         cfg.timeout if limit_ms is None else limit_ms / 1000,
-                        ref(src, entry_id), "", 0.0, self.initial)
+                        ref(src, entry_id), "", 0.0, self.initial, count=deliveries)

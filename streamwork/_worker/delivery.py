@@ -64,3 +64,4 @@ class Delivery:
     span: Any = None  # the delivery's OpenTelemetry span, ended when Redis has the outcome
     start_code: int | Exception | None = None  # start.lua's answer, if started before a runner
     result: Any = None  # what handle() returned
+    count: int = 1  # its delivery count (the group's) when this process took it

@@ -20,6 +20,7 @@ from streamwork._worker.arrival import Unfit
 from streamwork._worker.context import Context
 from streamwork._worker.delivery import Delivery, State, ref
 from streamwork._worker.failure import CANCELLED_QUEUED, Failure
+from streamwork._worker.letgo import LetGo
 from streamwork._worker.outbox import Outbox
 from streamwork._worker.runqueue import RunQueue
 
@@ -41,6 +42,7 @@ class Holdings:
         #: the reader does not count them as work to come (it reads while acks are sent)
         self.finishing = 0
         self.isolating = False  # a reclaimed suspect runs alone: no reading meanwhile
+        self.let_go = LetGo(max(10_000, 4 * (ctx.cfg.concurrency + ctx.cfg.batch_size)))
         self.room = asyncio.Event()  # set: a reader waiting for room (or isolation) looks again
         self.empty = asyncio.Event()  # set when nothing is held any more
         #: told of every delivery that leaves (ordered mode: the next of its key may run)
@@ -192,6 +194,7 @@ class Holdings:
             return False
         d.dropped = True
         revoke(d.msg)
+        self.let_go.remember(d)
         if d.state == State.WAITING:
             self.waiting.pop(d.ref, None)
             self.forget(d, outcome)

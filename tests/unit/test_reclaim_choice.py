@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamwork._worker.loops.reclaim import _first_deliveries
+from streamwork._worker.delivery import Delivery
+from streamwork._worker.letgo import LetGo, first_deliveries
+
+
+def _first_deliveries(idle: list[dict[str, Any]], max_deliveries: int, me: str,
+                      let_go: LetGo | None = None) -> tuple[list[Any], bool]:
+    return first_deliveries(idle, max_deliveries, me, 0, let_go or LetGo(100))
 
 
 def _idle(*counts: int, mine: int = -1) -> list[dict[str, Any]]:
@@ -44,3 +50,65 @@ def test_deliveries_handed_back_unrun_count_as_first_deliveries() -> None:
     delivery count taken back to 0: such deliveries join a batch like first ones."""
     assert _first_deliveries(_idle(0, 1, 0), 5, "me") == (["0-0", "1-0", "2-0"], False)
     assert _first_deliveries(_idle(0, 2, 1), 5, "me") == (["0-0", "2-0"], False)
+
+
+def _dropped(entry_id: str, count: int) -> Delivery:
+    """A delivery this process held (delivered ``count`` times) and let go."""
+    key = entry_id.encode()
+    return Delivery(key, 0, None, b"", None, key, count=count)  # type: ignore[arg-type]
+
+
+def test_own_deliveries_let_go_here_stay_innocent_through_outage_after_outage() -> None:
+    """One this process read itself (a first delivery) and let go as its lease lapsed
+    comes back in the batch; taken back, it is delivered twice, and let go again (a second
+    outage) it still comes back in the batch: this process is alive, so it killed no one."""
+    lg = LetGo(100)
+    lg.remember(_dropped("1-0", 1))
+    assert _first_deliveries(_idle(1, 1, mine=1), 5, "me", lg) == (["0-0", "1-0"], True)
+    assert lg.taken_back(b"1-0", 2)  # the sweep claimed it back: delivered twice now
+    lg.remember(_dropped("1-0", 2))  # ... and let it go again
+    assert _first_deliveries(_idle(1, 2, mine=1), 5, "me", lg) == (["0-0", "1-0"], True)
+    assert lg.taken_back(b"1-0", 3)
+    lg.remember(_dropped("1-0", 3))
+    assert _first_deliveries(_idle(1, 3, mine=1), 5, "me", lg) == (["0-0", "1-0"], True)
+
+
+def test_a_claim_back_whose_reply_was_lost_keeps_it_innocent() -> None:
+    """Redis went down as the sweep claimed it back: the count went up by one, the
+    delivery is still this consumer's own, so still the one let go here."""
+    lg = LetGo(100)
+    lg.remember(_dropped("0-0", 1))
+    assert lg.innocent(b"0-0", 2)
+    assert lg.taken_back(b"0-0", 3)  # claimed back twice, the first reply lost
+
+
+def test_suspects_stay_suspects() -> None:
+    """Delivered twice before this process took it (a batch of a dead worker's, which
+    may hold what killed it): let go here, it is still a suspect. Another consumer's idle
+    delivery is never taken for one let go here, nor one whose count moved on."""
+    lg = LetGo(100)
+    lg.remember(_dropped("0-0", 2))  # reclaimed from a dead worker, then let go
+    assert _first_deliveries(_idle(2, mine=0), 5, "me", lg) == ([], False)
+    assert not lg.taken_back(b"0-0", 3)
+    lg.remember(_dropped("1-0", 1))
+    assert _first_deliveries(_idle(1, 2), 5, "me", lg) == (["0-0"], False)  # not mine
+    assert _first_deliveries(_idle(1, 3, mine=1), 5, "me", lg) == (["0-0"], False)
+    assert not lg.taken_back(b"1-0", 4)
+    # taken back as a suspect (alone, not through taken_back): let go, still a suspect
+    lg.remember(_dropped("1-0", 4))
+    assert not lg.innocent(b"1-0", 4)
+
+
+def test_max_deliveries_under_3_still_takes_everything_alone() -> None:
+    lg = LetGo(100)
+    lg.remember(_dropped("0-0", 1))
+    assert _first_deliveries(_idle(1, mine=0), 2, "me", lg) == ([], False)
+
+
+def test_what_it_remembers_is_bounded() -> None:
+    """The oldest are forgotten first (a forgotten one is merely taken back alone)."""
+    lg = LetGo(3)
+    for i in range(5):
+        lg.remember(_dropped(f"{i}-0", 1))
+    assert [lg.innocent(f"{i}-0".encode(), 1) for i in range(5)] == [
+        False, False, True, True, True]

@@ -2,7 +2,8 @@
 
 Deliveries made once are taken back as a batch (a crashed worker's read-ahead, nearly all
 innocent): full speed again within about one visibility timeout; when some are this
-consumer's own (their leases lapsed here, as in a Redis outage), once it holds nothing.
+consumer's own (their leases lapsed here, as in a Redis outage), once it holds nothing,
+and so are those it let go itself again in a later outage (letgo.py).
 Suspects (delivered twice or more: their batch died too) come one at a time, each running
 alone while reading pauses. A job that kills its process costs one batch at most
 (max_deliveries >= 3), then only itself."""
@@ -22,6 +23,7 @@ from streamwork._telemetry.logs import WORKER_LOGGER
 from streamwork._worker.context import Context
 from streamwork._worker.delivery import Admit, State, ref
 from streamwork._worker.holdings import Holdings
+from streamwork._worker.letgo import first_deliveries
 
 log = logging.getLogger(WORKER_LOGGER)
 
@@ -48,7 +50,7 @@ async def reclaim_once(ctx: Context, h: Holdings, admit: Admit,
         reached = True
         if not idle:
             continue
-        first, mine = _first_deliveries(idle, cfg.max_deliveries, ctx.name)
+        first, mine = first_deliveries(idle, cfg.max_deliveries, ctx.name, src, h.let_go)
         if first and not mine:  # a batch: the room left, and at least one batch_size (what
             # others left is older than anything new; the reader waits meanwhile)
             room = max(cfg.batch_size, cfg.concurrency + cfg.batch_size - h.held())
@@ -72,17 +74,6 @@ async def reclaim_once(ctx: Context, h: Holdings, admit: Admit,
             h.isolating = False
             h.room.set()  # the reader may read again
     return reached
-
-
-def _first_deliveries(idle: list[Any], max_deliveries: int, me: str) -> tuple[list[Any], bool]:
-    """The ids of the idle deliveries made once, or handed back unrun (count 0: by a worker
-    stopped while paused), none when no lone try would be left after a batch
-    (``max_deliveries`` under 3), and whether any of them is ``me``'s own."""
-    if max_deliveries < 3:
-        return [], False
-    once = [p for p in idle if int(p["times_delivered"]) <= 1]
-    return [p["message_id"] for p in once], any(p["consumer"] in (me, me.encode())
-                                                for p in once)
 
 
 async def reclaim(ctx: Context, stream: str, idle_ms: int, cursor: Any, count: int,
@@ -119,8 +110,10 @@ async def _take(ctx: Context, h: Holdings, admit: Admit, stream: str, src: int,
     ``alone``) and admit those not held here; one of a batch that was delivered again
     meanwhile (its count says so) is left pending, to come back alone."""
     got = await reclaim(ctx, stream, ctx.cfg.visibility_ms, b"0-0", len(ids), ids)
+    lg = h.let_go  # one let go here while innocent stays innocent (letgo.py)
     taken = [(e, int(n)) for e, n in zip(got.claimed(), got.counts, strict=True)
-             if ref(src, e[0]) not in h.inflight and (alone or int(n) <= 2)]
+             if ref(src, e[0]) not in h.inflight
+             and (lg.taken_back(ref(src, e[0]), int(n)) or alone or int(n) <= 2)]
     if taken:
         ctx.count("reclaimed", len(taken))
         how = "a suspect, it runs alone" if alone else "first deliveries, run as a batch"
