@@ -589,12 +589,8 @@ def test_redis_restarts_mid_call_lose_nothing_and_apply_nothing_twice(
     lost, none dead-lettered. The second outage outlasts the visibility timeout, so every
     lease lapses: the deliveries each worker let go come back in batches, not one at a time
     as suspects (printed: how many were taken back alone)."""
-    server = make_server(appendfsync="always")
-    r = redis.Redis.from_url(server.url)
     stream = "batched-restart"
-    keys = [f"job-{i}" for i in range(1000)]
-    with sw.Producer.from_url(server.url) as p:
-        p.send_many(stream, [{"sleep": 0.1}] * len(keys), keys=keys)
+    server, r, keys = _durable_backlog(make_server, stream, 1000, 0.1)
     env = {"SW_TEST_STREAM": stream}
     logs = [tmp_path / f"worker-{i}.log" for i in range(2)]
     with contextlib.ExitStack() as files:
@@ -624,12 +620,8 @@ def test_two_long_outages_in_a_row_bring_a_workers_own_deliveries_back_in_batche
     takes its deliveries back as a batch, never one at a time as suspects (the second time
     they are delivered twice, but what this process let go itself did not kill it).
     Every job applied once, none lost or dead-lettered."""
-    server = make_server(appendfsync="always")
-    r = redis.Redis.from_url(server.url)
     stream = "twice-down"
-    keys = [f"job-{i}" for i in range(600)]
-    with sw.Producer.from_url(server.url) as p:
-        p.send_many(stream, [{"sleep": 0.05}] * len(keys), keys=keys)
+    server, r, keys = _durable_backlog(make_server, stream, 600, 0.05)
     log = tmp_path / "worker.log"
     with log.open("w") as out:
         proc = spawn_worker("tests.workers.dedup:StagedLedgerWorker", server.url,
@@ -649,6 +641,18 @@ def test_two_long_outages_in_a_row_bring_a_workers_own_deliveries_back_in_batche
     assert batches >= 2, text[-3000:]
     assert alone == 0, f"{alone} deliveries taken back one at a time:\n{text[-3000:]}"
     r.close()
+
+
+def _durable_backlog(make_server: Any, stream: str, n: int,
+                     sleep: float) -> tuple[Any, redis.Redis, list[str]]:
+    """A server that fsyncs every write (AOF always), ``n`` jobs on ``stream`` whose
+    handlers sleep ``sleep`` s; the server, a client of it and the job keys."""
+    server = make_server(appendfsync="always")
+    r = redis.Redis.from_url(server.url)
+    keys = [f"job-{i}" for i in range(n)]
+    with sw.Producer.from_url(server.url) as p:
+        p.send_many(stream, [{"sleep": sleep}] * len(keys), keys=keys)
+    return server, r, keys
 
 
 def _restart_twice_and_drain(server: Any, r: redis.Redis, keys: list[str], stream: str,
