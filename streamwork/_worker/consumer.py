@@ -121,6 +121,7 @@ class Consumer:
         self.outcomes = Outcomes(self.ctx, self.holdings, codec)
         self.sup = Supervisor(self._recreate_group, self._distrust_cache, link=link,
                               stream=cfg.stream, group=cfg.group, consumer=name)
+        self.holdings.let_go.redis_down = lambda: self.sup.link.down_lately(cfg.visibility_timeout)
         self.joined = self.stopped = False
         self.tally.refresh()
         # one XREADGROUP reads the stream and the group's retry stream (both from ">")

@@ -42,7 +42,8 @@ class Holdings:
         #: the reader does not count them as work to come (it reads while acks are sent)
         self.finishing = 0
         self.isolating = False  # a reclaimed suspect runs alone: no reading meanwhile
-        self.let_go = LetGo(max(10_000, 4 * (ctx.cfg.concurrency + ctx.cfg.batch_size)))
+        self.let_go = LetGo(max(10_000, 4 * (ctx.cfg.concurrency + ctx.cfg.batch_size)),
+                            ctx.cfg.max_deliveries)
         self.room = asyncio.Event()  # set: a reader waiting for room (or isolation) looks again
         self.empty = asyncio.Event()  # set when nothing is held any more
         #: told of every delivery that leaves (ordered mode: the next of its key may run)

@@ -76,6 +76,10 @@ class Link:
                                              count=self.failures))
         self.failures, self.down_since, self.up_since = 0, None, now
 
+    def down_lately(self, within: float) -> bool:
+        """Whether Redis is unreachable now, or was less than ``within`` seconds ago."""
+        return not self.up or time.monotonic() - self.up_since < within
+
     def delay(self) -> float:
         """Seconds a loop waits after a failure: grows with the outage's failed calls."""
         return reconnect_delay(self.failures)

@@ -10,7 +10,13 @@ from streamwork._worker.letgo import LetGo, first_deliveries
 
 def _first_deliveries(idle: list[dict[str, Any]], max_deliveries: int, me: str,
                       let_go: LetGo | None = None) -> tuple[list[Any], bool]:
-    return first_deliveries(idle, max_deliveries, me, 0, let_go or LetGo(100))
+    return first_deliveries(idle, max_deliveries, me, 0, let_go or _let_go())
+
+
+def _let_go(limit: int = 100, max_deliveries: int = 5, redis_down: bool = True) -> LetGo:
+    """What a consumer remembers of deliveries it let go; ``redis_down``: whether Redis
+    was unreachable as their leases ran out (an outage) or answered (a blocked loop)."""
+    return LetGo(limit, max_deliveries, lambda: redis_down)
 
 
 def _idle(*counts: int, mine: int = -1) -> list[dict[str, Any]]:
@@ -62,7 +68,7 @@ def test_own_deliveries_let_go_here_stay_innocent_through_outage_after_outage() 
     """One this process read itself (a first delivery) and let go as its lease lapsed
     comes back in the batch; taken back, it is delivered twice, and let go again (a second
     outage) it still comes back in the batch: this process is alive, so it killed no one."""
-    lg = LetGo(100)
+    lg = _let_go()
     lg.remember(_dropped("1-0", 1))
     assert _first_deliveries(_idle(1, 1, mine=1), 5, "me", lg) == (["0-0", "1-0"], True)
     assert lg.taken_back(b"1-0", 2)  # the sweep claimed it back: delivered twice now
@@ -76,7 +82,7 @@ def test_own_deliveries_let_go_here_stay_innocent_through_outage_after_outage() 
 def test_a_claim_back_whose_reply_was_lost_keeps_it_innocent() -> None:
     """Redis went down as the sweep claimed it back: the count went up by one, the
     delivery is still this consumer's own, so still the one let go here."""
-    lg = LetGo(100)
+    lg = _let_go()
     lg.remember(_dropped("0-0", 1))
     assert lg.innocent(b"0-0", 2)
     assert lg.taken_back(b"0-0", 3)  # claimed back twice, the first reply lost
@@ -86,7 +92,7 @@ def test_suspects_stay_suspects() -> None:
     """Delivered twice before this process took it (a batch of a dead worker's, which
     may hold what killed it): let go here, it is still a suspect. Another consumer's idle
     delivery is never taken for one let go here, nor one whose count moved on."""
-    lg = LetGo(100)
+    lg = _let_go()
     lg.remember(_dropped("0-0", 2))  # reclaimed from a dead worker, then let go
     assert _first_deliveries(_idle(2, mine=0), 5, "me", lg) == ([], False)
     assert not lg.taken_back(b"0-0", 3)
@@ -100,14 +106,39 @@ def test_suspects_stay_suspects() -> None:
 
 
 def test_max_deliveries_under_3_still_takes_everything_alone() -> None:
-    lg = LetGo(100)
+    lg = _let_go(max_deliveries=2)
     lg.remember(_dropped("0-0", 1))
     assert _first_deliveries(_idle(1, mine=0), 2, "me", lg) == ([], False)
 
 
+def test_a_batch_never_takes_one_whose_lone_try_would_be_past_max_deliveries() -> None:
+    """Should the batch die, each of it must still have a try of its own: an innocent
+    delivered max_deliveries - 1 times is taken back alone."""
+    lg = _let_go(max_deliveries=4)
+    lg.remember(_dropped("0-0", 2))  # delivered twice before it came here: not innocent
+    lg.remember(_dropped("1-0", 1))
+    assert lg.taken_back(b"1-0", 2)
+    lg.remember(_dropped("1-0", 2))
+    assert _first_deliveries(_idle(1, 2, mine=1), 4, "me", lg) == (["0-0", "1-0"], True)
+    assert lg.taken_back(b"1-0", 3)
+    lg.remember(_dropped("1-0", 3))  # taken back once more it would be at 4, alone at 5
+    assert _first_deliveries(_idle(1, 3, mine=1), 4, "me", lg) == (["0-0"], False)
+    assert not lg.taken_back(b"1-0", 4)
+
+
+def test_leases_that_ran_out_while_redis_answered_are_not_remembered() -> None:
+    """A handler blocking the event loop lets every lease of its process run out while
+    Redis answers: what blocked it may be among them, so they come back as suspects, one
+    at a time, as before (taking them back together would block the batch again)."""
+    lg = _let_go(redis_down=False)
+    lg.remember(_dropped("1-0", 1))
+    assert not lg.innocent(b"1-0", 1) and not lg.innocent(b"1-0", 2)
+    assert _first_deliveries(_idle(1, 2, mine=1), 5, "me", lg) == (["0-0"], False)
+
+
 def test_what_it_remembers_is_bounded() -> None:
     """The oldest are forgotten first (a forgotten one is merely taken back alone)."""
-    lg = LetGo(3)
+    lg = _let_go(limit=3)
     for i in range(5):
         lg.remember(_dropped(f"{i}-0", 1))
     assert [lg.innocent(f"{i}-0".encode(), 1) for i in range(5)] == [
