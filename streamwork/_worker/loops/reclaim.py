@@ -110,10 +110,10 @@ async def _take(ctx: Context, h: Holdings, admit: Admit, stream: str, src: int,
     ``alone``) and admit those not held here; one of a batch that was delivered again
     meanwhile (its count says so) is left pending, to come back alone."""
     got = await reclaim(ctx, stream, ctx.cfg.visibility_ms, b"0-0", len(ids), ids)
-    lg = h.let_go  # one let go here while innocent stays innocent (letgo.py)
+    lg = h.let_go  # one of a batch let go here while innocent stays so (letgo.py)
     taken = [(e, int(n)) for e, n in zip(got.claimed(), got.counts, strict=True)
              if ref(src, e[0]) not in h.inflight
-             and (lg.taken_back(ref(src, e[0]), int(n)) or alone or int(n) <= 2)]
+             and (alone or lg.taken_back(ref(src, e[0]), int(n)) or int(n) <= 2)]
     if taken:
         ctx.count("reclaimed", len(taken))
         how = "a suspect, it runs alone" if alone else "first deliveries, run as a batch"
