@@ -613,6 +613,10 @@ def test_redis_restarts_mid_call_lose_nothing_and_apply_nothing_twice(
     r.close()
 
 
+VISIBLE = 3.0  #: s, the visibility timeout of the two-outages test's worker
+LONG = VISIBLE + 1.0  #: s each of its outages lasts: every lease runs out meanwhile
+
+
 def test_two_long_outages_in_a_row_bring_a_workers_own_deliveries_back_in_batches(
         make_server: Any, spawn_worker: Any, tmp_path: Any) -> None:
     """One worker, two Redis outages in a row, each longer than the visibility timeout:
@@ -624,9 +628,12 @@ def test_two_long_outages_in_a_row_bring_a_workers_own_deliveries_back_in_batche
     server, r, keys = _durable_backlog(make_server, stream, 600, 0.05)
     log = tmp_path / "worker.log"
     with log.open("w") as out:
+        # a visibility timeout of 3 s: on a busy machine a heartbeat a second late must
+        # not let leases run out while Redis answers (those are rightly taken back alone)
         proc = spawn_worker("tests.workers.dedup:StagedLedgerWorker", server.url,
-                            "--log-level", "INFO", env={"SW_TEST_STREAM": stream}, stdout=out)
-        _restart_twice_and_drain(server, r, keys, stream, "billing", long_twice=True)
+                            "--log-level", "INFO", "--visibility-timeout", str(VISIBLE),
+                            env={"SW_TEST_STREAM": stream}, stdout=out)
+        _restart_twice_and_drain(server, r, keys, stream, "billing", downs=(LONG, LONG))
     r = redis.Redis.from_url(server.url)
     report = Ledger(r).report(keys)
     text = log.read_text(errors="replace")
@@ -656,13 +663,13 @@ def _durable_backlog(make_server: Any, stream: str, n: int,
 
 
 def _restart_twice_and_drain(server: Any, r: redis.Redis, keys: list[str], stream: str,
-                             group: str, long_twice: bool = False) -> None:
+                             group: str, downs: tuple[float, float] = (0.0, 1.5)) -> None:
     client = [r]  # the current connection (a new one after each restart)
     applied_at_restarts = []
     # a quick restart, then one down longer than the visibility timeout (1 s): the leases
     # lapse meanwhile, so calls still running race the reclaimers of the other worker
-    # (``long_twice``: both down that long)
-    for share, down_for in ((0.2, 1.5 if long_twice else 0.0), (0.5, 1.5)):
+    # (``downs``: how long each outage lasts)
+    for share, down_for in zip((0.2, 0.5), downs, strict=True):
         wait_for(lambda s=share: client[0].hlen("ledger") >= s * len(keys), 60,  # type: ignore[misc]
                  message=f"{share:.0%} of the jobs applied")
         applied_at_restarts.append(client[0].hlen("ledger"))
