@@ -37,10 +37,10 @@ LAYERS: list[set[str]] = [
 ]
 MAX_LINES = 450
 #: the worker's core loop: reading, admission, running, outcomes, leases and its loops
-CORE_LOOP = ["_worker/consumer.py", "_worker/holdings.py", "_worker/ordered.py",
-             "_worker/runner.py", "_worker/outcomes.py", "_worker/leases.py",
-             "_worker/delivery.py", "_worker/loops/heartbeat.py",
-             "_worker/loops/reclaim.py", "_worker/loops/upkeep.py"]
+CORE_LOOP = ["_worker/core/consumer.py", "_worker/core/holdings.py", "_worker/features/ordered.py",
+             "_worker/core/runner.py", "_worker/core/outcomes.py", "_worker/core/leases.py",
+             "_worker/core/delivery.py", "_worker/core/loops/heartbeat.py",
+             "_worker/core/loops/reclaim.py", "_worker/core/loops/upkeep.py"]
 CORE_LOOP_MAX = 1600
 
 
@@ -155,7 +155,7 @@ MAP_PAGE = PACKAGE.parent / "docs" / "explanations" / "architecture.md"
 
 
 def test_the_architecture_page_maps_every_module() -> None:
-    """docs/explanations/architecture.md names every module (``_worker/runner.py``) and
+    """docs/explanations/architecture.md names every module (``_worker/core/runner.py``) and
     no module that is gone, so the map stays true as the code moves."""
     text = MAP_PAGE.read_text(encoding="utf-8")
     named = set(re.findall(r"`((?:[a-z_]+/)*[a-z_]+\.py)`", text))

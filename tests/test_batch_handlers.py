@@ -21,7 +21,7 @@ import redis
 import streamwork as sw
 from streamwork._ops.deadletter import list_dead
 from streamwork._wire.keys import StreamKeys
-from streamwork._worker.batch_runner import per_message
+from streamwork._worker.core.batch_runner import per_message
 from streamwork.errors import ConfigError
 from streamwork.testing import Ledger, await_for, run_until_idle, stream_idle, wait_for
 

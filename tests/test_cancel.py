@@ -12,7 +12,7 @@ import pytest
 import redis
 
 import streamwork as sw
-from streamwork._worker.loops import heartbeat
+from streamwork._worker.core.loops import heartbeat
 from streamwork.testing import await_for, run_until_idle
 
 STREAM, GROUP = "mail", "senders"

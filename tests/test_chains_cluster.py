@@ -26,9 +26,9 @@ from streamwork._redis import scripts
 from streamwork._wire.codec import BODY_FIELD
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names, partition_of
-from streamwork._worker.chains import BODY, DUE, MAXLEN, TARGET
 from streamwork._worker.config import WorkerConfig
-from streamwork._worker.loops.drain import Drainer
+from streamwork._worker.features.chain_outbox import Drainer
+from streamwork._worker.features.chains import BODY, DUE, MAXLEN, TARGET
 from streamwork.testing import await_for, stream_idle, wait_for
 from tests.helpers.cluster_util import LocalCluster, local_cluster
 from tests.workers.chains import CHARGE, LEDGER, RECEIPT, effects, runs

@@ -20,8 +20,8 @@ from streamwork._wire.codec import BODY_FIELD
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.message import Message
 from streamwork._wire.partitions import partition_names
-from streamwork._worker.chains import ChainSender
 from streamwork._worker.config import WorkerConfig
+from streamwork._worker.features.chains import ChainSender
 from streamwork.errors import ConfigError
 from streamwork.testing import await_for, run_until_idle
 

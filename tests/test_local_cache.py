@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streamwork._worker.done_cache import RecentKeys
+from streamwork._worker.core.done_cache import RecentKeys
 
 
 class _Clock:

@@ -19,8 +19,8 @@ from streamwork._ops.deadletter import list_dead, replay_dead
 from streamwork._wire.codec import decode_body
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.priorities import level_stream
-from streamwork._worker.consumer import max_held
-from streamwork._worker.levels import DISCOVER_EVERY
+from streamwork._worker.core.consumer import max_held
+from streamwork._worker.features.priorities import DISCOVER_EVERY
 from streamwork.testing import Ledger, await_for, run_until_idle, wait_for
 from tests.helpers.serving import serving
 from tests.workers.ledger import STREAM

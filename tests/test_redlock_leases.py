@@ -14,8 +14,8 @@ import redis
 import streamwork as sw
 from streamwork._wire.keys import StreamKeys, redlock_resource
 from streamwork._worker.config import WorkerConfig
-from streamwork._worker.delivery import Delivery
-from streamwork._worker.redlock_lease import RedlockLease
+from streamwork._worker.core.delivery import Delivery
+from streamwork._worker.core.redlock_lease import RedlockLease
 from streamwork.testing import Ledger, await_for, run_until_idle, wait_for
 from tests.workers.dedup import StagedLedgerWorker
 

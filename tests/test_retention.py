@@ -16,9 +16,9 @@ from streamwork import Producer
 from streamwork._redis import scripts
 from streamwork._redis.scripts import AsyncScripts
 from streamwork._wire.keys import StreamKeys
-from streamwork._worker.consumer import Consumer
-from streamwork._worker.loops.trimming import trim_stream
-from streamwork._worker.loops.upkeep import upkeep_once
+from streamwork._worker.core.consumer import Consumer
+from streamwork._worker.core.loops.trimming import trim_stream
+from streamwork._worker.core.loops.upkeep import upkeep_once
 from streamwork.testing import Ledger, await_for
 from tests.workers.ledger import LedgerWorker
 

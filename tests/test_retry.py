@@ -1,4 +1,4 @@
-"""Job retry backoff (streamwork._worker.retry.retry_delay_for): exponential, jittered, capped.
+"""Job retry backoff (streamwork._worker.core.retry.retry_delay_for): exponential, jittered, capped.
 
 Pure: no Redis, no clock. Randomness is checked over many draws; the bounds asserted are
 exact, the spreads asserted fail with probability below 1e-40.
@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from streamwork._worker.retry import JITTER_FRACTION, retry_delay_for
+from streamwork._worker.core.retry import JITTER_FRACTION, retry_delay_for
 
 DRAWS = 1000
 

@@ -18,8 +18,8 @@ from streamwork._dashboard.data import snapshot
 from streamwork._redis import connection
 from streamwork._telemetry import api as telemetry
 from streamwork._wire.keys import StreamKeys
-from streamwork._worker.consumer import Consumer
-from streamwork._worker.loops import gauges
+from streamwork._worker.core.consumer import Consumer
+from streamwork._worker.core.loops import gauges
 from streamwork.testing import Ledger, await_for, run_until_idle
 from tests.helpers.cluster_util import local_cluster
 from tests.test_cli_ops import cli, row

@@ -27,7 +27,7 @@ from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names, partition_of
 from streamwork._wire.schedules import MAX_CATCH_UP, MISSED_AFTER_MS, plan, tick_key, tick_text
 from streamwork._worker.config import WorkerConfig
-from streamwork._worker.loops.ticks import SCHEDULE_HEADER, TICK_HEADER, Scheduler
+from streamwork._worker.features.schedules import SCHEDULE_HEADER, TICK_HEADER, Scheduler
 from streamwork.testing import run_until_idle, wait_for
 from tests.helpers.slots import key_slot
 from tests.workers.schedules import LEDGER, STREAM, EverySecond, Ticker, Weekly

@@ -29,7 +29,7 @@ import streamwork as sw
 from streamwork._redis.server import free_port
 from streamwork._telemetry.api import DURATION_BUCKETS
 from streamwork._wire.keys import StreamKeys
-from streamwork._worker.loops import gauges
+from streamwork._worker.core.loops import gauges
 from streamwork.testing import await_for, run_until_idle, wait_for
 from tests.workers.ledger import LedgerWorker
 
@@ -163,7 +163,7 @@ async def test_gauges_read_real_lag_pending_delayed_dead(redis_url: str, r: redi
     r.xclaim(stream, "testers", "someone", 0, [first_id], idle=5000, justid=True)
     r.xadd(keys.dead, {"reason": "x"})
     worker = LedgerWorker.from_url(redis_url, stream=stream)
-    from streamwork._worker.consumer import Consumer
+    from streamwork._worker.core.consumer import Consumer
 
     consumer = Consumer(worker.handle, worker.config, worker.url, "probe")
     await gauges.read_gauges(consumer.ctx)
@@ -199,7 +199,7 @@ async def test_gauges_and_spans_count_the_priority_levels(
         r.xgroup_create(name, "testers", id="0")
     r.xreadgroup("testers", "someone", {high: ">"}, count=1)
     worker = LedgerWorker.from_url(redis_url, stream=stream)
-    from streamwork._worker.consumer import Consumer
+    from streamwork._worker.core.consumer import Consumer
 
     consumer = Consumer(worker.handle, worker.config, worker.url, "probe")
     await gauges.read_gauges(consumer.ctx)

@@ -18,7 +18,7 @@ from benchmarks.scaling.sizes import BATCH_SIZE, CONCURRENCY, ScalingSizes
 from benchmarks.workers import DeadLetterWorker
 from streamwork._redis import scripts
 from streamwork._wire.keys import StreamKeys
-from streamwork._worker.loops.trimming import MAX_TRIM_CALLS, TRIM_CHUNK
+from streamwork._worker.core.loops.trimming import MAX_TRIM_CALLS, TRIM_CHUNK
 
 #: SLOWLOG threshold of the trimmer run (microseconds): every command longer is logged
 SLOWLOG_US = 100

@@ -7,7 +7,8 @@ a dedup-on worker twice per repeat: once with the default local cache
 (``local_cache_size=100_000``) and once with ``local_cache_size=0``, and prints p50/p99/max
 enqueue->start latency with the gen-2 garbage collections seen during the run. It found
 that cachetools' ``TTLCache`` (one GC-tracked object per completed job) set off full
-collections that stalled the loop 25-85 ms; streamwork._worker.done_cache.RecentKeys replaced it.
+collections that stalled the loop 25-85 ms; streamwork._worker.core.done_cache.RecentKeys
+replaced it.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ steps (see `rounds`), written once for both shells, which inherit them.
 
 The pause is one hash per group (``GroupKeys.paused``) in the stream's slot; on a
 partitioned stream, one in each partition, since each partition's consumers read their
-own. The group's workers read it once a second (`streamwork._worker.pause`).
+own. The group's workers read it once a second (`streamwork._worker.features.pause`).
 """
 
 from __future__ import annotations

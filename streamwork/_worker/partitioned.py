@@ -35,11 +35,11 @@ from streamwork._wire.extensions import Codec
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import check_recorded, partition_names
 from streamwork._wire.pausing import PauseState
-from streamwork._worker.batch_runner import AnyHandler
 from streamwork._worker.config import WorkerConfig
-from streamwork._worker.consumer import Consumer
-from streamwork._worker.done_cache import KeyCache
-from streamwork._worker.supervisor import Link, StoppedBeforeStart, Supervisor
+from streamwork._worker.core.batch_runner import AnyHandler
+from streamwork._worker.core.consumer import Consumer
+from streamwork._worker.core.done_cache import KeyCache
+from streamwork._worker.core.supervisor import Link, StoppedBeforeStart, Supervisor
 from streamwork.errors import WorkerFailed
 
 log = logging.getLogger(WORKER_LOGGER)

@@ -30,12 +30,12 @@ from streamwork._wire.message import Message, P
 from streamwork._wire.pausing import PauseState
 from streamwork._wire.payloads import converter
 from streamwork._wire.schedules import check_schedules
-from streamwork._worker.batch_runner import AnyHandler, BatchHandler, check_batch
 from streamwork._worker.config import WorkerConfig, WorkerOptions, check_attributes
-from streamwork._worker.consumer import Consumer
-from streamwork._worker.done_cache import local_cache
-from streamwork._worker.loops.drain import with_drain
-from streamwork._worker.loops.ticks import with_schedules
+from streamwork._worker.core.batch_runner import AnyHandler, BatchHandler, check_batch
+from streamwork._worker.core.consumer import Consumer
+from streamwork._worker.core.done_cache import local_cache
+from streamwork._worker.features.chain_outbox import with_drain
+from streamwork._worker.features.schedules import with_schedules
 from streamwork._worker.partitioned import Partitioned
 from streamwork.errors import ConfigError, WorkerFailed
 

@@ -65,7 +65,7 @@ from streamwork._redis import scripts
 from streamwork._wire.codec import decode_body
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.schedules import tick_key
-from streamwork._worker.limits import BURST_SECONDS
+from streamwork._worker.features.limits import BURST_SECONDS
 from streamwork.errors import DecodeError
 from streamwork.testing import Ledger, wait_for
 from tests.helpers.nemesis_kit import (

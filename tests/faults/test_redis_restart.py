@@ -21,7 +21,7 @@ import redis
 
 import streamwork as sw
 from streamwork._wire.keys import StreamKeys
-from streamwork._worker.consumer import max_held
+from streamwork._worker.core.consumer import max_held
 from streamwork.testing import Ledger, stream_idle, wait_for
 from tests.workers.ledger import STREAM, LedgerWorker
 

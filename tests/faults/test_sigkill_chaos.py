@@ -20,7 +20,7 @@ import redis
 
 from streamwork import Producer
 from streamwork._wire.keys import StreamKeys
-from streamwork._worker.consumer import max_held
+from streamwork._worker.core.consumer import max_held
 from streamwork.testing import Ledger, stream_idle, wait_for
 
 STREAM, GROUP = "jobs", "testers"  # tests.workers.ledger.LedgerWorker's defaults

@@ -1,4 +1,4 @@
-"""Arrival (streamwork._worker.arrival): a stream entry decoded and vetted into a Delivery,
+"""Arrival (streamwork._worker.core.arrival): a stream entry decoded and vetted into a Delivery,
 or the reason it can never run. Pure, no Redis."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from streamwork._wire.codec import ATTEMPTS_FIELD, BODY_FIELD, encode_body
-from streamwork._worker.arrival import Arrival, Unfit
 from streamwork._worker.config import WorkerConfig
-from streamwork._worker.delivery import MAIN, RETRY, Delivery, State
+from streamwork._worker.core.arrival import Arrival, Unfit
+from streamwork._worker.core.delivery import MAIN, RETRY, Delivery, State
 
 CFG = WorkerConfig(stream="jobs", group="g", max_deliveries=3)
 

@@ -1,4 +1,4 @@
-"""The claimer and the reader's pacing (streamwork._worker.loops.claiming, .filling): the
+"""The claimer and the reader's pacing (streamwork._worker.core.loops.claiming, .filling): the
 bookkeeping around claim.lua, without Redis (the lease step is the caller's; real-Redis
 behaviour under OOM, BUSY, restarts is in tests/faults/test_fault_matrix.py)."""
 
@@ -9,9 +9,9 @@ import asyncio
 import pytest
 
 from streamwork._wire.message import Message
-from streamwork._worker.delivery import MAIN, Delivery
-from streamwork._worker.loops.claiming import Claimer
-from streamwork._worker.loops.filling import Fill
+from streamwork._worker.core.delivery import MAIN, Delivery
+from streamwork._worker.core.loops.claiming import Claimer
+from streamwork._worker.core.loops.filling import Fill
 
 
 def _delivery(i: int) -> Delivery:

@@ -1,4 +1,4 @@
-"""The failure decision (streamwork._worker.failure): what becomes of a job whose handler
+"""The failure decision (streamwork._worker.core.failure): what becomes of a job whose handler
 raised, and the row fail.lua gets for it. Pure, no Redis."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import streamwork as sw
 from streamwork._redis.replies import FailAction
 from streamwork._worker.config import WorkerConfig
-from streamwork._worker.delivery import Delivery
-from streamwork._worker.failure import (
+from streamwork._worker.core.delivery import Delivery
+from streamwork._worker.core.failure import (
     HandlerTimeout,
     Verdict,
     decide,
@@ -20,7 +20,7 @@ from streamwork._worker.failure import (
     failure,
     overran,
 )
-from streamwork._worker.retry import JITTER_FRACTION
+from streamwork._worker.core.retry import JITTER_FRACTION
 
 CFG = WorkerConfig(stream="jobs", group="g", max_deliveries=3, retry_delay=1.0,
                    retry_max_delay=60.0)

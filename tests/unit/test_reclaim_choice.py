@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamwork._worker.delivery import Delivery
-from streamwork._worker.letgo import LetGo, first_deliveries
+from streamwork._worker.core.delivery import Delivery
+from streamwork._worker.core.letgo import LetGo, first_deliveries
 
 
 def _first_deliveries(idle: list[dict[str, Any]], max_deliveries: int, me: str,

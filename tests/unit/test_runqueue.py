@@ -1,4 +1,4 @@
-"""RunQueue (streamwork._worker.runqueue): first in first out, chained wake-ups of parked
+"""RunQueue (streamwork._worker.core.runqueue): first in first out, chained wake-ups of parked
 runners, and eager wake-ups with job records. Pure asyncio, no Redis."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from streamwork._worker.runqueue import RunQueue
+from streamwork._worker.core.runqueue import RunQueue
 
 
 def _items(n: int) -> list[Any]:

@@ -1,11 +1,11 @@
-"""TimeLimit (streamwork._worker.timelimit): one timer per runner that stops each job at
+"""TimeLimit (streamwork._worker.core.timelimit): one timer per runner that stops each job at
 its own limit. Driven on a real event loop with short limits; no Redis."""
 
 from __future__ import annotations
 
 import asyncio
 
-from streamwork._worker.timelimit import TimeLimit, uncancel
+from streamwork._worker.core.timelimit import TimeLimit, uncancel
 
 
 async def _until(cond: object, timeout: float = 2.0) -> None:

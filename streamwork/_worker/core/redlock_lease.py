@@ -15,12 +15,12 @@ from streamwork._redis import scripts
 from streamwork._redis.faults import Fault, classify
 from streamwork._redis.replies import Claim, LeaseMode
 from streamwork._wire.keys import GroupKeys, redlock_resource
-from streamwork._worker.leases import LeaseStrategy
+from streamwork._worker.core.leases import LeaseStrategy
 from streamwork.errors import LockError
 
 if TYPE_CHECKING:
     from streamwork._worker.config import WorkerConfig
-    from streamwork._worker.delivery import Delivery
+    from streamwork._worker.core.delivery import Delivery
 
 T = TypeVar("T")
 

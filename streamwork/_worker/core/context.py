@@ -13,10 +13,10 @@ from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import fields
 from streamwork._wire.keys import GroupKeys, StreamKeys
 from streamwork._worker.config import WorkerConfig
-from streamwork._worker.done_cache import KeyCache, local_cache
-from streamwork._worker.leases import LeaseStrategy, RedisLease
-from streamwork._worker.levels import Levels
-from streamwork._worker.redlock_lease import RedlockLease
+from streamwork._worker.core.done_cache import KeyCache, local_cache
+from streamwork._worker.core.leases import LeaseStrategy, RedisLease
+from streamwork._worker.core.redlock_lease import RedlockLease
+from streamwork._worker.features.priorities import Levels
 
 
 @dataclass(slots=True)

@@ -16,9 +16,9 @@ from typing import Final
 
 from streamwork._redis import scripts
 from streamwork._telemetry.logs import WORKER_LOGGER
-from streamwork._worker.context import Context
-from streamwork._worker.loops.reclaim import jitter
-from streamwork._worker.loops.trimming import trim_stream
+from streamwork._worker.core.context import Context
+from streamwork._worker.core.loops.reclaim import jitter
+from streamwork._worker.core.loops.trimming import trim_stream
 
 log = logging.getLogger(WORKER_LOGGER)
 

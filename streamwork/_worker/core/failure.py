@@ -14,9 +14,9 @@ from streamwork._text import text
 from streamwork._wire.message import Message
 from streamwork._wire.records import record_error
 from streamwork._worker.config import WorkerConfig
-from streamwork._worker.context import Context
-from streamwork._worker.delivery import Delivery
-from streamwork._worker.retry import retry_delay_for
+from streamwork._worker.core.context import Context
+from streamwork._worker.core.delivery import Delivery
+from streamwork._worker.core.retry import retry_delay_for
 from streamwork.errors import DeadLetter, Retry
 
 log = logging.getLogger(WORKER_LOGGER)

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Final, Protocol
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER
 from streamwork._wire.pausing import PauseState, parse_pause
-from streamwork._worker.delivery import State
+from streamwork._worker.core.delivery import State
 
 if TYPE_CHECKING:
-    from streamwork._worker.context import Context
-    from streamwork._worker.delivery import Delivery
+    from streamwork._worker.core.context import Context
+    from streamwork._worker.core.delivery import Delivery
 
 log = logging.getLogger(WORKER_LOGGER)
 

@@ -16,10 +16,10 @@ import time
 from streamwork._redis import scripts
 from streamwork._redis.replies import Beat
 from streamwork._telemetry.logs import WORKER_LOGGER
-from streamwork._worker.batches import beat_columns
-from streamwork._worker.context import Context
-from streamwork._worker.delivery import Delivery, State
-from streamwork._worker.holdings import Holdings
+from streamwork._worker.core.batches import beat_columns
+from streamwork._worker.core.context import Context
+from streamwork._worker.core.delivery import Delivery, State
+from streamwork._worker.core.holdings import Holdings
 
 log = logging.getLogger(WORKER_LOGGER)
 

@@ -25,7 +25,7 @@ from streamwork._telemetry.logs import WORKER_LOGGER, fields
 from streamwork._text import describe
 from streamwork._wire.keys import GroupKeys
 from streamwork._wire.message import Message
-from streamwork._worker.delivery import Delivery
+from streamwork._worker.core.delivery import Delivery
 
 log = logging.getLogger(WORKER_LOGGER)
 

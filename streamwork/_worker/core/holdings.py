@@ -16,13 +16,13 @@ from streamwork._redis.replies import FailAction, Start
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER, describe, error_fields
 from streamwork._wire.message import revoke
-from streamwork._worker.arrival import Unfit
-from streamwork._worker.context import Context
-from streamwork._worker.delivery import Delivery, State, ref
-from streamwork._worker.failure import CANCELLED_QUEUED, Failure
-from streamwork._worker.letgo import LetGo
-from streamwork._worker.outbox import Outbox
-from streamwork._worker.runqueue import RunQueue
+from streamwork._worker.core.arrival import Unfit
+from streamwork._worker.core.context import Context
+from streamwork._worker.core.delivery import Delivery, State, ref
+from streamwork._worker.core.failure import CANCELLED_QUEUED, Failure
+from streamwork._worker.core.letgo import LetGo
+from streamwork._worker.core.outbox import Outbox
+from streamwork._worker.core.runqueue import RunQueue
 
 log = logging.getLogger(WORKER_LOGGER)
 

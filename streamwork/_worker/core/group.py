@@ -6,7 +6,7 @@ from __future__ import annotations
 import redis.exceptions
 
 from streamwork._wire.partitions import check_recorded
-from streamwork._worker.context import Context
+from streamwork._worker.core.context import Context
 
 
 async def ensure_group(ctx: Context) -> None:

@@ -14,10 +14,10 @@ from typing import Any
 
 from streamwork._redis.replies import Start
 from streamwork._wire.message import Message
-from streamwork._worker.delivery import MAIN, Admit, Delivery, State
-from streamwork._worker.holdings import Holdings
-from streamwork._worker.loops.reclaim import reclaim
-from streamwork._worker.start import Starter
+from streamwork._worker.core.delivery import MAIN, Admit, Delivery, State
+from streamwork._worker.core.holdings import Holdings
+from streamwork._worker.core.loops.reclaim import reclaim
+from streamwork._worker.core.start import Starter
 
 
 class OrderedGate:

@@ -20,7 +20,7 @@ from streamwork._wire.keys import GroupKeys
 
 if TYPE_CHECKING:
     from streamwork._worker.config import WorkerConfig
-    from streamwork._worker.delivery import Delivery
+    from streamwork._worker.core.delivery import Delivery
 
 
 def lease_deadline(sent: float, ttl: float) -> float:

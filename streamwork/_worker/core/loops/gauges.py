@@ -14,8 +14,8 @@ from streamwork._ops.sides import RetrySide, level_side, retry_side
 from streamwork._telemetry import api as telemetry
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.priorities import sibling_streams
-from streamwork._worker.context import Context
-from streamwork._worker.loops.reclaim import jitter
+from streamwork._worker.core.context import Context
+from streamwork._worker.core.loops.reclaim import jitter
 from streamwork.errors import ConfigError
 
 GAUGE_INTERVAL: Final = 5.0  #: s between reads of lag/pending/delayed/dead for the gauges

@@ -20,10 +20,10 @@ from typing import Any, Final
 from streamwork._redis import scripts
 from streamwork._redis.replies import Reclaimed
 from streamwork._telemetry.logs import WORKER_LOGGER
-from streamwork._worker.context import Context
-from streamwork._worker.delivery import Admit, State, ref
-from streamwork._worker.holdings import Holdings
-from streamwork._worker.letgo import first_deliveries
+from streamwork._worker.core.context import Context
+from streamwork._worker.core.delivery import Admit, State, ref
+from streamwork._worker.core.holdings import Holdings
+from streamwork._worker.core.letgo import first_deliveries
 
 log = logging.getLogger(WORKER_LOGGER)
 

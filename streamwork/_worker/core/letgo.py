@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from streamwork._worker.delivery import Delivery, ref
+from streamwork._worker.core.delivery import Delivery, ref
 
 
 class LetGo:

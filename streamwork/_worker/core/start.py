@@ -26,15 +26,15 @@ from streamwork._redis import scripts
 from streamwork._redis.faults import Fault, classify
 from streamwork._redis.replies import LeaseMode, Start
 from streamwork._telemetry.logs import WORKER_LOGGER, fields
-from streamwork._worker.delivery import State
+from streamwork._worker.core.delivery import State
 
 if TYPE_CHECKING:
     from streamwork._redis.scripts import AsyncScripts
     from streamwork._wire.keys import GroupKeys
-    from streamwork._worker.delivery import Delivery
-    from streamwork._worker.holdings import Holdings
-    from streamwork._worker.leases import LeaseStrategy
-    from streamwork._worker.runqueue import RunQueue
+    from streamwork._worker.core.delivery import Delivery
+    from streamwork._worker.core.holdings import Holdings
+    from streamwork._worker.core.leases import LeaseStrategy
+    from streamwork._worker.core.runqueue import RunQueue
 
 log = logging.getLogger(WORKER_LOGGER)
 

@@ -9,10 +9,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final
 
-from streamwork._worker.supervisor import uninterrupted
+from streamwork._worker.core.supervisor import uninterrupted
 
 if TYPE_CHECKING:
-    from streamwork._worker.delivery import Delivery
+    from streamwork._worker.core.delivery import Delivery
 
 WAIT_RETRY: Final = 0.2  #: s before a waiting delivery's lease is tried again (first time)
 WAIT_RETRY_MAX: Final = 2.0  #: s, cap of that pause while nothing gets leased

@@ -11,8 +11,8 @@ from typing import Any
 from streamwork._redis import scripts
 from streamwork._wire.records import done_record
 from streamwork._worker.config import WorkerConfig
-from streamwork._worker.delivery import Delivery
-from streamwork._worker.leases import LeaseStrategy
+from streamwork._worker.core.delivery import Delivery
+from streamwork._worker.core.leases import LeaseStrategy
 
 
 def beat_columns(alive: list[Delivery], loose: list[tuple[bytes, int]],

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from streamwork._worker.delivery import Delivery
-from streamwork._worker.failure import Failure
+from streamwork._worker.core.delivery import Delivery
+from streamwork._worker.core.failure import Failure
 
 
 class Outbox:

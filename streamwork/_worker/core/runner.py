@@ -20,15 +20,15 @@ from streamwork._redis.replies import FailAction
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER, describe, error_message, seconds
 from streamwork._wire.message import Message, revoke
-from streamwork._worker.context import Context
-from streamwork._worker.delivery import Delivery, State
-from streamwork._worker.failure import JobCancelled, decide, failure, overran
-from streamwork._worker.holdings import Holdings
-from streamwork._worker.limits import Limits, retry_key_after
-from streamwork._worker.ordered import OrderedGate
-from streamwork._worker.pool import Calls
-from streamwork._worker.start import Starter, may_start
-from streamwork._worker.timelimit import TimeLimit, uncancel
+from streamwork._worker.core.context import Context
+from streamwork._worker.core.delivery import Delivery, State
+from streamwork._worker.core.failure import JobCancelled, decide, failure, overran
+from streamwork._worker.core.holdings import Holdings
+from streamwork._worker.core.pool import Calls
+from streamwork._worker.core.start import Starter, may_start
+from streamwork._worker.core.timelimit import TimeLimit, uncancel
+from streamwork._worker.features.limits import Limits, retry_key_after
+from streamwork._worker.features.ordered import OrderedGate
 
 log = logging.getLogger(WORKER_LOGGER)
 

@@ -8,10 +8,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, overload
 
-from streamwork._worker.pause import Pause
+from streamwork._worker.features.pause import Pause
 
 if TYPE_CHECKING:
-    from streamwork._worker.delivery import Delivery
+    from streamwork._worker.core.delivery import Delivery
 
 
 class RunQueue:

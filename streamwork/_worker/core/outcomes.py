@@ -21,13 +21,13 @@ from streamwork._redis.replies import Done, Failed
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER
 from streamwork._wire.extensions import Codec, packer
-from streamwork._worker.batches import done_columns, staged_ops
-from streamwork._worker.chains import count_produced
-from streamwork._worker.context import Context
-from streamwork._worker.delivery import Delivery, ref
-from streamwork._worker.failure import Failure, fail_row, report
-from streamwork._worker.holdings import Holdings
-from streamwork._worker.supervisor import uninterrupted
+from streamwork._worker.core.batches import done_columns, staged_ops
+from streamwork._worker.core.context import Context
+from streamwork._worker.core.delivery import Delivery, ref
+from streamwork._worker.core.failure import Failure, fail_row, report
+from streamwork._worker.core.holdings import Holdings
+from streamwork._worker.core.supervisor import uninterrupted
+from streamwork._worker.features.chains import count_produced
 
 log = logging.getLogger(WORKER_LOGGER)
 

@@ -24,7 +24,7 @@ from streamwork._telemetry.logs import WORKER_LOGGER
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.priorities import LEVELS, parse_weights, sibling_streams
 from streamwork._worker.config import WorkerConfig
-from streamwork._worker.delivery import HIGH, LOW, MAIN, RETRY
+from streamwork._worker.core.delivery import HIGH, LOW, MAIN, RETRY
 
 log = logging.getLogger(WORKER_LOGGER)
 

@@ -21,12 +21,12 @@ from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER
 from streamwork._wire.message import Message, revoke
 from streamwork._worker.config import WorkerConfig, WorkerOptions
-from streamwork._worker.context import Context
-from streamwork._worker.delivery import Delivery, State
-from streamwork._worker.holdings import Holdings
-from streamwork._worker.runner import Handler, Runner
-from streamwork._worker.start import may_start_all
-from streamwork._worker.timelimit import TimeLimit, uncancel
+from streamwork._worker.core.context import Context
+from streamwork._worker.core.delivery import Delivery, State
+from streamwork._worker.core.holdings import Holdings
+from streamwork._worker.core.runner import Handler, Runner
+from streamwork._worker.core.start import may_start_all
+from streamwork._worker.core.timelimit import TimeLimit, uncancel
 from streamwork.errors import ConfigError
 
 log = logging.getLogger(WORKER_LOGGER)

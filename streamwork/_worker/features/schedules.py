@@ -40,7 +40,7 @@ from streamwork._wire.partitions import check_recorded, partition_names, partiti
 from streamwork._wire.payloads import to_plain
 from streamwork._wire.schedules import MAX_CATCH_UP, Schedule, plan, tick_key
 from streamwork._worker.config import WorkerConfig
-from streamwork._worker.supervisor import Link, Supervisor, cancel
+from streamwork._worker.core.supervisor import Link, Supervisor, cancel
 
 __all__ = ["SCHEDULE_HEADER", "TICK_HEADER", "Scheduler", "with_schedules"]
 

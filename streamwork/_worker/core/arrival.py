@@ -18,7 +18,7 @@ from streamwork._wire.extensions import Codec
 from streamwork._wire.message import Message, Sender
 from streamwork._wire.payloads import InvalidPayload
 from streamwork._worker.config import WorkerConfig
-from streamwork._worker.delivery import Delivery, State, ref
+from streamwork._worker.core.delivery import Delivery, State, ref
 from streamwork.errors import DecodeError
 
 

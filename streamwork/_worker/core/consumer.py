@@ -37,29 +37,30 @@ from streamwork._telemetry.logs import WORKER_LOGGER, fields
 from streamwork._wire.extensions import Codec
 from streamwork._wire.keys import GroupKeys
 from streamwork._wire.message import Message
-from streamwork._worker import chains, context, pause
-from streamwork._worker.arrival import Arrival
-from streamwork._worker.batch_runner import AnyHandler, make_runner, per_call
 from streamwork._worker.config import WorkerConfig, parse_rate
-from streamwork._worker.delivery import Delivery, Entry, State, ref
-from streamwork._worker.done_cache import KeyCache
-from streamwork._worker.group import ensure_group
-from streamwork._worker.holdings import Holdings
-from streamwork._worker.limits import Limits, hold_ms
-from streamwork._worker.loops import gauges, heartbeat, reclaim, upkeep
-from streamwork._worker.loops.claiming import Claimer
-from streamwork._worker.loops.filling import Fill
-from streamwork._worker.ordered import OrderedGate
-from streamwork._worker.outcomes import Outcomes
-from streamwork._worker.runqueue import RunQueue
-from streamwork._worker.start import Starter
-from streamwork._worker.supervisor import (
+from streamwork._worker.core import context
+from streamwork._worker.core.arrival import Arrival
+from streamwork._worker.core.batch_runner import AnyHandler, make_runner, per_call
+from streamwork._worker.core.delivery import Delivery, Entry, State, ref
+from streamwork._worker.core.done_cache import KeyCache
+from streamwork._worker.core.group import ensure_group
+from streamwork._worker.core.holdings import Holdings
+from streamwork._worker.core.loops import gauges, heartbeat, reclaim, upkeep
+from streamwork._worker.core.loops.claiming import Claimer
+from streamwork._worker.core.loops.filling import Fill
+from streamwork._worker.core.outcomes import Outcomes
+from streamwork._worker.core.runqueue import RunQueue
+from streamwork._worker.core.start import Starter
+from streamwork._worker.core.supervisor import (
     Link,
     StoppedBeforeStart,
     Supervisor,
     cancel,
     uninterrupted,
 )
+from streamwork._worker.features import chains, pause
+from streamwork._worker.features.limits import Limits, hold_ms
+from streamwork._worker.features.ordered import OrderedGate
 
 log = logging.getLogger(WORKER_LOGGER)
 

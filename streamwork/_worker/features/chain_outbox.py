@@ -23,9 +23,9 @@ from streamwork._redis import connection, scripts
 from streamwork._telemetry.logs import WORKER_LOGGER, fields
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names
-from streamwork._worker.chains import BODY, DUE, MAXLEN, TARGET
 from streamwork._worker.config import WorkerConfig
-from streamwork._worker.supervisor import Link, Supervisor, cancel
+from streamwork._worker.core.supervisor import Link, Supervisor, cancel
+from streamwork._worker.features.chains import BODY, DUE, MAXLEN, TARGET
 
 log = logging.getLogger(WORKER_LOGGER)
 
