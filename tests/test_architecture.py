@@ -36,12 +36,12 @@ LAYERS: list[set[str]] = [
     {"__init__", "__main__", "testing"},  # the public face
 ]
 MAX_LINES = 450
-#: the worker's core loop: reading, admission, running, outcomes, leases and its loops
-CORE_LOOP = ["_worker/core/consumer.py", "_worker/core/holdings.py", "_worker/features/ordered.py",
+#: the worker's core loop: reading, admission, starting, running, outcomes, leases, loops
+CORE_LOOP = ["_worker/core/consumer.py", "_worker/core/holdings.py", "_worker/core/start.py",
              "_worker/core/runner.py", "_worker/core/outcomes.py", "_worker/core/leases.py",
              "_worker/core/delivery.py", "_worker/core/loops/heartbeat.py",
              "_worker/core/loops/reclaim.py", "_worker/core/loops/upkeep.py"]
-CORE_LOOP_MAX = 1600
+CORE_LOOP_MAX = 2000
 
 
 def _modules() -> dict[str, Path]:
@@ -167,3 +167,120 @@ def test_the_architecture_page_maps_every_module() -> None:
     gone = {name for name in named - files
             if not name.startswith("tests/") and ("/" in name or name not in short)}
     assert sorted(gone) == [], "the architecture page names modules that are gone"
+
+
+# ---- the worker's two rooms: the delivery core, and the features behind its seam -------
+
+CORE = "streamwork._worker.core"
+FEATURE_ROOM = "streamwork._worker.features"
+#: what names a feature: its module, its class, the options it declares and the words a
+#: reader takes for it. The core may say none of them (in identifiers: names, attributes,
+#: arguments, definitions and imports; prose is free to explain what plugs in)
+FEATURE_WORDS = {
+    "pause", "paused", "pausing", "ordered", "priority", "priorities", "levels",
+    "chains", "chained", "schedules", "scheduled", "partitions", "partitioned",
+    "expires", "expiry", "middleware", "rate_limit", "concurrency_key",
+    "concurrency_per_key", "order_key", "order_keys", "catch_up", "only_partitions",
+    "priority_order", "priority_weights",
+}
+
+
+def _feature_words() -> set[str]:
+    """`FEATURE_WORDS` and, from the registry, every feature's class name, module name
+    and declared options: a new feature is covered without editing this test."""
+    from streamwork._worker.features import FEATURES
+
+    words = set(FEATURE_WORDS)
+    for feature in FEATURES:
+        words.add(feature.__name__.lower())
+        words.add(feature.__module__.rsplit(".", 1)[-1])
+        if feature.options is not None:
+            words.update(n for n in vars(feature.options) if not n.startswith("_"))
+    return words
+
+
+def _identifiers(path: Path) -> Iterator[tuple[int, str]]:
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Name):
+            names = [node.id]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names = [node.name]
+        elif isinstance(node, ast.arg) or (isinstance(node, ast.keyword) and node.arg):
+            names = [node.arg]
+        elif isinstance(node, ast.alias):
+            names = [node.name, node.asname or ""]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = node.module.split(".")
+        for name in names:
+            yield getattr(node, "lineno", 0), name
+
+
+def _named(name: str, words: set[str]) -> str | None:
+    """The feature word ``name`` says: itself, or one of its snake_case or CamelCase
+    parts (``Pausing``, ``self._levels``, ``order_key_of``)."""
+    lowered = name.lower().strip("_")
+    if lowered in words:
+        return lowered
+    parts = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower().strip("_").split("_")
+    return next((p for p in parts if p in words), None)
+
+
+CORE_MODULES = sorted(m for m in MODULES if m.startswith(CORE + ".") or m == CORE)
+
+
+def test_the_worker_is_laid_out_as_core_and_features() -> None:
+    assert CORE_MODULES, "no streamwork/_worker/core package"
+    assert any(m.startswith(FEATURE_ROOM + ".") for m in MODULES)
+
+
+@pytest.mark.parametrize("module", CORE_MODULES)
+def test_a_core_module_imports_no_feature(module: str) -> None:
+    """The delivery core imports nothing of the worker outside itself: no feature, not the
+    options put together from the features' declarations, not the worker class."""
+    outside = sorted(m for m in GRAPH[module]
+                     if m.startswith("streamwork._worker") and not m.startswith(CORE))
+    assert outside == [], f"{module} imports {outside}: plug it in at the seam instead"
+
+
+@pytest.mark.parametrize("module", CORE_MODULES)
+def test_a_core_module_names_no_feature(module: str) -> None:
+    """No identifier of the core (name, attribute, argument, definition, import) names a
+    feature or an option a feature declares."""
+    words = _feature_words()
+    hits = sorted({f"line {line}: {name} ({word})" for line, name in
+                   _identifiers(MODULES[module]) if (word := _named(name, words))})
+    assert hits == [], f"{module} names features:\n" + "\n".join(hits)
+
+
+def test_the_feature_check_finds_a_feature_name() -> None:
+    words = _feature_words()
+    assert _named("Pausing", words) == "pausing"
+    assert _named("self_levels", words) == "levels"
+    assert _named("OrderedGate", words) in ("ordered", "orderedgate")
+    assert _named("rate_limit", words) == "rate_limit"
+    assert _named("ready", words) is None and _named("lease_expired", words) is None
+
+
+def test_every_feature_plugs_in_at_the_seam() -> None:
+    """Each registered feature is a `Feature` and declares help for every option it
+    declares; every feature module's class is registered."""
+    from streamwork._worker.core.seam import Feature
+    from streamwork._worker.features import FEATURES
+
+    for feature in FEATURES:
+        assert issubclass(feature, Feature), feature
+        declared = {n for n in vars(feature.options or object) if not n.startswith("_")}
+        assert declared <= set(feature.help), f"{feature.__name__}: help missing for " \
+            f"{sorted(declared - set(feature.help))}"
+    import importlib
+    import inspect
+
+    for name in [m for m in MODULES if m.startswith(FEATURE_ROOM + ".")]:
+        mod = importlib.import_module(name)
+        for _, cls in inspect.getmembers(mod, inspect.isclass):
+            if (issubclass(cls, Feature) and cls is not Feature
+                    and cls.__module__ == name):
+                assert cls in FEATURES, f"{name}.{cls.__name__} is not in FEATURES"

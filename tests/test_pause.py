@@ -23,6 +23,7 @@ from streamwork._cli.main import main
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names
 from streamwork._wire.priorities import sibling_streams
+from streamwork._worker.features.pause import Pausing
 from streamwork.testing import await_for, free_port, stream_idle
 
 STREAM, GROUP = "pausing", "payments"
@@ -550,7 +551,7 @@ async def test_a_partitioned_worker_pauses_on_every_partition(redis_url: str,
         async with sw.AsyncProducer.from_url(redis_url, partitions=3) as p:
             await p.pause(STREAM, GROUP, reason="split")
             consumers = w._partitioned.consumers.values()  # type: ignore[union-attr]
-            await await_for(lambda: _paused(w) and all(c.holdings.queue.pause.state
+            await await_for(lambda: _paused(w) and all(c.feature(Pausing).state()
                                                        for c in consumers),
                             timeout=10, message="every partition's consumer paused")
             seen = time.monotonic()

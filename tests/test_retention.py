@@ -19,6 +19,7 @@ from streamwork._wire.keys import StreamKeys
 from streamwork._worker.core.consumer import Consumer
 from streamwork._worker.core.loops.trimming import trim_stream
 from streamwork._worker.core.loops.upkeep import upkeep_once
+from streamwork._worker.features import FEATURES
 from streamwork.testing import Ledger, await_for
 from tests.workers.ledger import LedgerWorker
 
@@ -29,7 +30,8 @@ KEYS = StreamKeys.for_stream(STREAM)
 async def _upkeep(url: str, name: str = "upkeeper", **options: Any) -> tuple[int, int]:
     """One upkeep round (trim + reap) by a consumer of LedgerWorker built with ``options``."""
     worker = LedgerWorker.from_url(url, **options)
-    consumer = Consumer(worker.handle, worker.config, url, name)
+    consumer = Consumer(worker.handle, worker.config, url, name,
+                        features=FEATURES)
     try:
         return await upkeep_once(consumer.ctx)
     finally:

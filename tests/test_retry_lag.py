@@ -20,6 +20,7 @@ from streamwork._telemetry import api as telemetry
 from streamwork._wire.keys import StreamKeys
 from streamwork._worker.core.consumer import Consumer
 from streamwork._worker.core.loops import gauges
+from streamwork._worker.features import FEATURES
 from streamwork.testing import Ledger, await_for, run_until_idle
 from tests.helpers.cluster_util import local_cluster
 from tests.test_cli_ops import cli, row
@@ -50,7 +51,8 @@ async def gauge(url: str, what: str) -> float | None:
     labels = (what, STREAM, GROUP if what in ("lag", "pending") else "")
     telemetry._board.values.pop(labels, None)
     worker = RecordingWorker.from_url(url)
-    consumer = Consumer(worker.handle, worker.config, worker.url, "probe")
+    consumer = Consumer(worker.handle, worker.config, worker.url, "probe",
+                        features=FEATURES)
     try:
         await gauges.read_gauges(consumer.ctx)
     finally:

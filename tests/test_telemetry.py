@@ -30,6 +30,7 @@ from streamwork._redis.server import free_port
 from streamwork._telemetry.api import DURATION_BUCKETS
 from streamwork._wire.keys import StreamKeys
 from streamwork._worker.core.loops import gauges
+from streamwork._worker.features import FEATURES
 from streamwork.testing import await_for, run_until_idle, wait_for
 from tests.workers.ledger import LedgerWorker
 
@@ -165,7 +166,8 @@ async def test_gauges_read_real_lag_pending_delayed_dead(redis_url: str, r: redi
     worker = LedgerWorker.from_url(redis_url, stream=stream)
     from streamwork._worker.core.consumer import Consumer
 
-    consumer = Consumer(worker.handle, worker.config, worker.url, "probe")
+    consumer = Consumer(worker.handle, worker.config, worker.url, "probe",
+                        features=FEATURES)
     await gauges.read_gauges(consumer.ctx)
     await consumer.redis.aclose()
 
@@ -201,7 +203,8 @@ async def test_gauges_and_spans_count_the_priority_levels(
     worker = LedgerWorker.from_url(redis_url, stream=stream)
     from streamwork._worker.core.consumer import Consumer
 
-    consumer = Consumer(worker.handle, worker.config, worker.url, "probe")
+    consumer = Consumer(worker.handle, worker.config, worker.url, "probe",
+                        features=FEATURES)
     await gauges.read_gauges(consumer.ctx)
     await consumer.redis.aclose()
 

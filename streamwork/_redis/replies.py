@@ -67,6 +67,7 @@ class FailAction(str, enum.Enum):
     RETRY = "r"  #: schedule it again (on the group's retry stream)
     DEAD = "d"  #: dead-letter it
     CANCEL = "c"  #: acknowledge it as cancelled (the record says so)
+    DROP = "e"  #: end it without running: acknowledged, the record says why (its reason)
 
 
 class Failed(enum.IntEnum):
@@ -77,6 +78,7 @@ class Failed(enum.IntEnum):
     DEAD = 2
     CANCELLED = 3
     VANISHED = 4
+    DROPPED = 5  #: ended without running (``FailAction.DROP``)
 
 
 class Reclaimed(NamedTuple):

@@ -18,6 +18,9 @@ The first byte is the state, the rest its details:
   both written by fail.lua and neither blocks a later copy of the key from running;
 * ``C`` + MessagePack ``[updated ms, reason]`` - cancelled (cancel.lua, or the scripts that
   end a job cancelled): its deliveries are acknowledged without running.
+* ``E`` + MessagePack ``[attempts, updated ms, state, reason]`` - ended without running, as
+  a worker feature decided (``state`` says how, e.g. ``expired``; fail.lua); it does not
+  block a later copy of the key from running.
 
 No record: this group has not started the job, or its record expired (``unknown``).
 """
@@ -42,6 +45,8 @@ _NIL: Final = b"\xc0"  #: MessagePack's nil
 _ARRAY_OF_5: Final = b"\x95"  #: MessagePack's header of an array of 5 items
 _EMPTY: Final = b"\xa0"  #: MessagePack's empty str
 
+#: the states of a job that has not finished (every other state is final)
+_LIVE: Final = frozenset({"unknown", "queued", "running", "waiting"})
 STATES: Final = {"H": "queued", "R": "running", "D": "done", "W": "waiting", "X": "dead",
                   "C": "cancelled"}
 
@@ -94,8 +99,9 @@ class JobStatus:
 
     @property
     def finished(self) -> bool:
-        """Done or dead: nothing more will happen to it unless it is sent or replayed."""
-        return self.state in ("done", "dead", "cancelled")
+        """Done, dead, cancelled or ended without running (expired, ...): nothing more will
+        happen to it unless it is sent or replayed."""
+        return self.state not in _LIVE
 
 
 def done_record(token: int | None, attempts: int, result: Any, max_bytes: int,
@@ -188,6 +194,10 @@ def parse(stream: str, group: str, key: str, raw: bytes | None,
         updated, why = fields
         return JobStatus(stream, group, key, "cancelled", updated_at=updated / 1000,
                          reason=why)
+    if state == "E":
+        attempts, updated, ended, why = fields
+        return JobStatus(stream, group, key, str(ended), attempts=int(attempts),
+                         updated_at=updated / 1000, reason=why)
     if state == "X":
         attempts, updated, dead_id, reason, error = fields
         return JobStatus(stream, group, key, "dead", attempts=int(attempts), error=error,

@@ -25,7 +25,7 @@ import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from streamwork._redis import connection, scripts
@@ -40,6 +40,9 @@ from streamwork._worker.core.batch_runner import AnyHandler
 from streamwork._worker.core.consumer import Consumer
 from streamwork._worker.core.done_cache import KeyCache
 from streamwork._worker.core.supervisor import Link, StoppedBeforeStart, Supervisor
+from streamwork._worker.features import FEATURES
+from streamwork._worker.features.ordered import OrderedGate
+from streamwork._worker.features.pause import Pausing
 from streamwork.errors import WorkerFailed
 
 log = logging.getLogger(WORKER_LOGGER)
@@ -80,12 +83,11 @@ class Partitioned:
     def __init__(self, handle: AnyHandler, cfg: WorkerConfig, url: str, name: str,
                  worker_name: str, cache: KeyCache | None,
                  convert: Callable[[Any], Any] | None = None,
-                 key_of: Callable[[Any], str] | None = None,
-                 codec: Codec | None = None) -> None:
+                 codec: Codec | None = None, extras: Mapping[str, Any] | None = None) -> None:
         self.handle = handle
         self.codec = codec
         self.convert = convert
-        self.key_of = key_of
+        self.extras = dict(extras or {})
         self.cfg = cfg
         self.url = url
         self.name = name
@@ -135,8 +137,9 @@ class Partitioned:
 
     def paused(self) -> PauseState | None:
         """The pause of the group as the first paused partition's consumer read it."""
-        pauses = (c.holdings.queue.pause for c in self.consumers.values())
-        return next((p.state for p in pauses if p.state is not None), None)
+        pauses = (c.feature(Pausing) for c in self.consumers.values())
+        return next((p.state() for p in pauses if p is not None and p.state() is not None),
+                    None)
 
     def dead_tasks(self) -> tuple[str, ...]:
         return tuple(t for c in self.consumers.values() for t in c.sup.dead_tasks)
@@ -190,9 +193,10 @@ class Partitioned:
         cfg = WorkerConfig(**{**self.cfg.as_dict(), "stream": self.names[i], "partitions": 1,
                               "only_partitions": None})
         consumer = Consumer(self.handle, cfg, self.url, self.name, self.worker_name,
-                            cache=self.cache, client=self.redis, slots=self.slots,
-                            convert=self.convert, key_of=self.key_of, codec=self.codec,
-                            limit_keys=self.base,  # limits span the partitions
+                            cache=self.cache, features=FEATURES, client=self.redis,
+                            slots=self.slots, convert=self.convert, codec=self.codec,
+                            # limits span the partitions: their keys are the stream's
+                            extras={**self.extras, "limit_keys": self.base},
                             link=self.link)
         stop = asyncio.Event()
         self.consumers[i] = consumer
@@ -325,7 +329,9 @@ class Partitioned:
     def _halt(self, i: int) -> None:
         consumer = self.consumers.get(i)
         if consumer is not None:
-            consumer.let_go_unstarted()
+            gate = consumer.feature(OrderedGate)
+            if isinstance(gate, OrderedGate):
+                gate.let_go_unstarted()
         stop = self.stops.get(i)
         if stop is not None:
             stop.set()

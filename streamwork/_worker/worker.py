@@ -17,7 +17,7 @@ import signal
 import socket
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -30,12 +30,18 @@ from streamwork._wire.message import Message, P
 from streamwork._wire.pausing import PauseState
 from streamwork._wire.payloads import converter
 from streamwork._wire.schedules import check_schedules
-from streamwork._worker.config import WorkerConfig, WorkerOptions, check_attributes
+from streamwork._worker.config import (
+    WorkerConfig,
+    WorkerOptions,
+    check_attributes,
+    check_handler,
+)
 from streamwork._worker.core.batch_runner import AnyHandler, BatchHandler, check_batch
 from streamwork._worker.core.consumer import Consumer
 from streamwork._worker.core.done_cache import local_cache
-from streamwork._worker.features.chain_outbox import with_drain
-from streamwork._worker.features.schedules import with_schedules
+from streamwork._worker.core.seam import Env
+from streamwork._worker.features import FEATURES
+from streamwork._worker.features.pause import Pausing
 from streamwork._worker.partitioned import Partitioned
 from streamwork.errors import ConfigError, WorkerFailed
 
@@ -123,6 +129,7 @@ class StreamWorker(WorkerOptions, Generic[P]):
         self.config = WorkerConfig.build(type(self), options)
         self._batch = _check_handle(type(self))
         check_batch(self.config, self._batch, type(self).__qualname__)
+        check_handler(self.config, self._batch, type(self).__qualname__)
         self.schedules = check_schedules(schedules, self.config.max_payload_bytes,
                                          self._convert, self.codec)
         self.local_cache = cache_option
@@ -177,8 +184,9 @@ class StreamWorker(WorkerOptions, Generic[P]):
         if c is None:
             return Health(False, False, False, False, ())
         alive, ready = c.health()
+        pausing = c.feature(Pausing)
         return Health(alive, ready, c.stopping, not c.sup.failures and c.joined,
-                      tuple(c.sup.dead_tasks), c.holdings.queue.pause.state)
+                      tuple(c.sup.dead_tasks), pausing.state() if pausing else None)
 
     @property
     def counts(self) -> Counter[str]:
@@ -212,23 +220,27 @@ class StreamWorker(WorkerOptions, Generic[P]):
                 self._loop.add_signal_handler(sig, self.stop)
         cfg = self.config
         handle: AnyHandler = BatchHandler(self.handle_batch) if self._batch else self.handle
+        extras = {"concurrency_key": self._key_of, "schedules": self.schedules}
         runner: Consumer | Partitioned
         if cfg.partitions > 1 or cfg.ordered:
             runner = self._partitioned = Partitioned(
                 handle, cfg, self.url, self.consumer_name, self.worker_name, self._cache,
-                convert=self._convert, key_of=self._key_of, codec=self.codec)
+                convert=self._convert, codec=self.codec, extras=extras)
         else:
-            runner = self._consumer = Consumer(handle, cfg, self.url, self.consumer_name,
-                                               self.worker_name, cache=self._cache,
-                                               convert=self._convert, key_of=self._key_of,
-                                               codec=self.codec)
+            runner = self._consumer = Consumer(
+                handle, cfg, self.url, self.consumer_name, self.worker_name,
+                cache=self._cache, features=FEATURES, convert=self._convert,
+                codec=self.codec, extras=extras)
+        env = Env(cfg, self.url, self.consumer_name, self._stop_event, runner.link,
+                  self.codec, extras)
         try:
             await _start_hook(self.on_start, cfg, self.consumer_name)
             try:
-                main = with_drain(runner.run(self._stop_event), cfg, self.url,
-                                  self.consumer_name, self._stop_event, runner.link)
-                await with_schedules(main, self.schedules, cfg, self.url, self.consumer_name,
-                                     self._stop_event, runner.link, self.codec)
+                main: Awaitable[None] = runner.run(self._stop_event)
+                for feature in FEATURES:  # the worker-wide services, beside the consumers
+                    if feature.service is not None:
+                        main = feature.service(main, env)
+                await main
             finally:
                 await _stop_hook(self.on_stop, cfg, self.consumer_name)
         finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from streamwork._worker.core.gate import Gate
 from streamwork._worker.core.runqueue import RunQueue
 
 
@@ -14,7 +15,7 @@ def _items(n: int) -> list[Any]:
 
 
 async def test_ready_items_come_out_in_order_without_waiting() -> None:
-    q = RunQueue()
+    q = RunQueue(Gate())
     items = _items(3)
     q.put_many(items)
     assert [await q.get() for _ in items] == items
@@ -22,7 +23,7 @@ async def test_ready_items_come_out_in_order_without_waiting() -> None:
 
 
 async def test_a_parked_runner_gets_what_is_put_later() -> None:
-    q = RunQueue()
+    q = RunQueue(Gate())
     getter = asyncio.create_task(q.get())
     await asyncio.sleep(0)
     item = object()
@@ -32,7 +33,7 @@ async def test_a_parked_runner_gets_what_is_put_later() -> None:
 
 
 async def test_wake_ups_are_chained_one_runner_at_a_time() -> None:
-    q = RunQueue()
+    q = RunQueue(Gate())
     getters = [asyncio.create_task(q.get()) for _ in range(3)]
     await asyncio.sleep(0)  # all three parked
     items = _items(3)
@@ -44,7 +45,7 @@ async def test_wake_ups_are_chained_one_runner_at_a_time() -> None:
 
 
 async def test_eager_wakes_a_runner_per_ready_delivery_at_once() -> None:
-    q = RunQueue(eager=True)
+    q = RunQueue(Gate(), eager=True)
     getters = [asyncio.create_task(q.get()) for _ in range(3)]
     await asyncio.sleep(0)
     q.put_many(_items(2))
@@ -55,7 +56,7 @@ async def test_eager_wakes_a_runner_per_ready_delivery_at_once() -> None:
 
 
 async def test_a_woken_runner_cancelled_before_it_runs_passes_the_wake_up_on() -> None:
-    q = RunQueue()
+    q = RunQueue(Gate())
     first = asyncio.create_task(q.get())
     second = asyncio.create_task(q.get())
     await asyncio.sleep(0)
@@ -68,14 +69,14 @@ async def test_a_woken_runner_cancelled_before_it_runs_passes_the_wake_up_on() -
 
 
 async def test_kick_without_parked_runners_does_nothing() -> None:
-    q = RunQueue()
+    q = RunQueue(Gate())
     q.put_many(_items(2))
     q.kick()
     assert q.waking == 0 and len(q.ready) == 2
 
 
 async def test_deferred_wakes_runners_at_the_turns_end_for_what_is_still_ready() -> None:
-    q = RunQueue()
+    q = RunQueue(Gate())
     q.deferred = True
     getters = [asyncio.create_task(q.get()) for _ in range(3)]
     await asyncio.sleep(0)  # all three parked
@@ -92,7 +93,7 @@ async def test_deferred_wakes_runners_at_the_turns_end_for_what_is_still_ready()
 
 
 async def test_feed_takes_what_is_put_and_on_idle_hears_of_each_parked_runner() -> None:
-    q = RunQueue()
+    q = RunQueue(Gate())
     fed: list[Any] = []
     parked: list[int] = []
     q.feed = fed.extend
@@ -113,7 +114,7 @@ async def test_feed_takes_what_is_put_and_on_idle_hears_of_each_parked_runner() 
 async def test_a_getter_with_a_deadline_returns_none_once_it_passes() -> None:
     """get(until): None once the loop's time passes ``until`` with nothing put, and the
     queue's count of woken runners stays right (a later put wakes the next runner)."""
-    q = RunQueue()
+    q = RunQueue(Gate())
     loop = asyncio.get_running_loop()
     assert await asyncio.wait_for(q.get(loop.time() + 0.01), 1) is None
     assert q.waking == 0
@@ -128,7 +129,7 @@ async def test_a_getter_with_a_deadline_returns_none_once_it_passes() -> None:
 async def test_a_runner_filling_its_batch_is_woken_before_idle_ones() -> None:
     """A batch runner waiting for more (get with a deadline) takes the next delivery
     before a runner that parked earlier with nothing."""
-    q = RunQueue()
+    q = RunQueue(Gate())
     loop = asyncio.get_running_loop()
     idle = asyncio.create_task(q.get())
     await asyncio.sleep(0)

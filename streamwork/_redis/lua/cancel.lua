@@ -12,14 +12,16 @@
 -- ARGV[1] reason, ARGV[2] how long the cancellation is kept (ms)
 -- Returns the state the job was in: "unknown" (no record: queued in Redis, delayed or never
 -- sent), "queued" (read ahead by a worker, not started), "waiting" (a retry is due),
--- "dead", "running", "done", "cancelled", or "ignored" (the group keeps no job records:
--- nothing was done)
+-- "dead", "running", "done", "cancelled", the state a job that ended without running
+-- was left in ("expired", ...: nothing was done), or "ignored" (the group keeps no job
+-- records: nothing was done)
 if redis.call('HGET', KEYS[2], 'dedup') == '0' then return 'ignored' end
 local record = redis.call('GET', KEYS[1])
 local state = record and string.sub(record, 1, 1)
 local now = now_ms()
 if state == 'D' then return 'done' end
 if state == 'C' then return 'cancelled' end
+if state == 'E' then return cmsgpack.unpack(string.sub(record, 2))[3] end  -- ended (expired, ...)
 if state == 'R' then
   local deadline = cancel_asked(record)
   if deadline then

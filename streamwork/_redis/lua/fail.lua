@@ -15,9 +15,12 @@
 -- ms, attempts so far, job key, lease ("" when the delivery never held one), member ("" or the adopted delivery's member), reason,
 -- error type, detail (message + short traceback), body ("" if unknown), the error the job
 -- record keeps (whole lines, the cut marked)]
--- ("c": cancelled while it ran - acknowledged, the record says cancelled, no dead letter)
+-- ("c": cancelled while it ran - acknowledged, the record says cancelled, no dead letter;
+-- "e": ended without running, as a feature decided - acknowledged, the record is
+-- "E" + MessagePack [attempts, updated ms, state (the reason field), why (the detail)])
 -- Returns per entry: 1 retry scheduled, 2 dead-lettered, 3 cancelled, 0 lost (not ours:
--- nothing written), 4 vanished (neither the stream nor the group knows the entry any more)
+-- nothing written), 4 vanished (neither the stream nor the group knows the entry any more),
+-- 5 ended without running ("e")
 local streams = delivery_streams()
 local retries, dead = KEYS[3], KEYS[4]
 local group, consumer, worker, prefix, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -49,7 +52,7 @@ for i, f in ipairs(batch) do
   -- the record may say waiting / dead only if it is ours, or nobody runs or finished the job
   local state = record and string.sub(record, 1, 1)
   local write = mode ~= '0' and f[6] ~= '' and
-    (lease ~= '' or not record or state == 'W' or state == 'X')
+    (lease ~= '' or not record or state == 'W' or state == 'X' or state == 'E')
   if not ok then
     res[i] = lost_code(stream, group, id, member)
   else
@@ -67,6 +70,11 @@ for i, f in ipairs(batch) do
         redis.call('SET', key, cancelled_record(now, why or f[9]), 'PX', cancel_ttl or ARGV[6])
       end
       res[i] = 3
+    elseif action == 'e' then  -- ended without running: acknowledged, the record says why
+      if write then
+        redis.call('SET', key, 'E' .. cmsgpack.pack({attempts, now, f[9], f[11]}), 'PX', ARGV[6])
+      end
+      res[i] = 5
     elseif action == 'r' and e and body ~= '' then
       local due = now + tonumber(delay)
       redis.call('ZADD', retries, due, attempts .. ':' .. src .. id .. ':' .. body)

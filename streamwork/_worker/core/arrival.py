@@ -17,8 +17,8 @@ from streamwork._wire.codec import (
 from streamwork._wire.extensions import Codec
 from streamwork._wire.message import Message, Sender
 from streamwork._wire.payloads import InvalidPayload
-from streamwork._worker.config import WorkerConfig
 from streamwork._worker.core.delivery import Delivery, State, ref
+from streamwork._worker.core.options import CoreConfig
 from streamwork.errors import DecodeError
 
 
@@ -40,7 +40,7 @@ class Arrival:
     """Vets the entries one consumer reads (its settings, codec, payload converter and
     done-cache, fixed at start)."""
 
-    def __init__(self, cfg: WorkerConfig, consumer: str, initial: State,
+    def __init__(self, cfg: CoreConfig, consumer: str, initial: State,
                  codec: Codec | None = None, convert: Callable[[Any], Any] | None = None,
                  known: Container[str] | None = None, sender: Sender | None = None) -> None:
         self.cfg = cfg

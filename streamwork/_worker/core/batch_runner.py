@@ -2,8 +2,9 @@
 work that is cheaper in bulk (one INSERT of many rows, one bulk API call).
 
 A batch runner takes a ready delivery, then what else is ready, waiting up to
-``batch_wait`` for more until it has ``batch_max``; starts them together (their limits one
-by one, start.lua once for all), calls the handler once, and turns its answer into one
+``batch_wait`` for more until it has ``batch_max``; starts them together (the features'
+checks one by one, start.lua once for all), calls the handler once, and turns its answer
+into one
 outcome per job, each written as a ``handle``'s would be: a job fails, is retried and
 dead-lettered on its own. ``concurrency`` is the number of calls in flight; a call's time
 limit is the smallest of its jobs'.
@@ -20,12 +21,11 @@ from typing import Any
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER
 from streamwork._wire.message import Message, revoke
-from streamwork._worker.config import WorkerConfig, WorkerOptions
 from streamwork._worker.core.context import Context
 from streamwork._worker.core.delivery import Delivery, State
 from streamwork._worker.core.holdings import Holdings
+from streamwork._worker.core.options import CoreConfig, CoreOptions
 from streamwork._worker.core.runner import Handler, Runner
-from streamwork._worker.core.start import may_start_all
 from streamwork._worker.core.timelimit import TimeLimit, uncancel
 from streamwork.errors import ConfigError
 
@@ -57,23 +57,18 @@ def per_call(handle: AnyHandler, batch_max: int) -> int:
     return batch_max if isinstance(handle, BatchHandler) else 1
 
 
-def check_batch(cfg: WorkerConfig, batch: bool, name: str) -> None:
+def check_batch(cfg: CoreConfig, batch: bool, name: str) -> None:
     """Refuse options that do not go with the worker's kind of handler: ``batch_max`` and
     ``batch_wait`` without ``handle_batch``; ``ordered`` and ``cancel_running`` with it
     (both act on one job's handler, and a batch call runs several jobs)."""
     if not batch:
         for option in ("batch_max", "batch_wait"):
-            if getattr(cfg, option) != getattr(WorkerOptions, option):
+            if getattr(cfg, option) != getattr(CoreOptions, option):
                 raise ConfigError(option, (
                     f"is an option of batch handlers, but {name} defines handle(), not "
                     f"handle_batch(): define `async def handle_batch(self, msgs)` instead, "
                     f"or leave {option} unset"))
         return
-    if cfg.ordered:
-        raise ConfigError("ordered", (
-            f"cannot be used with a batch handler ({name}.handle_batch): ordered mode runs "
-            "one job per order key at a time, in order, and a batch call runs several. "
-            "Define handle() for an ordered worker, or leave ordered off"))
     if cfg.cancel_running:
         raise ConfigError("cancel_running", (
             f"cannot be used with a batch handler ({name}.handle_batch): it would cancel "
@@ -109,16 +104,16 @@ class BatchRunner(Runner):
         loop = asyncio.get_running_loop()
         runner = asyncio.current_task()
         assert runner is not None
-        h, slots, limits = self.holdings, self._slots, self._limits
+        h, slots, starts = self.holdings, self._slots, self._starts
+        gate = h.queue.gate
         watch: TimeLimit[list[Delivery]] = TimeLimit(
             loop, lambda batch: self._time_out_all(batch, runner))
         try:
-            pause = h.queue.pause
             while True:
                 batch = await self._gather(loop)
-                if pause.on:  # paused while it gathered: the batch waits at the front
-                    h.queue.ready.extendleft(reversed(batch))
-                    await pause.resumed()
+                if not gate.open:  # closed while it gathered: the batch waits at the front
+                    h.queue.park(batch)
+                    await gate.opened()
                     continue
                 if slots is not None:
                     try:
@@ -126,16 +121,19 @@ class BatchRunner(Runner):
                     except asyncio.CancelledError:
                         h.forget_all(batch, "lost")
                         raise
+                started: list[Delivery] = []
                 try:
-                    batch = await self._start(batch)
-                    if batch:
-                        await self._run(batch, watch, runner)
+                    started, failed = await starts.start_all(batch)
+                    for d, fail in failed:  # a feature's check failed the job
+                        d.started = loop.time()
+                        self._failed(d, fail.error)
+                    if started:
+                        await self._run(started, watch, runner)
                 finally:
                     if slots is not None:
                         slots.release()
-                    if limits is not None:
-                        for d in batch:
-                            await limits.release(d)
+                    for d in started:
+                        await starts.release(d)
         finally:
             watch.close()
 
@@ -145,8 +143,8 @@ class BatchRunner(Runner):
         cfg, h = self.ctx.cfg, self.holdings
         queue, most = h.queue, cfg.batch_max
         ready = queue.ready
-        if queue.pause.on:  # the group paused: take nothing until it resumes (pause.py)
-            await queue.pause.resumed()
+        if not queue.gate.open:  # closed: take nothing until it opens
+            await queue.gate.opened()
         batch = [ready.popleft() if ready else await queue.get()]
         until = loop.time() + cfg.batch_wait
         try:
@@ -165,17 +163,6 @@ class BatchRunner(Runner):
         if ready:
             queue.kick()  # more ready: a parked runner may take them
         return batch
-
-    async def _start(self, batch: list[Delivery]) -> list[Delivery]:
-        """Those of ``batch`` that may start: within the group's limits (each on its own)
-        and allowed by start.lua (one call for all)."""
-        limits = self._limits
-        allowed = batch if limits is None else [d for d in batch if await self._allowed(d)]
-        ok = await may_start_all(allowed, self.holdings, self.ctx.leases, self._starter)
-        if limits is not None and len(ok) < len(allowed):
-            for d in set(allowed).difference(ok):
-                await limits.release(d)
-        return ok
 
     async def _run(self, batch: list[Delivery], watch: TimeLimit[list[Delivery]],
                    runner: asyncio.Task[None]) -> None:
@@ -199,7 +186,7 @@ class BatchRunner(Runner):
         if limit is not None:
             watch.start(batch, now + limit)
         try:
-            answer = await self.calls.call([d.msg for d in batch])
+            answer = await self.call([d.msg for d in batch])
         except asyncio.CancelledError:
             if not batch[0].timed_out:
                 h.forget_all(batch, "cancelled")

@@ -10,9 +10,9 @@ from typing import Any
 
 from streamwork._redis import scripts
 from streamwork._wire.records import done_record
-from streamwork._worker.config import WorkerConfig
 from streamwork._worker.core.delivery import Delivery
 from streamwork._worker.core.leases import LeaseStrategy
+from streamwork._worker.core.options import CoreConfig
 
 
 def beat_columns(alive: list[Delivery], loose: list[tuple[bytes, int]],
@@ -27,7 +27,7 @@ def beat_columns(alive: list[Delivery], loose: list[tuple[bytes, int]],
             [leases.marked(d) for d in alive] + [""] * n]
 
 
-def done_columns(live: list[Delivery], cfg: WorkerConfig, leases: LeaseStrategy,
+def done_columns(live: list[Delivery], cfg: CoreConfig, leases: LeaseStrategy,
                  pack: Callable[[Any], bytes]) -> list[list[Any]]:
     """complete.lua's: with job records, each job's key, lease and done record (its
     result packed by ``pack``); the members of adopted entries when there are any."""

@@ -1,10 +1,11 @@
-"""The delivery loop of one worker process: read -> admit -> run -> hand outcomes on.
+"""The delivery loop of one worker process: read -> admit -> start -> run -> hand outcomes on.
 
 Tasks, all on one event loop, each supervised (supervisor.py):
 
 * reader    - XREADGROUP ``>`` in batches, never more than concurrency + batch_size
               deliveries held (waiting, queued, running, or finished and not yet written);
-* claimer   - with job records: leases what the reader admitted (claiming.py);
+* claimer   - with job records: leases what the reader admitted (claiming.py), committing
+              ahead the starts the runners will take at once (start.py);
 * leaser    - retries the lease of deliveries that wait (a live duplicate holds the job,
               the lock quorum is down, Redis refused; claiming.py): waiting never uses up
               an attempt;
@@ -13,11 +14,13 @@ Tasks, all on one event loop, each supervised (supervisor.py):
 * flusher   - writes outcomes in batches (outcomes.py);
 * heartbeat - keeps held deliveries alive (heartbeat.py);
 * reclaimer - takes over deliveries of dead consumers, one suspect at a time (reclaim.py);
-* promoter, upkeep, gauges - housekeeping (upkeep.py, gauges.py).
+* promoter, upkeep, gauges - housekeeping (upkeep.py, gauges.py);
+* and the loops of its features (seam.py), which plug in through their hooks: the
+  consumer names none of them.
 
-What is held lives in `Holdings`, ordered mode's lines in `OrderedGate`; the parts share
-one frozen `Context`. Every state change of a delivery goes through a Lua script that
-first checks this consumer (and its lease, leases.py) still owns it.
+What is held lives in `Holdings`; every start goes through `Starts`; the parts share one
+frozen `Context`. Every state change of a delivery goes through a Lua script that first
+checks this consumer (and its lease, leases.py) still owns it.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from streamwork._redis import connection, scripts
@@ -35,22 +38,22 @@ from streamwork._redis.replies import Claim
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER, fields
 from streamwork._wire.extensions import Codec
-from streamwork._wire.keys import GroupKeys
-from streamwork._wire.message import Message
-from streamwork._worker.config import WorkerConfig, parse_rate
 from streamwork._worker.core import context
 from streamwork._worker.core.arrival import Arrival
 from streamwork._worker.core.batch_runner import AnyHandler, make_runner, per_call
 from streamwork._worker.core.delivery import Delivery, Entry, State, ref
 from streamwork._worker.core.done_cache import KeyCache
+from streamwork._worker.core.gate import Gate
 from streamwork._worker.core.group import ensure_group
 from streamwork._worker.core.holdings import Holdings
 from streamwork._worker.core.loops import gauges, heartbeat, reclaim, upkeep
 from streamwork._worker.core.loops.claiming import Claimer
 from streamwork._worker.core.loops.filling import Fill
+from streamwork._worker.core.options import CoreConfig
 from streamwork._worker.core.outcomes import Outcomes
 from streamwork._worker.core.runqueue import RunQueue
-from streamwork._worker.core.start import Starter
+from streamwork._worker.core.seam import Feature, Hooks, Parts
+from streamwork._worker.core.start import Starts
 from streamwork._worker.core.supervisor import (
     Link,
     StoppedBeforeStart,
@@ -58,9 +61,6 @@ from streamwork._worker.core.supervisor import (
     cancel,
     uninterrupted,
 )
-from streamwork._worker.features import chains, pause
-from streamwork._worker.features.limits import Limits, hold_ms
-from streamwork._worker.features.ordered import OrderedGate
 
 log = logging.getLogger(WORKER_LOGGER)
 
@@ -80,15 +80,15 @@ def max_held(concurrency: int, batch_size: int) -> int:
 
 
 class Consumer:
-    """Runs one handler against a stream's consumer group until stopped."""
+    """Runs one handler against a stream's consumer group until stopped, with the
+    ``features`` (classes, seam.py) the worker's options turn on."""
 
-    def __init__(self, handle: AnyHandler, cfg: WorkerConfig, url: str, name: str,
+    def __init__(self, handle: AnyHandler, cfg: CoreConfig, url: str, name: str,
                  worker_name: str = "", cache: KeyCache | str | None = "built-in", *,
-                 client: Any = None, slots: asyncio.Semaphore | None = None,
-                 convert: Callable[[Any], Any] | None = None,
-                 key_of: Callable[[Message], str] | None = None,
-                 limit_keys: GroupKeys | None = None, link: Link | None = None,
-                 codec: Codec | None = None) -> None:
+                 features: Sequence[type[Feature]] = (), client: Any = None,
+                 slots: asyncio.Semaphore | None = None,
+                 convert: Callable[[Any], Any] | None = None, link: Link | None = None,
+                 codec: Codec | None = None, extras: Mapping[str, Any] | None = None) -> None:
         self.cfg = cfg
         self.name = name
         # a partitioned worker's consumers share one client, one pool of handler slots and
@@ -97,45 +97,47 @@ class Consumer:
         self.redis: Any = connection.async_client(url) if client is None else client
         self.ctx = ctx = context.build(cfg, self.redis, name, worker_name or name, cache)
         self.scripts, self.leases, self.tally = ctx.scripts, ctx.leases, ctx.tally
-        self.limits: Limits | None = None
-        if cfg.rate_limit is not None or key_of is not None:
-            self.limits = Limits(
-                self.scripts.run, limit_keys or ctx.gkeys, name,
-                None if cfg.rate_limit is None else parse_rate(cfg.rate_limit), key_of,
-                cfg.concurrency_per_key, hold_ms(cfg.visibility_timeout))
+        self.gate = Gate()
+        queue = RunQueue(self.gate)
+        self.holdings = h = Holdings(ctx, queue)
+        self.sup = Supervisor(self._recreate_group, self._distrust_cache, link=link,
+                              stream=cfg.stream, group=cfg.group, consumer=name)
+        self._hooks_of: list[Feature] = []
+        self.starts: Starts  # set below, once the features are built (they may hold it)
+        parts = Parts(ctx, h, self.gate, self.admit, self._queue, self, self.sup.link,
+                      dict(extras or {}), codec, url)
+        built = [f for kind in features if (f := kind.build(parts)) is not None]
+        self.hooks = hooks = Hooks(built)
+        h.on_leave = hooks.leave
+        # starts are committed ahead only where a committed job cannot wait: not for a
+        # batch handler's calls, nor for handler slots shared with other consumers
+        self.starts = Starts(ctx, h, queue, hooks,
+                             ahead=per_call(handle, cfg.batch_max) == 1 and slots is None)
         # what is read is decoded with the worker's own ext types (``codec``), converted to
         # its payload_type (``convert``) and skipped if the done-cache knows its job
         self.arrival = Arrival(cfg, name, State.WAITING if self.leases.claims else State.QUEUED,
-                               codec, convert, ctx.cache,
-                               chains.sender(cfg, codec, self.redis, url))
-        queue = RunQueue(eager=self.leases.claims, paused=True)  # until the pause is read
-        self.holdings = Holdings(self.ctx, queue)
-        # with job records, a handler starts only once start.lua has checked its record
-        self.starter: Starter | None = (
-            Starter(self.scripts, ctx.gkeys, name, self.leases, cfg.visibility_ms, queue)
-            if self.leases.claims else None)
-        # ordered mode: the head of each order key's line alone may run
-        self.gate = OrderedGate(self.holdings, self.starter) if cfg.ordered else None
-        self._enqueue = queue.put_many if self.gate is None else self.gate.enqueue
+                               codec, convert, ctx.cache, hooks.sender())
         # work to come (max_held: all); a batch handler's call runs up to batch_max jobs
         self.capacity = cfg.concurrency * per_call(handle, cfg.batch_max) + cfg.batch_size
-        self.outcomes = Outcomes(self.ctx, self.holdings, codec)
-        self.sup = Supervisor(self._recreate_group, self._distrust_cache, link=link,
-                              stream=cfg.stream, group=cfg.group, consumer=name)
-        self.holdings.let_go.redis_down = lambda: self.sup.link.down_lately(cfg.visibility_timeout)
+        self.outcomes = Outcomes(ctx, h, codec, hooks.done)
+        h.let_go.redis_down = lambda: self.sup.link.down_lately(cfg.visibility_timeout)
         self.joined = self.stopped = False
         self.tally.refresh()
         # one XREADGROUP reads the stream and the group's retry stream (both from ">")
         self._read_args = (cfg.stream, ctx.gkeys.retry, ">", ">")
         # its reply as Redis sent it: redis-py would build a dict per entry, not needed here
         self.redis.set_response_callback("XREADGROUP", lambda response, **options: response)
-        self.claimer = Claimer(self.holdings.waiting, cfg.batch_size, self._lease)
-        self.fill = Fill(self.holdings.room, min(cfg.batch_size, self.capacity) // 2)
-        self.runner = make_runner(self.ctx, self.holdings, handle, starter=self.starter,
-                                  limits=self.limits, slots=slots, gate=self.gate)
-        if (self.starter is not None and self.gate is None and self.limits is None and not slots
-                and per_call(handle, cfg.batch_max) == 1):
-            self.starter.prestart()  # no limits: started before a runner takes them
+        self.claimer = Claimer(h.waiting, cfg.batch_size, self._lease)
+        self.fill = Fill(h.room, min(cfg.batch_size, self.capacity) // 2)
+        self.runner = make_runner(ctx, h, handle, starts=self.starts, hooks=hooks, slots=slots)
+
+    def hold(self, d: Delivery, due: float) -> asyncio.Future[int]:
+        """`seam.Holder`: put ``d`` back to wait for an in-place retry (`Starts.hold`)."""
+        return self.starts.hold(d, due)
+
+    def feature(self, kind: type[Feature]) -> Feature | None:
+        """This consumer's feature of type ``kind``, if the options turned it on."""
+        return self.hooks.find(kind)
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -155,15 +157,12 @@ class Consumer:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set, then drain and return; raise WorkerFailed if a
         loop met an error it cannot ride out (after draining)."""
-        sup, ctx, h = self.sup, self.ctx, self.holdings
+        sup, ctx, h, hooks = self.sup, self.ctx, self.holdings, self.hooks
         sup.stop_event = stop
         try:
             flags = await sup.until_ok("start", lambda: scripts.supports_flags(self.redis))
             self.scripts.use_flags(flags)
-            await sup.until_ok("start", lambda: ensure_group(ctx))
-            if self.gate is not None:  # the partition is ours now: its pending jobs first
-                gate = self.gate
-                await sup.until_ok("start", lambda: gate.take_over(self.admit))
+            await sup.until_ok("start", self._join)
             self.joined = True
         except StoppedBeforeStart:
             await self._close()
@@ -184,17 +183,14 @@ class Consumer:
             sup.loop("promoter", lambda: upkeep.promote_once(ctx)),
             sup.loop("upkeep", lambda: upkeep.upkeep_step(ctx)),
             sup.loop("gauges", lambda: gauges.gauges_step(ctx)),
-            sup.loop("levels", lambda: ctx.levels.discover_step(self.redis)),
-            sup.loop("pause", lambda: pause.watch_step(ctx, h.queue.pause)),
+            *(sup.loop(what, step) for f in hooks.features for what, step in f.loops()),
         ]
         runners = [sup.spawn("runner", self.runner.loop()) for _ in range(self.cfg.concurrency)]
         runners.append(sup.loop("leaser", self.claimer.retry_once))
         if self.leases.claims:
             runners.append(sup.loop("claimer", self.claimer.claim_once))
-        keepers = [sup.loop("flusher", self.outcomes.step)]
-        if (limits := self.limits) is not None and limits.key_of is not None:
-            every = self.cfg.heartbeat_interval
-            keepers.append(sup.loop("limits", lambda: limits.keep_step(every)))
+        keepers = [sup.loop("flusher", self.outcomes.step),
+                   *(sup.loop(what, step) for f in hooks.features for what, step in f.keepers())]
         if self.cfg.heartbeat:
             keepers.append(sup.loop("heartbeat", lambda: heartbeat.beat_once(ctx, h)))
         try:
@@ -213,10 +209,15 @@ class Consumer:
         if sup.fatal is not None:
             raise sup.fatal
 
+    async def _join(self) -> None:
+        """Join the group (creating it where missing), then tell the features."""
+        await ensure_group(self.ctx)
+        for joined in self.hooks.join:
+            await joined()
+
     async def _close(self) -> None:
         self.runner.calls.close()
-        if self.starter is not None:
-            await self.starter.close()
+        await self.starts.close()
         if self.own_client:
             with contextlib.suppress(Exception):
                 await self.redis.aclose()
@@ -242,20 +243,14 @@ class Consumer:
         create it again. Deliveries held meanwhile are reported by the heartbeat."""
         self._distrust_cache()
         self.tally.count("group_recreated")
-        await ensure_group(self.ctx)
-
-    def let_go_unstarted(self) -> None:
-        """Ordered mode, stopping or no longer the partition's owner: see `OrderedGate`."""
-        if self.gate is not None:
-            self.gate.let_go_unstarted()
+        await self._join()
 
     async def _drain(self) -> int:
-        """Let held deliveries finish within drain_timeout; return how many are left.
-        In ordered mode what has not started is let go at once, to the next owner."""
+        """Let held deliveries finish within drain_timeout; return how many are left (the
+        features first let go of what they would not start: ``on_stop``)."""
         h = self.holdings
-        self.let_go_unstarted()
-        if h.queue.pause.on:  # what has not started would only wait out the drain
-            await pause.hand_back(self.ctx, h)
+        for stopping in self.hooks.stop:
+            await stopping()
         deadline = time.monotonic() + self.cfg.drain_timeout
         while h.held() and time.monotonic() < deadline:
             h.empty.clear()
@@ -267,10 +262,10 @@ class Consumer:
 
     async def _read_once(self) -> bool:
         """Read the next batch and admit it; False (Redis not asked) when there is no room
-        for more work, or while a reclaimed suspect runs alone."""
+        for more work, while the gate is closed, or while a reclaimed suspect runs alone."""
         cfg, h = self.cfg, self.holdings
-        if h.queue.pause.on:  # paused: read nothing new until resumed (Redis not asked)
-            return await h.queue.pause.resumed()
+        if not self.gate.open:  # no job may start: read nothing new (Redis not asked)
+            return await self.gate.opened()
         held = h.held()
         # work to come (queued, running, waiting) is bounded by the capacity; outcomes
         # being written are not work to come, so the next batch is read while they are
@@ -282,21 +277,26 @@ class Consumer:
             return False
         if await self.fill.short(room):  # busy: let room for half a batch build up
             return False
-        if (levels := self.ctx.levels).active:  # jobs were sent at other priorities
-            reply: Any = await levels.read(self.redis, min(room, cfg.batch_size))
+        count = min(room, cfg.batch_size)
+        reply: Any = None
+        for read in self.hooks.reads:  # a feature reads several sources at once
+            reply = await read(count)
+            if reply is not None:
+                break
         else:
             reply = await self.redis.execute_command(
-                "XREADGROUP", "GROUP", cfg.group, self.name, "COUNT", min(room, cfg.batch_size),
+                "XREADGROUP", "GROUP", cfg.group, self.name, "COUNT", count,
                 "BLOCK", max(1, round(cfg.read_block * 1000)), "STREAMS", *self._read_args)
         # the reply as Redis sent it (see __init__): no dict per entry
+        src_of = self.ctx.sources.src_of
         for stream, entries in (reply.items() if isinstance(reply, dict) else reply or ()):
-            await uninterrupted(self.admit(entries, levels.src_of(stream), None, defer=True))
+            await uninterrupted(self.admit(entries, src_of(stream), None, defer=True))
         return True
 
     async def admit(self, entries: list[Entry], src: int,
                     deliveries: list[int] | None, *, defer: bool = False) -> None:
-        """Decode, vet and lease a batch of deliveries from the stream (``src`` MAIN), a
-        level (HIGH, LOW) or the retry stream (RETRY), then queue what may run.
+        """Decode, vet and lease a batch of deliveries from source ``src`` (the stream,
+        the retry stream, or a feature's: sources.py), then queue what may run.
         ``deliveries``: each entry's delivery count (None: all first deliveries).
         ``defer`` (the reader): their leases are left to the claimer, so the next batch
         is read while claim.lua runs for this one."""
@@ -319,10 +319,10 @@ class Consumer:
                     count(got.counter, 1)
         if not fresh:
             return
-        if self.gate is not None:
-            self.gate.join(fresh)
+        for admitted in self.hooks.admit:
+            admitted(fresh)
         if not self.leases.claims:  # built QUEUED: they may run at once
-            self._enqueue(fresh)
+            self._queue(fresh)
             count("consumed", len(fresh))
             return
         for d in fresh:
@@ -331,6 +331,13 @@ class Consumer:
             self.claimer.add(fresh)
         else:
             await self._lease(fresh)
+
+    def _queue(self, ds: list[Delivery]) -> None:
+        """Queue deliveries that may run, as the features route them."""
+        for route in self.hooks.routes:
+            ds = route(ds)
+        if ds:
+            self.holdings.queue.put_many(ds)
 
     async def _lease(self, batch: list[Delivery]) -> bool:
         """Take the leases of waiting deliveries and queue those that may run. Busy ones
@@ -341,8 +348,8 @@ class Consumer:
             return False
         for d in batch:
             d.leasing = True
-        try:  # the starter takes them (starting some at once: `Starter.take`) if there is one
-            res = await (self.starter or self.leases).take(batch)
+        try:  # the start path takes them, committing some ahead (`Starts.take`)
+            res = await self.starts.take(batch)
         finally:
             for d in batch:
                 d.leasing = False
@@ -372,6 +379,6 @@ class Consumer:
                     h.remember_done(d.msg.key)
                 h.forget(d, left)
         if ready:
-            self._enqueue(ready)
+            self._queue(ready)
             count("consumed", len(ready))
         return self.leases.claims  # a strategy that claims asks the stream's Redis first

@@ -1,5 +1,5 @@
 """What the parts of one consumer share and never change: its settings, names, keys,
-client, scripts, lease strategy and done-cache, and the counters they all bump."""
+client, scripts, lease strategy, done-cache and sources, and the counters they all bump."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from streamwork._redis.scripts import AsyncScripts
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import fields
 from streamwork._wire.keys import GroupKeys, StreamKeys
-from streamwork._worker.config import WorkerConfig
 from streamwork._worker.core.done_cache import KeyCache, local_cache
 from streamwork._worker.core.leases import LeaseStrategy, RedisLease
+from streamwork._worker.core.options import CoreConfig
 from streamwork._worker.core.redlock_lease import RedlockLease
-from streamwork._worker.features.priorities import Levels
+from streamwork._worker.core.sources import Sources
 
 
 @dataclass(slots=True)
@@ -50,7 +50,7 @@ class Tally:
 class Context:
     """One consumer's fixed parts, handed to its runners, flusher and loops."""
 
-    cfg: WorkerConfig
+    cfg: CoreConfig
     name: str  #: the consumer's name in the group
     worker_name: str  #: the worker's (dead letters name it)
     keys: StreamKeys
@@ -60,7 +60,7 @@ class Context:
     leases: LeaseStrategy
     cache: KeyCache | None  #: keys completed here recently (dedup on)
     tally: Tally
-    levels: Levels  #: the priority levels it reads
+    sources: Sources  #: the streams it reads deliveries from
 
     def count(self, what: str, n: int = 1, outcome: str | None = None) -> None:
         self.tally.count(what, n, outcome)
@@ -72,7 +72,7 @@ class Context:
                          "consumer": self.name, **more})
 
 
-def build(cfg: WorkerConfig, client: Any, name: str, worker_name: str,
+def build(cfg: CoreConfig, client: Any, name: str, worker_name: str,
           cache: KeyCache | str | None) -> Context:
     """The context of consumer ``name`` talking to Redis through ``client``: its scripts
     (told later whether the server takes script flags), the lease strategy the options ask
@@ -87,4 +87,4 @@ def build(cfg: WorkerConfig, client: Any, name: str, worker_name: str,
     kind = LeaseStrategy if not cfg.dedup else RedlockLease if cfg.lock_urls else RedisLease
     return Context(cfg, name, worker_name, keys, gkeys, client, run,
                    kind(run, gkeys, cfg, name, f"{name}:{secrets.token_hex(10)}"), cache,
-                   Tally(cfg.stream, cfg.group), Levels(cfg, gkeys.retry, name, run.run))
+                   Tally(cfg.stream, cfg.group), Sources(cfg.stream, gkeys.retry))

@@ -6,7 +6,7 @@ import asyncio
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from streamwork._lock.redlock import AsyncHeldLock
@@ -20,8 +20,10 @@ Entry = tuple[bytes, list[bytes] | None]
 #: delivery count (None: all first deliveries)
 Admit = Callable[[list[Entry], int, "list[int] | None"], Awaitable[None]]
 
-#: where a delivery came from: the stream, the group's retry stream, the high or low level
-MAIN, RETRY, HIGH, LOW = 0, 1, 2, 3
+#: where a delivery came from (its source): the stream, the group's retry stream, or one
+#: of the two streams a feature may add (sources 2 and 3; see sources.py)
+MAIN, RETRY = 0, 1
+EXTRA_SOURCES: Final = (2, 3)
 _REF: tuple[bytes, ...] = (b"", b"r", b"h", b"l")
 
 
@@ -44,7 +46,7 @@ class Delivery:
     """A delivery this process holds, from admission until Redis has its outcome."""
 
     entry_id: bytes
-    src: int  # MAIN, RETRY, HIGH or LOW
+    src: int  # its source: MAIN, RETRY or an extra source (sources.py)
     msg: Message
     body: bytes  # the raw body: kept to adopt an entry deleted while pending
     limit: float | None  # the job's time limit, s
@@ -57,6 +59,7 @@ class Delivery:
     member: bytes = b""  # adopted (entry deleted while pending): its delayed-ZSET member
     dropped: bool = False  # its outcome must not be written (lease lost, vanished)
     leasing: bool = False  # a claim for it is under way (admission or the leaser)
+    admitted: bool = False  # the features' before_start hooks ran for it (start.py)
     timed_out: bool = False
     cancelling: bool = False  # its async handler is being cancelled (cancel_running)
     task: asyncio.Task[None] | None = None  # the runner running it (with cancel_running)

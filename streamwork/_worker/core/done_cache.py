@@ -29,38 +29,38 @@ log = logging.getLogger(WORKER_LOGGER)
 class RecentKeys:
     """Job keys completed here within the last ``ttl`` seconds (at most ``maxsize``)."""
 
-    __slots__ = ("_clock", "_expiry", "_keys", "_times", "maxsize", "ttl")
+    __slots__ = ("_clock", "_keys", "_times", "_until", "maxsize", "ttl")
 
     def __init__(self, maxsize: int, ttl: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.maxsize = maxsize
         self.ttl = ttl
         self._clock = clock
-        self._expiry: dict[str, float] = {}
+        self._until: dict[str, float] = {}
         self._keys: deque[str] = deque()
         self._times: deque[float] = deque()
 
     def __contains__(self, key: object) -> bool:
-        expiry = self._expiry.get(key)  # type: ignore[call-overload]
-        return expiry is not None and expiry > self._clock()
+        until = self._until.get(key)  # type: ignore[call-overload]
+        return until is not None and until > self._clock()
 
     def __len__(self) -> int:
-        return len(self._expiry)
+        return len(self._until)
 
     def clear(self) -> None:
         """Forget every key (Redis may have lost what they stand for)."""
-        self._expiry.clear()
+        self._until.clear()
         self._keys.clear()
         self._times.clear()
 
     def add(self, key: str) -> None:
         """Remember ``key`` as completed now; forget what expired or overflows."""
         now = self._clock()
-        expiry = now + self.ttl
-        self._expiry[key] = expiry
+        until = now + self.ttl
+        self._until[key] = until
         self._keys.append(key)
-        self._times.append(expiry)
-        keys, times, table = self._keys, self._times, self._expiry
+        self._times.append(until)
+        keys, times, table = self._keys, self._times, self._until
         while keys and (times[0] <= now or len(table) > self.maxsize):
             old, when = keys.popleft(), times.popleft()
             if table.get(old) == when:
@@ -79,7 +79,7 @@ class KeyCache(Protocol):
 
 class MappingKeys:
     """A user's cache (any ``cachetools`` cache, or another mutable mapping) as a KeyCache:
-    its own size and expiry rules decide what it forgets. Used from the worker's event loop
+    its own size and until rules decide what it forgets. Used from the worker's event loop
     thread only, so a cachetools cache needs no lock.
 
     It is user code: the first error it raises is logged and the cache is used no more

@@ -13,9 +13,9 @@ from streamwork._telemetry.logs import WORKER_LOGGER, cap, error_message, second
 from streamwork._text import text
 from streamwork._wire.message import Message
 from streamwork._wire.records import record_error
-from streamwork._worker.config import WorkerConfig
 from streamwork._worker.core.context import Context
 from streamwork._worker.core.delivery import Delivery
+from streamwork._worker.core.options import CoreConfig
 from streamwork._worker.core.retry import retry_delay_for
 from streamwork.errors import DeadLetter, Retry
 
@@ -70,7 +70,7 @@ class Verdict:
     delay: float = 0.0
 
 
-def decide(exc: BaseException, msg: Message, timed_out: bool, cfg: WorkerConfig) -> Verdict:
+def decide(exc: BaseException, msg: Message, timed_out: bool, cfg: CoreConfig) -> Verdict:
     """The fate of ``msg``'s job whose handler raised ``exc`` (``timed_out``: it ran past
     its time limit): cancelled whatever it raised if its job was cancelled; dead-lettered
     if it asked for it (DeadLetter) or used its last attempt; else retried after the
@@ -135,6 +135,12 @@ def report(ctx: Context, f: Failure, code: int) -> None:
         log.error("job dead-lettered (%s) after %d attempt%s: %s", f.reason, f.attempts,
                   "" if f.attempts == 1 else "s", described(f),
                   extra=ctx.fields(**log_fields(f), traceback=f.traceback or None))
+    elif code == Failed.DROPPED:  # a feature ended it without running (seam.Drop)
+        ctx.count(f.reason, 1)
+        ctx.count("dropped", 1, f.reason)
+        log.info("job %s: it did not run (%s)", f.reason, f.detail, extra=ctx.fields(
+            key=f.job_key, entry_id=f.entry_id.decode(), attempt=f.attempts,
+            reason=f.reason))
     elif code == Failed.CANCELLED and f.reason == CANCELLED_QUEUED:
         ctx.count("cancelled", 1, "queued")
         log.info("job cancelled before it started", extra=ctx.fields(

@@ -46,8 +46,8 @@ class Holdings:
                             ctx.cfg.max_deliveries)
         self.room = asyncio.Event()  # set: a reader waiting for room (or isolation) looks again
         self.empty = asyncio.Event()  # set when nothing is held any more
-        #: told of every delivery that leaves (ordered mode: the next of its key may run)
-        self.on_leave: Callable[[Delivery], None] | None = None
+        #: told of every delivery that leaves (the features' ``on_leave`` hooks)
+        self.on_leave: tuple[Callable[[Delivery], None], ...] = ()
 
     def held(self) -> int:
         """Deliveries this process holds (the PEL entries it owns)."""
@@ -99,6 +99,16 @@ class Holdings:
             d, d.entry_id, d.src, FailAction.CANCEL, 0, m.attempt, CANCELLED_QUEUED,
             "JobCancelled", "the job was cancelled before its handler started", m.key, d.body))
 
+    def drop(self, d: Delivery, state: str, reason: str) -> None:
+        """End ``d``'s job without running it (a feature's `seam.Drop`): acknowledged, its
+        record (with job records) says ``state`` and ``reason``; counted as ``state``."""
+        if d.state != State.QUEUED or d.dropped:
+            return
+        m = d.msg
+        self.failed(Failure(
+            d, d.entry_id, d.src, FailAction.DROP, 0, m.attempt, state, "", reason, m.key,
+            d.body))
+
     def cancel_running(self, d: Delivery) -> None:
         """The heartbeat found the job of a held delivery cancelled: tell its handler
         (``msg.cancelled``) and, with ``cancel_running``, cancel an async one."""
@@ -137,8 +147,8 @@ class Holdings:
         ``outcome`` ends their spans."""
         inflight, finishing, leave = self.inflight, 0, self.on_leave
         for d in ds:
-            if leave is not None:
-                leave(d)
+            for told in leave:
+                told(d)
             if d.span is not None:
                 telemetry.end_span(d.span, outcome)
                 d.span = None

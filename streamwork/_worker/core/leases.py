@@ -19,8 +19,8 @@ from streamwork._redis.replies import Claim, LeaseMode
 from streamwork._wire.keys import GroupKeys
 
 if TYPE_CHECKING:
-    from streamwork._worker.config import WorkerConfig
     from streamwork._worker.core.delivery import Delivery
+    from streamwork._worker.core.options import CoreConfig
 
 
 def lease_deadline(sent: float, ttl: float) -> float:
@@ -38,7 +38,7 @@ class LeaseStrategy:
     mode = LeaseMode.NONE
     claims = False  #: deliveries need ``take`` before they may run
 
-    def __init__(self, run: scripts.AsyncScripts, keys: GroupKeys, cfg: WorkerConfig,
+    def __init__(self, run: scripts.AsyncScripts, keys: GroupKeys, cfg: CoreConfig,
                  consumer: str, owner: str) -> None:
         self._run = run
         self.keys = keys
@@ -46,9 +46,10 @@ class LeaseStrategy:
         self.consumer = consumer
         self.owner = owner
 
-    async def take(self, batch: Sequence[Delivery], starts: int = 0) -> list[int]:
+    async def take(self, batch: Sequence[Delivery],
+                   starts: Sequence[int] | None = None) -> list[int]:
         """Take the leases of ``batch``: a fencing token or a Claim code per delivery (with
-        the first ``starts`` taken as running, where the job record is the lease)."""
+        ``starts``, those flagged 1 taken as running, where the job record is the lease)."""
         return [Claim.GO] * len(batch)
 
     def value(self, d: Delivery) -> str:
@@ -78,13 +79,14 @@ class LeaseStrategy:
     async def close(self) -> None:
         """Close connections of its own."""
 
-    async def _claim(self, batch: Sequence[Delivery], mode: str, starts: int = 0) -> list[int]:
+    async def _claim(self, batch: Sequence[Delivery], mode: str,
+                     starts: Sequence[int] | None = None) -> list[int]:
         """claim.lua over ``batch`` in ``mode`` (lease / check / mark; ``starts``: see take)."""
         return list(await self._run.run(scripts.claim(
             self.keys, self.consumer, self.cfg.visibility_ms, self.owner, mode,
             [[d.entry_id for d in batch], [d.src for d in batch], [d.msg.key for d in batch],
              [d.msg.attempt for d in batch], [d.lease_id for d in batch],
-             [1] * starts + [0] * (len(batch) - starts)])))
+             [0] * len(batch) if starts is None else list(starts)])))
 
 
 class RedisLease(LeaseStrategy):
@@ -96,7 +98,8 @@ class RedisLease(LeaseStrategy):
     mode = LeaseMode.REDIS
     claims = True
 
-    async def take(self, batch: Sequence[Delivery], starts: int = 0) -> list[int]:
+    async def take(self, batch: Sequence[Delivery],
+                   starts: Sequence[int] | None = None) -> list[int]:
         sent = time.monotonic()
         res = await self._claim(batch, "lease", starts)
         owner, deadline = self.owner, lease_deadline(sent, self.cfg.visibility_timeout)

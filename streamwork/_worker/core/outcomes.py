@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Final
 
 from streamwork._redis import scripts
@@ -27,7 +28,6 @@ from streamwork._worker.core.delivery import Delivery, ref
 from streamwork._worker.core.failure import Failure, fail_row, report
 from streamwork._worker.core.holdings import Holdings
 from streamwork._worker.core.supervisor import uninterrupted
-from streamwork._worker.features.chains import count_produced
 
 log = logging.getLogger(WORKER_LOGGER)
 
@@ -36,15 +36,18 @@ FLUSH_WINDOW: Final = 0.002  #: s a flush waits for handlers still running to fi
 ACKED: Final = int(Done.ACKED)
 #: what a failure's fail.lua answer means for its span and its delivery's leaving
 OUTCOME: Final = {Failed.RETRIED: "retried", Failed.DEAD: "dead_lettered",
-                  Failed.CANCELLED: "cancelled", Failed.VANISHED: "vanished"}
+                  Failed.CANCELLED: "cancelled", Failed.VANISHED: "vanished",
+                  Failed.DROPPED: "dropped"}
 
 
 class Outcomes:
     """The flusher: sends the outcomes waiting in the holdings' outbox, in batches."""
 
-    def __init__(self, ctx: Context, holdings: Holdings, codec: Codec | None = None) -> None:
+    def __init__(self, ctx: Context, holdings: Holdings, codec: Codec | None = None,
+                 on_done: tuple[Callable[[Delivery], None], ...] = ()) -> None:
         self.ctx = ctx
         self.holdings = holdings
+        self._on_done = on_done  # the features told of each success Redis recorded
         self.outbox = holdings.outbox
         self._pack = packer(codec).pack  # the flusher's, for records (results: codec's types)
 
@@ -125,13 +128,14 @@ class Outcomes:
             staged_keys, done_columns(live, cfg, lease, self._pack),
             oom_ok=not cfg.dedup and not staged,
             lease_ttl_ms=cfg.visibility_ms))
-        acked, cache = 0, ctx.cache
+        acked, cache, told = 0, ctx.cache, self._on_done
         finished: list[Delivery] = []
         for d, code in zip(live, res, strict=True):
             if code == ACKED:
                 acked += 1
                 finished.append(d)
-                count_produced(ctx.tally, d.msg)
+                for on_done in told:
+                    on_done(d)
                 if cache is not None:
                     cache.add(d.msg.key)
             elif code in (Done.STAGED_REJECTED, Done.DUPLICATE):

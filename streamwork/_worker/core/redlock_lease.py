@@ -19,8 +19,8 @@ from streamwork._worker.core.leases import LeaseStrategy
 from streamwork.errors import LockError
 
 if TYPE_CHECKING:
-    from streamwork._worker.config import WorkerConfig
     from streamwork._worker.core.delivery import Delivery
+    from streamwork._worker.core.options import CoreConfig
 
 T = TypeVar("T")
 
@@ -35,7 +35,7 @@ class RedlockLease(LeaseStrategy):
     mode = LeaseMode.REDLOCK
     claims = True
 
-    def __init__(self, run: scripts.AsyncScripts, keys: GroupKeys, cfg: WorkerConfig,
+    def __init__(self, run: scripts.AsyncScripts, keys: GroupKeys, cfg: CoreConfig,
                  consumer: str, owner: str) -> None:
         super().__init__(run, keys, cfg, consumer, owner)
         assert cfg.lock_urls
@@ -54,7 +54,8 @@ class RedlockLease(LeaseStrategy):
         async with self._slots:
             return await op()
 
-    async def take(self, batch: Sequence[Delivery], starts: int = 0) -> list[int]:
+    async def take(self, batch: Sequence[Delivery],
+                   starts: Sequence[int] | None = None) -> list[int]:
         out = await self._claim(batch, "check")  # only look: done records and ownership
         go = [i for i, code in enumerate(out) if code == Claim.GO]
         results = await asyncio.gather(

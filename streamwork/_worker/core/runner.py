@@ -16,19 +16,17 @@ from typing import Any
 
 from opentelemetry import trace
 
-from streamwork._redis.replies import FailAction
 from streamwork._telemetry import api as telemetry
-from streamwork._telemetry.logs import WORKER_LOGGER, describe, error_message, seconds
+from streamwork._telemetry.logs import WORKER_LOGGER
 from streamwork._wire.message import Message, revoke
 from streamwork._worker.core.context import Context
 from streamwork._worker.core.delivery import Delivery, State
 from streamwork._worker.core.failure import JobCancelled, decide, failure, overran
 from streamwork._worker.core.holdings import Holdings
 from streamwork._worker.core.pool import Calls
-from streamwork._worker.core.start import Starter, may_start
+from streamwork._worker.core.seam import GO, Fail, Hooks
+from streamwork._worker.core.start import Starts
 from streamwork._worker.core.timelimit import TimeLimit, uncancel
-from streamwork._worker.features.limits import Limits, retry_key_after
-from streamwork._worker.features.ordered import OrderedGate
 
 log = logging.getLogger(WORKER_LOGGER)
 
@@ -39,17 +37,17 @@ class Runner:
     """The handler (or a `BatchRunner`'s handle_batch) and how to run it; ``loop()`` is one
     runner task."""
 
-    def __init__(self, ctx: Context, holdings: Holdings, handle: Callable[[Any], Any], *,
-                 starter: Starter | None = None, limits: Limits | None = None,
-                 slots: asyncio.Semaphore | None = None, gate: OrderedGate | None = None) -> None:
+    def __init__(self, ctx: Context, holdings: Holdings, handle: Callable[[Any], Any],
+                 starts: Starts, hooks: Hooks, slots: asyncio.Semaphore | None = None) -> None:
         self.ctx = ctx
         self.holdings = holdings
-        self._starter = starter  # with job records: start.lua checks each start
-        self._limits = limits if limits is not None and limits.on else None
-        self._slots = slots  # shared by the consumers of a partitioned worker
-        self._gate = gate  # ordered mode: failed jobs retry in place
+        self._starts = starts
+        self._hooks = hooks
+        self._slots = slots  # handler slots shared with other consumers of the worker
         self.calls = Calls(handle, ctx.cfg.concurrency, f"sw-{ctx.cfg.stream}",
                            lambda: ctx.tally.tracing)
+        #: ``await call(msg)``: the handler, wrapped by the features that wrap it
+        self.call = hooks.wrap(self.calls.call)
 
     async def loop(self) -> None:
         """One runner: take queued deliveries and run their handlers, one at a time."""
@@ -58,15 +56,17 @@ class Runner:
         assert runner is not None
         ctx, h = self.ctx, self.holdings
         cfg, tally, queue = ctx.cfg, ctx.tally, h.queue
-        ready = queue.ready
+        ready, gate, starts = queue.ready, queue.gate, self._starts
         debug = log.isEnabledFor(logging.DEBUG)
         watch: TimeLimit[Delivery] = TimeLimit(loop, lambda d: self._time_out(d, runner))
-        call = self.calls.call
+        call = self.call
         clock = loop.time  # the loop's clock: what its timers (the time limit) run on
-        running = State.RUNNING
+        running, queued = State.RUNNING, State.QUEUED
         finish = h.succeeded
-        slots, limits = self._slots, self._limits
-        checked = limits is not None or self._starter is not None  # else no lease to check
+        slots, ahead = self._slots, starts.ahead
+        # with no start to commit and no feature checking starts, a delivery runs at once
+        checked = starts.commits or bool(self._hooks.check or self._hooks.before)
+        after = bool(self._hooks.after)
         cancellable = cfg.cancel_running and self.calls.is_async
         try:
             while True:
@@ -77,26 +77,45 @@ class Runner:
                         queue.kick()  # more ready: a parked runner may take the next
                 else:
                     d = await queue.get()
-                if slots is not None:
-                    try:
-                        await slots.acquire()
-                    except asyncio.CancelledError:
-                        h.forget(d)
-                        raise
-                if queue.pause.on:  # paused (now, or while it waited for d, a slot): pause.py
-                    await queue.pause.hold_back(ready, d, slots)
+                if ahead and starts.taken(d):
+                    pass  # committed ahead: its handler is called now
+                elif ahead and d.start_code is not None:
+                    starts.settle(d)  # its commit ahead was refused, or failed
                     continue
-                if (checked or d.dropped or d.state != State.QUEUED) and not await (
-                        self._ready(d) if limits is not None
-                        else may_start(d, h, ctx.leases, self._starter)):
+                else:
                     if slots is not None:
-                        slots.release()
-                    continue
+                        try:
+                            await slots.acquire()
+                        except asyncio.CancelledError:
+                            h.forget(d)
+                            raise
+                    if not gate.open:  # closed (now, or while it waited for a slot)
+                        queue.park([d])
+                        if slots is not None:
+                            slots.release()
+                        continue
+                    if checked or d.dropped or d.state != queued:
+                        verdict = await starts.start(d)
+                        if verdict is not GO:
+                            if slots is not None:
+                                slots.release()
+                            if isinstance(verdict, Fail):  # a feature's check failed the job
+                                d.started = clock()
+                                self._failed(d, verdict.error)
+                            continue
                 msg = d.msg
                 d.state = running
+                d.started = now = clock()
+                if msg._cancelled:  # learned before the call: it ends cancelled unrun
+                    self._failed(d, JobCancelled("the job was cancelled before its handler "
+                                                 "was called"))
+                    if slots is not None:
+                        slots.release()
+                    if after:
+                        await starts.release(d)
+                    continue
                 if cancellable:
                     d.task = runner
-                d.started = now = clock()
                 if d.limit is not None:
                     watch.start(d, now + d.limit)
                 if tally.tracing:
@@ -145,39 +164,14 @@ class Runner:
                     if d.limit is not None:
                         watch.stop()
                     d.task = None
+                    if ahead:
+                        starts.ran(clock() - now)
                     if slots is not None:
                         slots.release()
-                    if limits is not None:
-                        await limits.release(d)
+                    if after:
+                        await starts.release(d)
         finally:
             watch.close()
-
-    async def _ready(self, d: Delivery) -> bool:
-        """Whether ``d`` may run now, after every wait (a slot, its turn): `_allowed`, then
-        allowed to start (`start.may_start`, which the runner awaits directly without
-        limits)."""
-        if await self._allowed(d) and await may_start(d, self.holdings, self.ctx.leases,
-                                                      self._starter):
-            return True
-        if self._limits is not None:
-            await self._limits.release(d)
-        return False
-
-    async def _allowed(self, d: Delivery) -> bool:
-        """Whether ``d``, not dropped meanwhile, is within the group's limits (else it
-        waits, using no attempt, or fails if the user's concurrency_key raised)."""
-        h, limits = self.holdings, self._limits
-        if d.dropped:
-            h.forget(d)
-            return False
-        if limits is None or (allowed := await limits.allow(d)) is True:
-            return True
-        if isinstance(allowed, Exception):  # the user's concurrency_key raised
-            d.started = asyncio.get_running_loop().time()
-            self._failed(d, allowed)
-        else:
-            h.requeue_later(d, retry_key_after())
-        return False
 
     def _time_out(self, d: Delivery, runner: asyncio.Task[None]) -> None:
         """The job's time limit passed: cancel its handler (an async one stops at its next
@@ -208,21 +202,15 @@ class Runner:
 
     def _failed(self, d: Delivery, exc: Exception) -> None:
         """Decide a failed job's fate (retry, dead letter, cancelled) and hand it to the
-        flusher, which logs the one line of the failure once Redis has its outcome; a retry
-        in place (ordered) is decided here, so it is logged here."""
+        flusher, which logs the one line of the failure once Redis has its outcome; a
+        feature may take the failure over (``on_failure``: it logs it then)."""
         if d.dropped:
             self.holdings.forget(d)
             return
         msg = d.msg
         verdict = decide(exc, msg, d.timed_out, self.ctx.cfg)
+        for taken_over in self._hooks.failure:
+            if taken_over(d, verdict, exc):
+                return
         took_ms = round((asyncio.get_running_loop().time() - d.started) * 1000, 1)
-        if verdict.action is FailAction.RETRY and self._gate is not None:
-            log.warning("job failed: retrying in place in %s s (ordered): %s",
-                        seconds(verdict.delay), describe(exc), extra=self.ctx.fields(
-                            key=msg.key, entry_id=msg.id, attempt=msg.attempt,
-                            duration_ms=took_ms, error_type=type(exc).__name__,
-                            error=error_message(exc), reason=verdict.reason,
-                            delay_ms=round(verdict.delay * 1000)))
-            self._gate.retry_in_place(d, verdict.delay)
-            return
         self.holdings.failed(failure(d, exc, verdict, took_ms))

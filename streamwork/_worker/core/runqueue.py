@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, overload
 
-from streamwork._worker.features.pause import Pause
+from streamwork._worker.core.gate import Gate
 
 if TYPE_CHECKING:
     from streamwork._worker.core.delivery import Delivery
@@ -31,16 +31,16 @@ class RunQueue:
     first, with no wake-up; one whose handler suspends leaves the rest to as many runners
     at once.
 
-    With ``feed`` set (job records, no limits: see `Starter.prestart`), what is put goes
-    to ``feed`` first, which starts deliveries for the runners that are idle and puts them
-    in ``ready`` once start.lua answered; ``on_idle`` is told when a runner parks.
+    With ``feed`` set (start.py: starts committed ahead), what is put goes to ``feed``
+    first, which starts deliveries for the runners that are idle and puts them in
+    ``ready`` once committed; ``on_idle`` is told when a runner parks.
 
-    While ``pause.on`` (the group is paused, pause.py) runners take nothing from it."""
+    While the ``gate`` is closed (gate.py) runners start nothing that was not committed."""
 
-    __slots__ = ("_due", "_getters", "deferred", "eager", "feed", "on_idle", "pause", "ready",
-                 "waking")
+    __slots__ = ("_due", "_getters", "_parked", "deferred", "eager", "feed", "gate", "on_idle",
+                 "ready", "waking")
 
-    def __init__(self, eager: bool = False, paused: bool = False) -> None:
+    def __init__(self, gate: Gate, eager: bool = False) -> None:
         self.ready: deque[Delivery] = deque()
         self._getters: deque[asyncio.Future[bool]] = deque()
         self.waking = 0  # runners woken that have not taken a delivery yet
@@ -51,8 +51,9 @@ class RunQueue:
         self._due = False  # a deferred wake-up is scheduled
         self.feed: Callable[[list[Delivery]], None] | None = None
         self.on_idle: Callable[[], None] | None = None
-        self.pause = Pause(paused)  # ``paused``: until the group's pause hash is first read
-        self.pause.on_resume = self._resume
+        self.gate = gate
+        gate.on_open = self._resume
+        self._parked: list[Delivery] = []  # taken while the gate was closed, not started
 
     def put_many(self, ds: list[Delivery]) -> None:
         """Queue ``ds``, in order, and wake a runner for them if none is on its way."""
@@ -64,14 +65,23 @@ class RunQueue:
 
     def idle(self) -> int:
         """Runners parked or woken that no ready delivery is waiting for yet (none while
-        paused: nothing is started for them then)."""
-        if self.pause.on:
+        the gate is closed: nothing is started for them then)."""
+        if not self.gate.open:
             return 0
         return len(self._getters) + self.waking - len(self.ready)
 
+    def park(self, ds: list[Delivery]) -> None:
+        """A runner took ``ds`` while the gate was closed, not started: they go back to the
+        front of the queue, in order, once it opens (the runner goes on with what was
+        committed already)."""
+        self._parked.extend(ds)
+
     def _resume(self) -> None:
-        """The pause ended: wake parked runners for what is ready, and let the starter
-        (prestart) start deliveries for the idle ones."""
+        """The gate opened: what was parked goes first, parked runners wake for what is
+        ready, and the start path commits deliveries for the idle ones."""
+        if self._parked:
+            self.ready.extendleft(reversed(self._parked))
+            self._parked = []
         self._wake_all()
         if self.on_idle is not None:
             self.on_idle()

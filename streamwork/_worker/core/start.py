@@ -1,16 +1,21 @@
-"""Starting a job: the last check before its handler runs.
+"""Starting a job: every start, whoever makes it (the claim, a runner, a batch runner, an
+in-place retry), goes through `Starts`, with one check and one commit.
 
-A delivery is held (its job record says "queued") from admission until a runner is free and
-the group's limits let it go; only then does start.lua turn the record into the running one,
-in the same step that checks the job was not cancelled meanwhile and the lease and the
-delivery are still this worker's. So a cancel that reaches Redis before the start wins
-(the job never starts), and one that comes after finds it running. Runners that start jobs
-in the same turn of the event loop share one script call.
+A start is decided first: the delivery is still held and its lease good (`startable`),
+the features' checks say go (seam.py: ``check_start``, then ``before_start``, which may
+wait on Redis), and the start gate is open. Only then is it committed: with job records
+the record becomes the running one (``R``), in the step that checks the job was not
+cancelled meanwhile and the lease and the delivery are still this worker's, so a cancel
+that reaches Redis first wins (the job never starts) and one that comes after finds it
+running. Nothing can make a committed job wait: its handler is called at once.
 
-Without limits (no rate, no concurrency key, no shared slots, not ordered), jobs are
-started before a runner takes them (`Starter.prestart`): as many at once as runners are
-idle, so each started job has a runner free for it at once, and a runner that finds its
-job's start answered goes on without a turn of the event loop per job.
+Commits go in batches. Without a feature that makes starts wait for a runner
+(``before_start``, ``route``), starts are committed ahead (`Starts.take`): in the claim
+itself (claim.lua takes the record as the running one, one command a job), for as many
+deliveries as the runners will take within `HORIZON` at their measured pace (at least the
+idle ones), and the rest by start.lua once runners come free (`_pump`). Otherwise a
+runner decides its delivery's start and the starts of the runners of one turn of the loop
+share one start.lua call.
 """
 
 from __future__ import annotations
@@ -27,90 +32,110 @@ from streamwork._redis.faults import Fault, classify
 from streamwork._redis.replies import LeaseMode, Start
 from streamwork._telemetry.logs import WORKER_LOGGER, fields
 from streamwork._worker.core.delivery import State
+from streamwork._worker.core.seam import GO, Drop, Fail, Go, Hooks, Verdict, Wait
 
 if TYPE_CHECKING:
-    from streamwork._redis.scripts import AsyncScripts
-    from streamwork._wire.keys import GroupKeys
+    from streamwork._worker.core.context import Context
     from streamwork._worker.core.delivery import Delivery
     from streamwork._worker.core.holdings import Holdings
-    from streamwork._worker.core.leases import LeaseStrategy
     from streamwork._worker.core.runqueue import RunQueue
 
 log = logging.getLogger(WORKER_LOGGER)
 
 MAX_SPINS: Final = 64  #: loop turns a start batch waits at most for runners still waking
 START_RETRY: Final = 0.2  #: s before a job whose start Redis could not record tries again
+#: s within which a job committed ahead has its handler called, at the runners' measured
+#: pace: what "starts at once" allows a committed job to wait for a runner
+HORIZON: Final = 0.002
+DECAY: Final = 0.05  #: how fast the measured handler time comes down (it goes up at once)
 
 
-class Starter:
-    """Batches start.lua calls of one consumer's runners."""
+class Starts:
+    """The start path of one consumer."""
 
-    def __init__(self, run: AsyncScripts, gkeys: GroupKeys, consumer: str,
-                 leases: LeaseStrategy, ttl_ms: int, queue: RunQueue) -> None:
-        self._run = run
-        self._gkeys = gkeys
-        self._consumer = consumer
-        self._leases = leases
-        self._mode = leases.mode
-        self._ttl_ms = ttl_ms
+    def __init__(self, ctx: Context, holdings: Holdings, queue: RunQueue, hooks: Hooks,
+                 ahead: bool = True) -> None:
+        self._ctx = ctx
+        self._h = holdings
         self._queue = queue
+        self._hooks = hooks
+        self._leases = leases = ctx.leases
+        self._gate = queue.gate
+        #: with job records, a start is committed in Redis (start.lua, or in the claim)
+        self.commits = leases.claims
+        #: starts committed before a runner takes them (in the claim, or for idle runners):
+        #: only where the lease is the job record and no feature makes a start wait
+        self.ahead = (ahead and leases.mode == LeaseMode.REDIS
+                      and not hooks.before and not hooks.routes)
+        self._runners = ctx.cfg.concurrency
         self._batch: list[tuple[Delivery, str, int, asyncio.Future[int]]] = []
         self._sending: set[asyncio.Task[None]] = set()
-        self._held: deque[Delivery] = deque()  # queued, not started yet (prestart)
-        self._starting = 0  # deliveries whose start (prestart) is under way
+        self._held: deque[Delivery] = deque()  # leased, not committed yet (ahead)
+        self._starting = 0  # deliveries whose commit (ahead) is under way
+        self.committed = 0  # committed ahead, queued, not taken by a runner yet
         self._pumping = False  # a pump is due in this turn of the loop
-        self._answers: dict[int, asyncio.Future[int]] = {}  # a done future per code
-        self._prestart = False
+        self._pace = 0.0  # s a handler call takes (the recent maximum, decaying); 0: unknown
+        if self.ahead:
+            queue.eager, queue.deferred = False, True
+            queue.feed, queue.on_idle = self._feed, self._soon
+        else:
+            queue.eager = self.commits
 
-    def prestart(self) -> None:
-        """Start queued deliveries before a runner takes them, as many at once as runners
-        are idle (each then has a runner free for it), so runners need no turn of the loop
-        per job. Only without limits: a started job must not wait for a slot or a token."""
+    # ---- committed ahead ---------------------------------------------------------------
+
+    def ran(self, took: float) -> None:
+        """A handler call took ``took`` s: the pace committing ahead goes by."""
+        pace = self._pace
+        self._pace = took if took > pace else pace + (took - pace) * DECAY
+
+    def _room(self) -> int:
+        """How many more starts may be committed now: one per idle runner, plus what the
+        runners will take within `HORIZON` at their pace, less what is committed and not
+        taken yet, or being committed."""
         q = self._queue
-        q.eager, q.deferred, q.feed, q.on_idle = False, True, self._feed, self._soon
-        self._prestart = True
+        room = q.idle()
+        if room < 0 or not self._gate.open:
+            return 0
+        if self._pace > 0:
+            room += int(self._runners * HORIZON / self._pace)
+        return room - self.committed - self._starting - len(self._held)
 
     async def take(self, batch: Sequence[Delivery]) -> list[int]:
-        """Take the leases of ``batch`` (the strategy's `take`). With prestart, a lease in
-        the stream's Redis, and runners idle that no delivery waits for, the first as many
-        are started with their lease: claim.lua takes their records as the running ones,
-        as start.lua would right after, so they need no start.lua call."""
-        k = 0
-        if self._prestart and self._leases.mode == LeaseMode.REDIS:
-            k = max(0, min(len(batch), self._queue.idle() - self._starting - len(self._held)))
+        """Take the leases of ``batch`` (the lease strategy's `take`); ahead, those the
+        runners will take at once are started with their lease: claim.lua takes their
+        records as the running ones (one command each, no start.lua call)."""
+        flags: list[int] = []
+        if self.ahead:
+            room = max(0, self._room())
+            check = self._hooks.check_start
+            for d in batch:
+                go = room > 0 and check(d) is GO
+                flags.append(1 if go else 0)
+                room -= go
+        k = sum(flags)
         self._starting += k  # those runners are spoken for until the claim answers
         try:
-            res = await self._leases.take(batch, k)
+            res = await self._leases.take(batch, flags if k else None)
         finally:
             self._starting -= k
             if k:
                 self._soon()
-        for d, token in zip(batch[:k], res, strict=False):
-            if token > 0:
-                d.start_code = Start.GO  # its record is the running one already
+        if k:
+            for d, token, flag in zip(batch, res, flags, strict=True):
+                if flag and token > 0:
+                    d.start_code = Start.GO  # its record is the running one already
         return res
 
-    def start(self, d: Delivery) -> asyncio.Future[int]:
-        """Ask to start ``d``'s handler; the future gives a ``replies.Start`` code (or
-        the error). One started already (prestart) gets its answer, done."""
-        got = d.start_code
-        if got is None:
-            return self._add(d, "s", 0)
-        d.start_code = None
-        if isinstance(got, BaseException) or got not in self._answers:
-            fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-            if isinstance(got, BaseException):
-                fut.set_exception(got)
-                return fut
-            fut.set_result(got)
-            self._answers[got] = fut
-        return self._answers[got]
-
     def _feed(self, ds: list[Delivery]) -> None:
-        """Deliveries that may run: started with their lease already (``start_code`` set)
-        go to the runners, the others wait for a start."""
+        """Deliveries that may run: committed ones go to the runners, the others wait for
+        a commit (`_pump`)."""
+        ready = self._queue.ready
         for d in ds:
-            (self._queue.ready if d.start_code is not None else self._held).append(d)
+            if d.start_code is not None:
+                ready.append(d)
+                self.committed += d.start_code == Start.GO
+            else:
+                self._held.append(d)
         self._queue.kick()
         self._soon()
 
@@ -122,42 +147,36 @@ class Starter:
             asyncio.get_running_loop().call_soon(self._pump)
 
     def _pump(self) -> None:
-        """Start as many held deliveries as runners are idle (not counting those whose
-        start is under way). One that may not start (dropped, decided, lease run out)
-        goes to a runner as it is: the runner's checks deal with it."""
+        """Commit as many held deliveries as there is `_room` for. One that may not be
+        committed now (dropped, decided, its lease run out, a check not go) goes to a
+        runner as it is: the runner's start deals with it."""
         self._pumping = False
-        q, held = self._queue, self._held
-        room = q.idle() - self._starting
-        if room <= 0 or not held:
+        held = self._held
+        if not held or not self._gate.open:
             return
-        now, expired, queued = time.monotonic(), self._leases.expired, State.QUEUED
+        room = self._room() + len(held)
+        if room <= 0:
+            return
+        q, check = self._queue, self._hooks.check_start
         batch: list[Delivery] = []
         while held and room > 0:
             d = held.popleft()
             room -= 1
-            if d.dropped or d.state != queued or expired(d, now):
-                q.ready.append(d)
-            else:
+            if self._fit(d) and check(d) is GO:
                 batch.append(d)
+            else:
+                q.ready.append(d)
         if batch:
             self._starting += len(batch)
-            task = asyncio.get_running_loop().create_task(self._prestarted(batch),
-                                                          name="streamwork-start")
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+            self._spawn(self._commit_ahead(batch))
         q.kick()
 
-    async def _prestarted(self, batch: list[Delivery]) -> None:
+    async def _commit_ahead(self, batch: list[Delivery]) -> None:
         """One start.lua call for ``batch``; each delivery keeps its answer (or the error)
         and goes to the runners."""
         got: Any
         try:
-            got = await self._run.run(scripts.start(
-                self._gkeys, self._consumer, self._mode, self._ttl_ms,
-                [[d.entry_id for d in batch], [d.src for d in batch],
-                 [d.msg.key for d in batch], [d.lease_id for d in batch],
-                 [d.member for d in batch], ["s"] * len(batch),
-                 [d.msg.attempt for d in batch], [0] * len(batch)]))
+            got = await self._run(batch, ["s"] * len(batch), [0] * len(batch))
         except asyncio.CancelledError:
             got = None  # stopping: the runners start them one by one, if they still run
             raise
@@ -168,35 +187,187 @@ class Starter:
             for d, code in zip(batch, got or [None] * len(batch), strict=True):
                 d.start_code = code if isinstance(code, Exception) else (
                     None if code is None else int(code))
+                self.committed += d.start_code == Start.GO
             self._queue.ready.extend(batch)
             self._queue.kick()
             self._soon()
 
-    def unanswered(self, d: Delivery, exc: Exception) -> None:
-        """``d``'s `start` failed with ``exc``: raised again when fatal, else logged (the
-        job waits and asks again). A function the runner calls from its own ``except``,
-        so the hot path awaits the start future with no coroutine layer in between."""
+    def taken(self, d: Delivery) -> bool:
+        """A runner took ``d``: whether its start was committed ahead (it runs now)."""
+        if d.start_code == Start.GO:
+            d.start_code = None
+            self.committed -= 1
+            return not d.dropped and d.state == State.QUEUED
+        return False
+
+    # ---- decided by a runner ----------------------------------------------------------
+
+    def _fit(self, d: Delivery) -> bool:
+        """Whether ``d`` is still held, undecided and its lease good (no side effects)."""
+        return (not d.dropped and d.state == State.QUEUED
+                and not self._leases.expired(d, time.monotonic()))
+
+    def startable(self, d: Delivery) -> bool:
+        """The checks before any start: ``d`` not dropped, not decided meanwhile (cancelled
+        before it started) and its lease not run out; one that fails them is let go."""
+        h = self._h
+        if d.dropped:
+            h.forget(d)
+            return False
+        if d.state != State.QUEUED:
+            return False
+        if self._leases.expired(d, time.monotonic()):
+            h.lose(d, "its lease ran out before the handler started", leave=True)
+            return False
+        return True
+
+    async def decide(self, d: Delivery) -> Go | Fail | None:
+        """Whether ``d`` may start, as far as it and the features go: GO (commit it now),
+        a `Fail` for the runner to fail it with, or None (it waits, was dropped or let go:
+        dealt with here)."""
+        if not self.startable(d):
+            return None
+        hooks = self._hooks
+        verdict: Verdict = hooks.check_start(d)
+        if verdict is GO and hooks.before:
+            for before in hooks.before:
+                verdict = await before(d)
+                if verdict is not GO:
+                    break
+            d.admitted = True
+            if verdict is GO and not self._gate.open:  # closed while the checks waited
+                await self.release(d)
+                self._queue.park([d])  # first again once the gate opens
+                return None
+            if verdict is GO and not self.startable(d):  # dropped while they waited
+                await self.release(d)
+                return None
+        if isinstance(verdict, Go):
+            return verdict
+        await self.release(d)
+        if isinstance(verdict, Fail):
+            return verdict
+        if isinstance(verdict, Wait):
+            self._h.requeue_later(d, verdict.delay)
+        elif isinstance(verdict, Drop):
+            self._h.drop(d, verdict.state, verdict.reason)
+        return None
+
+    async def release(self, d: Delivery) -> None:
+        """``d``'s job ended or will not start: the features whose ``before_start`` let it
+        go are told (``after_run``), once."""
+        if d.admitted:
+            d.admitted = False
+            for after in self._hooks.after:
+                await after(d)
+
+    async def start(self, d: Delivery) -> Go | Fail | None:
+        """A runner's start of ``d`` (not committed ahead): `decide`, then commit it.
+        GO: its handler may be called now; a `Fail`: fail it; None: it does not start."""
+        verdict = await self.decide(d)
+        if verdict is not GO or not self.commits:
+            return verdict
+        try:
+            code: int | Exception = await self._add(d, "s", 0)
+        except asyncio.CancelledError:
+            await self.release(d)
+            self._h.forget(d)
+            raise
+        except Exception as exc:  # Redis could not answer
+            code = exc
+        if self.started(d, code):
+            return GO
+        await self.release(d)
+        return None
+
+    async def start_all(self, ds: list[Delivery]
+                        ) -> tuple[list[Delivery], list[tuple[Delivery, Fail]]]:
+        """`start` for a batch handler's deliveries, their commits in one start.lua call:
+        those that may start, and those a check failed, with their `Fail`."""
+        ok: list[Delivery] = []
+        failed: list[tuple[Delivery, Fail]] = []
+        for d in ds:
+            verdict = await self.decide(d)
+            if verdict is GO:
+                ok.append(d)
+            elif isinstance(verdict, Fail):
+                failed.append((d, verdict))
+        if not self.commits or not ok:
+            return ok, failed
+        asked = [self._add(d, "s", 0) for d in ok]  # one batch: sent once the loop turns
+        try:
+            answers = await asyncio.gather(*asked, return_exceptions=True)
+            if any(not isinstance(a, (int, Exception)) for a in answers):
+                raise asyncio.CancelledError  # the start call was cancelled (stopping)
+        except asyncio.CancelledError:
+            for d in ok:
+                await self.release(d)
+            self._h.forget_all(ok, "lost")
+            raise
+        started = []
+        for d, answer in zip(ok, answers, strict=True):
+            if self.started(d, answer):  # type: ignore[arg-type]
+                started.append(d)
+            else:
+                await self.release(d)
+        return started, failed
+
+    def started(self, d: Delivery, answer: int | Exception) -> bool:
+        """Whether start.lua's ``answer`` lets ``d``'s handler start. A delivery that may
+        not start is let go, acknowledged as cancelled, or waits (Redis could not answer)."""
+        h = self._h
+        if isinstance(answer, Exception):
+            self._unanswered(d, answer)
+            h.requeue_later(d, START_RETRY)  # held meanwhile; uses no attempt
+            return False
+        dropped = d.dropped  # it may have been dropped while start.lua ran
+        if answer == Start.GO and not dropped:
+            return True
+        if dropped:
+            h.forget(d)
+        else:
+            h.not_started(d, answer, "another worker took the job before its handler started",
+                          leave=True)
+        return False
+
+    def settle(self, d: Delivery) -> None:
+        """A runner took ``d`` whose commit ahead did not go through (``start_code`` is a
+        refusal or an error): deal with it as `started` does."""
+        code, d.start_code = d.start_code, None
+        if code is not None:
+            self.started(d, code)
+
+    def _unanswered(self, d: Delivery, exc: Exception) -> None:
+        """``d``'s commit failed with ``exc``: raised again when fatal, else logged (the
+        job waits and asks again)."""
         fault = classify(exc)
         if fault is Fault.FATAL:
             raise exc
         # an outage is reported once by the worker, not once per job it holds
         log.log(logging.DEBUG if fault is Fault.TRANSIENT else logging.WARNING,
                 "could not start the job (%s); it waits", exc, extra=fields(
-                    stream=d.msg.stream, group=self._gkeys.name, key=d.msg.key))
+                    stream=d.msg.stream, group=self._ctx.cfg.group, key=d.msg.key))
+
+    # ---- in-place retries -------------------------------------------------------------
 
     def hold(self, d: Delivery, due: float) -> asyncio.Future[int]:
         """Mark ``d`` held again, waiting for its in-place retry due in ``due`` s."""
         return self._add(d, "h", int((time.time() + due) * 1000))
 
+    # ---- start.lua ---------------------------------------------------------------------
+
     def _add(self, d: Delivery, op: str, due_ms: int) -> asyncio.Future[int]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[int] = loop.create_future()
         if not self._batch:
-            task = loop.create_task(self._send(), name="streamwork-start")
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+            self._spawn(self._send())
         self._batch.append((d, op, due_ms, fut))
         return fut
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name="streamwork-start")
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
 
     async def _send(self) -> None:
         # runners woken for ready deliveries join this batch before it is sent
@@ -207,12 +378,8 @@ class Starter:
                 break
         batch, self._batch = self._batch, []
         try:
-            res: Any = await self._run.run(scripts.start(
-                self._gkeys, self._consumer, self._mode, self._ttl_ms,
-                [[d.entry_id for d, _, _, _ in batch], [d.src for d, _, _, _ in batch],
-                 [d.msg.key for d, _, _, _ in batch], [d.lease_id for d, _, _, _ in batch],
-                 [d.member for d, _, _, _ in batch], [op for _, op, _, _ in batch],
-                 [d.msg.attempt for d, _, _, _ in batch], [due for _, _, due, _ in batch]]))
+            res: Any = await self._run([d for d, _, _, _ in batch], [op for _, op, _, _ in batch],
+                                       [due for _, _, due, _ in batch])
         except BaseException as exc:
             for _, _, _, fut in batch:
                 if not fut.done():
@@ -225,76 +392,15 @@ class Starter:
             if not fut.done():
                 fut.set_result(int(code))
 
+    async def _run(self, ds: list[Delivery], ops: list[str], dues: list[int]) -> Any:
+        ctx = self._ctx
+        return await ctx.scripts.run(scripts.start(
+            ctx.gkeys, ctx.name, self._leases.mode, ctx.cfg.visibility_ms,
+            [[d.entry_id for d in ds], [d.src for d in ds], [d.msg.key for d in ds],
+             [d.lease_id for d in ds], [d.member for d in ds], ops,
+             [d.msg.attempt for d in ds], dues]))
+
     async def close(self) -> None:
         """Wait for start calls under way (their answers may matter to a draining worker)."""
         if self._sending:
             await asyncio.gather(*self._sending, return_exceptions=True)
-
-
-def startable(d: Delivery, h: Holdings, leases: LeaseStrategy) -> bool:
-    """The checks before start.lua: ``d`` not dropped, not decided meanwhile (cancelled
-    before it started) and its lease not run out; one that fails them is let go."""
-    if d.dropped:
-        h.forget(d)
-        return False
-    if d.state != State.QUEUED:
-        return False
-    if leases.expired(d, time.monotonic()):
-        h.lose(d, "its lease ran out before the handler started", leave=True)
-        return False
-    return True
-
-
-def started(d: Delivery, h: Holdings, starter: Starter, answer: int | Exception) -> bool:
-    """Whether start.lua's ``answer`` lets ``d``'s handler start. A delivery that may not
-    start is let go, acknowledged as cancelled, or waits (Redis could not answer)."""
-    if isinstance(answer, Exception):
-        starter.unanswered(d, answer)
-        h.requeue_later(d, START_RETRY)  # held meanwhile; uses no attempt
-        return False
-    dropped = d.dropped  # it may have been dropped while start.lua ran
-    if answer == Start.GO and not dropped:
-        return True
-    if dropped:
-        h.forget(d)
-    else:
-        h.not_started(d, answer, "another worker took the job before its handler started",
-                      leave=True)
-    return False
-
-
-async def may_start(d: Delivery, h: Holdings, leases: LeaseStrategy,
-                    starter: Starter | None) -> bool:
-    """Whether ``d``'s handler may start now: `startable`, and (with job records) start.lua
-    turned its record into the running one (`started`)."""
-    if not startable(d, h, leases):
-        return False
-    if starter is None:
-        return True
-    try:
-        code: int | Exception = await starter.start(d)
-    except asyncio.CancelledError:
-        h.forget(d)
-        raise
-    except Exception as exc:  # Redis could not answer
-        code = exc
-    return started(d, h, starter, code)
-
-
-async def may_start_all(ds: list[Delivery], h: Holdings, leases: LeaseStrategy,
-                        starter: Starter | None) -> list[Delivery]:
-    """`may_start` for a batch handler's deliveries, their starts in one start.lua call:
-    those that may start."""
-    ds = [d for d in ds if startable(d, h, leases)]
-    if starter is None or not ds:
-        return ds
-    asked = [starter.start(d) for d in ds]  # one batch: sent once the loop turns
-    try:
-        answers = await asyncio.gather(*asked, return_exceptions=True)
-        if any(not isinstance(a, (int, Exception)) for a in answers):
-            raise asyncio.CancelledError  # the start call was cancelled (the worker stops)
-    except asyncio.CancelledError:
-        h.forget_all(ds, "lost")
-        raise
-    return [d for d, answer in zip(ds, answers, strict=True)
-            if started(d, h, starter, answer)]  # type: ignore[arg-type]

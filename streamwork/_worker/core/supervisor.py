@@ -206,12 +206,12 @@ class Supervisor:
         self.link.failed(exc, since)
         if self._on_fault is not None:
             self._on_fault()
-        pause = self.link.delay()
+        delay = self.link.delay()
         if self.stop_event is None or not stop_cuts:
-            await asyncio.sleep(pause)
+            await asyncio.sleep(delay)
         else:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.stop_event.wait(), pause)
+                await asyncio.wait_for(self.stop_event.wait(), delay)
 
     def alive(self) -> bool:
         """Serving, with every task running."""

@@ -23,7 +23,7 @@ from streamwork._redis import connection, scripts
 from streamwork._telemetry.logs import WORKER_LOGGER, fields
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names
-from streamwork._worker.config import WorkerConfig
+from streamwork._worker.core.seam import Env, Feature
 from streamwork._worker.core.supervisor import Link, Supervisor, cancel
 from streamwork._worker.features.chains import BODY, DUE, MAXLEN, TARGET
 
@@ -37,7 +37,7 @@ FINAL_DRAIN: Final = 2.0  #: s a stopping worker spends moving what its last job
 class Drainer:
     """Moves the outbox entries of a worker's stream (its partitions) to their targets."""
 
-    def __init__(self, cfg: WorkerConfig, url: str, consumer: str,
+    def __init__(self, cfg: Any, url: str, consumer: str,
                  link: Link | None = None) -> None:
         self.cfg = cfg
         self.consumer = consumer
@@ -129,7 +129,7 @@ async def _nothing() -> None:
     """A vanished group is the consumer's business; the drain has nothing to recreate."""
 
 
-async def with_drain(main: Awaitable[None], cfg: WorkerConfig, url: str, consumer: str,
+async def with_drain(main: Awaitable[None], cfg: Any, url: str, consumer: str,
                      stop: asyncio.Event, link: Link | None = None) -> None:
     """Await ``main`` (the worker's consumer) with a `Drainer` beside it when ``url`` is a
     Redis Cluster's (elsewhere chained jobs need no outbox): either one failing stops both
@@ -147,3 +147,15 @@ async def with_drain(main: Awaitable[None], cfg: WorkerConfig, url: str, consume
         raise
     until.set()
     await task
+
+
+async def serve_outbox(main: Awaitable[None], env: Env) -> None:
+    """The worker-wide service of chains: `with_drain` beside the worker's consumers."""
+    await with_drain(main, env.cfg, env.url, env.consumer, env.stop, env.link)
+
+
+class ChainOutbox(Feature):
+    """The outbox of chained jobs on Redis Cluster: a worker-wide service, nothing per
+    consumer."""
+
+    service = staticmethod(serve_outbox)

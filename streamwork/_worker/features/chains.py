@@ -39,7 +39,9 @@ from streamwork._wire.extensions import Codec
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.message import Message
 from streamwork._wire.partitions import check_partitions, check_recorded, partition_names
-from streamwork._worker.config import WorkerConfig
+from streamwork._worker.core.delivery import Delivery
+from streamwork._worker.core.options import CoreConfig
+from streamwork._worker.core.seam import Feature, Parts
 from streamwork.errors import ConfigError
 
 #: the fields of an outbox entry: target stream, body, maxlen ("" none), due ms ("" now)
@@ -150,7 +152,7 @@ def _recorded_count(stream: str, recorded: bytes | None) -> int:
 class ChainSender:
     """Stages the jobs a worker's handlers send (the `Sender` of its messages)."""
 
-    def __init__(self, cfg: WorkerConfig, codec: Codec | None, cluster: bool,
+    def __init__(self, cfg: CoreConfig, codec: Codec | None, cluster: bool,
                  url: str = "") -> None:
         # the producer's checks, encoding and partition choice, never its I/O (the client
         # is never used); it reads the targets' partition counts from ``counts``
@@ -233,7 +235,27 @@ def _at_ms(options: dict[str, Any]) -> dict[str, Any]:
     return {**options, "delay": None, "at": at}
 
 
-def sender(cfg: WorkerConfig, codec: Codec | None, client: Any, url: str = "") -> ChainSender:
+def sender(cfg: CoreConfig, codec: Codec | None, client: Any, url: str = "") -> ChainSender:
     """The sender of a consumer's messages, for its client (a Cluster's or one Redis's)
     and its URL (to read the targets' partition counts)."""
     return ChainSender(cfg, codec, is_cluster(client), url)
+
+
+class Chains(Feature):
+    """Job chains at the seam: ``msg.send`` stages through a `ChainSender`, and a success
+    Redis recorded counts the jobs it sent as produced."""
+
+    @classmethod
+    def build(cls, parts: Parts) -> Chains:
+        ctx = parts.ctx
+        return cls(ctx.tally, sender(ctx.cfg, parts.codec, ctx.redis, parts.url))
+
+    def __init__(self, tally: Any, chain_sender: ChainSender) -> None:
+        self._tally = tally
+        self._sender = chain_sender
+
+    def sender(self) -> ChainSender:
+        return self._sender
+
+    def on_done(self, d: Delivery) -> None:
+        count_produced(self._tally, d.msg)

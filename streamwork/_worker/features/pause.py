@@ -3,12 +3,13 @@ group's workers start no job.
 
 Each consumer reads the hash as it starts serving (it starts paused: nothing runs before
 that read), then once every `POLL_INTERVAL`: one HGETALL a second, whatever the job rate
-(the fast path only looks at ``Pause.on``). While paused, the reader reads nothing new and
-the runners take nothing from the run queue; what is held stays held: queued and
-read-ahead deliveries keep their leases and heartbeats, so no other worker reclaims them
-and no delivery or attempt is counted. A handler running when the pause is seen runs to
-its end; its outcome is written as usual. Resumed, the runners take the queue where they
-left it.
+(the fast path only looks at the start gate, gate.py, which a pause closes). While paused,
+the reader reads nothing new and the runners start nothing; what is held stays held:
+queued and read-ahead deliveries keep their leases and heartbeats, so no other worker
+reclaims them and no delivery or attempt is counted. A job whose start was committed
+before the pause was seen runs (its handler is called at once); a handler running when
+the pause is seen runs to its end; their outcomes are written as usual. Resumed, the
+runners take the queue where they left it.
 
 A worker stopped while paused lets go at once of what it has not started: it stays pending
 in the group and is taken over by a worker of the group after ``visibility_timeout``,
@@ -19,103 +20,93 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import Final
 
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER
 from streamwork._wire.pausing import PauseState, parse_pause
-from streamwork._worker.core.delivery import State
-
-if TYPE_CHECKING:
-    from streamwork._worker.core.context import Context
-    from streamwork._worker.core.delivery import Delivery
+from streamwork._worker.core.context import Context
+from streamwork._worker.core.delivery import Delivery, State
+from streamwork._worker.core.gate import Gate
+from streamwork._worker.core.holdings import Holdings
+from streamwork._worker.core.seam import Feature, Parts, Step
 
 log = logging.getLogger(WORKER_LOGGER)
 
 POLL_INTERVAL: Final = 1.0  #: s between two reads of the pause hash by one consumer
+HOLDER: Final = "pause"  #: what the start gate says closed it
 
 
-class Pause:
-    """Whether this consumer's group is paused, as last read from Redis; a runner looks at
-    ``on`` once per delivery it takes (and gives it back, `hold_back`, while it is set),
-    the reader before each read."""
+class Pausing(Feature):
+    """Whether this consumer's group is paused, as last read from Redis: while it is, the
+    start gate (gate.py) is closed. A consumer starts with the gate closed, until its
+    first read of the pause hash."""
 
-    __slots__ = ("_resumed", "on", "on_resume", "state")
+    def __init__(self, ctx: Context, holdings: Holdings, gate: Gate) -> None:
+        self.ctx = ctx
+        self.holdings = holdings
+        self.gate = gate
+        self.state_read: PauseState | None = None
+        gate.close(HOLDER)  # nothing starts before the pause hash was first read
 
-    def __init__(self, on: bool = False) -> None:
-        self.on = on  # a consumer's starts paused until its first read of the hash
-        self.state: PauseState | None = None
-        self._resumed = asyncio.Event()
-        if not on:
-            self._resumed.set()
-        #: told when the pause ends (the run queue wakes its parked runners)
-        self.on_resume: Callable[[], None] | None = None
+    @classmethod
+    def build(cls, parts: Parts) -> Pausing:
+        return cls(parts.ctx, parts.holdings, parts.gate)
 
-    async def resumed(self) -> bool:
-        """Return once the group is not paused (at once if it is not); False, so a loop's
-        step that waited here says it did not ask Redis."""
-        await self._resumed.wait()
-        return False
+    @property
+    def on(self) -> bool:
+        return self.gate.closed_by(HOLDER)
 
-    async def hold_back(self, ready: deque[Delivery], d: Delivery,
-                        slot: asyncio.Semaphore | None = None) -> None:
-        """A runner took ``d`` (and a ``slot``) while paused: ``d`` goes back to the front
-        of the queue, untouched, to be the first taken, the slot is given back, and the
-        runner waits for the resume."""
-        if slot is not None:
-            slot.release()
-        ready.appendleft(d)
-        await self._resumed.wait()
+    def state(self) -> PauseState | None:
+        """Why and since when the group is paused (None: it runs)."""
+        return self.state_read
+
+    def loops(self) -> list[tuple[str, Step]]:
+        return [("pause", self.watch_step)]
 
     def update(self, state: PauseState | None) -> bool:
         """Take the state just read; returns whether it changed paused/running."""
-        self.state = state
+        self.state_read = state
         paused = state is not None
         if paused == self.on:
             return False
-        self.on = paused
         if paused:
-            self._resumed.clear()
+            self.gate.close(HOLDER)
         else:
-            self._resumed.set()
-            if self.on_resume is not None:
-                self.on_resume()
+            self.gate.release(HOLDER)
         return True
 
+    async def read_pause(self) -> None:
+        """Read the group's pause hash (one HGETALL), logging a change and setting the
+        ``streamwork.stream.paused`` gauge."""
+        ctx = self.ctx
+        state = parse_pause(await ctx.redis.hgetall(ctx.gkeys.paused))
+        first = self.on and self.state_read is None  # the gate is still closed from build
+        if self.update(state) and not (first and state is None):
+            if state is not None:
+                log.warning("group paused: no job starts until it is resumed%s",
+                            f" ({state.reason})" if state.reason else "",
+                            extra=ctx.fields(reason=state.reason or None))
+            else:
+                log.info("group resumed: jobs start again", extra=ctx.fields())
+        if ctx.tally.metering:
+            telemetry.set_paused(ctx.cfg.stream, ctx.cfg.group, self.on)
 
-async def read(ctx: Context, pause: Pause) -> None:
-    """Read the group's pause hash (one HGETALL) into ``pause``, logging a change and
-    setting the ``streamwork.stream.paused`` gauge."""
-    state = parse_pause(await ctx.redis.hgetall(ctx.gkeys.paused))
-    if pause.update(state):
-        if state is not None:
-            log.warning("group paused: no job starts until it is resumed%s",
-                        f" ({state.reason})" if state.reason else "",
-                        extra=ctx.fields(reason=state.reason or None))
-        else:
-            log.info("group resumed: jobs start again", extra=ctx.fields())
-    if ctx.tally.metering:
-        telemetry.set_paused(ctx.cfg.stream, ctx.cfg.group, pause.on)
+    async def watch_step(self) -> bool:
+        """Read the pause hash, then wait `POLL_INTERVAL` (one turn of the pause loop; the
+        first read comes as the consumer starts serving, and nothing starts before it)."""
+        await self.read_pause()
+        await asyncio.sleep(POLL_INTERVAL)
+        return True
+
+    async def on_stop(self) -> None:
+        """Stopping while paused: what has not started would only wait out the drain, so
+        it is handed back at once (`hand_back`)."""
+        if self.on:
+            await hand_back(self.ctx, self.holdings)
 
 
-async def watch_step(ctx: Context, pause: Pause) -> bool:
-    """Read the pause hash, then wait `POLL_INTERVAL` (one turn of the pause loop; the
-    first read comes as the consumer starts serving, and nothing starts before it)."""
-    await read(ctx, pause)
-    await asyncio.sleep(POLL_INTERVAL)
-    return True
-
-
-class _Held(Protocol):
-    inflight: dict[bytes, Delivery]
-    waiting: dict[bytes, Delivery]
-
-    def forget(self, d: Delivery, outcome: str = ...) -> None: ...
-
-
-def let_go_unstarted(h: _Held) -> list[Delivery]:
+def let_go_unstarted(h: Holdings) -> list[Delivery]:
     """Deliveries not started (queued, waiting) let go without touching Redis: they stay
     pending in the group. Returns them."""
     gone = []
@@ -128,7 +119,7 @@ def let_go_unstarted(h: _Held) -> list[Delivery]:
     return gone
 
 
-async def hand_back(ctx: Context, h: _Held) -> int:
+async def hand_back(ctx: Context, h: Holdings) -> int:
     """Stopping while paused: let go at once of what has not started (it would only wait
     out the drain), and take one off each one's delivery count (``XCLAIM ... RETRYCOUNT``,
     to this consumer still), so that the worker taking it over after ``visibility_timeout``
@@ -139,7 +130,7 @@ async def hand_back(ctx: Context, h: _Held) -> int:
         return 0
     group, name = ctx.cfg.group, ctx.name
     try:
-        for src, stream in ctx.levels.sources():  # the stream, retries, priority levels
+        for src, stream in ctx.sources.read_now():  # the stream, retries, joined sources
             ids = sorted((d.entry_id for d in gone if d.src == src), key=_id_order)
             if not ids:
                 continue

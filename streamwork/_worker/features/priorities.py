@@ -15,107 +15,147 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import redis.exceptions
 
 from streamwork._redis import scripts
 from streamwork._telemetry.logs import WORKER_LOGGER
 from streamwork._wire.keys import StreamKeys
-from streamwork._wire.priorities import LEVELS, parse_weights, sibling_streams
-from streamwork._worker.config import WorkerConfig
-from streamwork._worker.core.delivery import HIGH, LOW, MAIN, RETRY
+from streamwork._wire.priorities import (
+    DEFAULT_WEIGHTS,
+    LEVELS,
+    check_order,
+    parse_weights,
+    sibling_streams,
+)
+from streamwork._worker.core.delivery import MAIN, RETRY, Entry
+from streamwork._worker.core.options import CoreConfig
+from streamwork._worker.core.seam import Feature, Parts, Step
+from streamwork._worker.core.sources import Sources
 
 log = logging.getLogger(WORKER_LOGGER)
 
 DISCOVER_EVERY: Final = 1.0  #: s between looks for a level stream not joined yet
+HIGH, LOW = 2, 3  #: the sources of the high and low levels (sources.py)
 #: where each level's entries come from, highest first (normal: the stream itself)
 _SRC: Final = {"high": HIGH, "normal": MAIN, "low": LOW}
 
 
-class Levels:
-    """The levels one consumer reads: ``joined`` holds the sources (HIGH, LOW) whose
-    stream has the group; with none joined, reading is the single-stream XREADGROUP."""
+class PriorityOptions:
+    """The worker options of priority levels."""
 
-    def __init__(self, cfg: WorkerConfig, retry: str, consumer: str, run: Any) -> None:
-        self.cfg, self.consumer, self._run = cfg, consumer, run
+    priority_order: str = "strict"
+    priority_weights: str = DEFAULT_WEIGHTS
+
+
+class _Config(CoreConfig, PriorityOptions):
+    """The options `Levels` reads (and ``ordered``, which reads no level)."""
+
+    ordered: bool
+
+
+class Levels(Feature):
+    """The levels one consumer reads: the consumer's sources (sources.py) get the high and
+    low level streams (sources 2 and 3, ranked before and after the stream itself); with
+    none joined, reading is the consumer's own single-stream XREADGROUP."""
+
+    options = PriorityOptions
+    help = {
+        "priority_order": "how reads are shared among the high, normal and low levels: "
+                          "strict (higher levels drained first) or weighted "
+                          "(priority_weights)",
+        "priority_weights": "weighted order: reads of high:normal:low per round (e.g. 8:2:1; "
+                            "every level with jobs gets at least one)",
+    }
+
+    @classmethod
+    def check(cls, cfg: Any) -> None:
+        check_order(cfg.priority_order)
+        parse_weights(cfg.priority_weights)
+
+    @classmethod
+    def build(cls, parts: Parts) -> Levels:
+        ctx = parts.ctx
+        return cls(cast(_Config, ctx.cfg), ctx.sources, ctx.name, ctx.scripts.run, ctx.redis)
+
+    def __init__(self, cfg: _Config, sources: Sources, consumer: str, run: Any,
+                 client: Any = None) -> None:
+        self.cfg, self.consumer, self._run, self._client = cfg, consumer, run, client
+        self.sources = sources
         high, low = sibling_streams(StreamKeys.of_any(cfg.stream))
-        self.streams: dict[int, str] = {MAIN: cfg.stream, RETRY: retry, HIGH: high, LOW: low}
-        self._src = {name.encode(): src for src, name in self.streams.items()}
-        self.joined: set[int] = set()
+        sources.add(HIGH, high, -1)  # high is read (and reclaimed) before the stream
+        sources.add(LOW, low, 2)  # low after the retry stream
         weights = parse_weights(cfg.priority_weights)
+        retry = sources.names[RETRY]
         # read.lua's streams in the order they are served, each with its weight (retry: 0,
         # served first: retries and replays were read once already)
-        self._order = [retry, *(self.streams[_SRC[level]] for level in LEVELS)]
+        self._order = [retry, *(sources.names[_SRC[level]] for level in LEVELS)]
         self._weights = [0, *(weights[level] for level in LEVELS)]
         self._warned = False
 
     @property
     def active(self) -> bool:
         """Whether reads go over the levels (some level stream has the group)."""
-        return bool(self.joined)
+        return self.sources.extra
 
-    def src_of(self, stream: bytes) -> int:
-        """The source (MAIN, RETRY, HIGH, LOW) of entries read from ``stream``."""
-        return self._src.get(stream, RETRY)
+    def loops(self) -> list[tuple[str, Step]]:
+        return [("levels", lambda: self.discover_step(self._client))]
 
-    def sources(self) -> list[tuple[int, str]]:
-        """The streams with this group, highest level first (so the reclaimer takes back
-        high jobs first): a joined high level, the stream, the retry stream, low."""
-        return [(src, self.streams[src]) for src in (HIGH, MAIN, RETRY, LOW)
-                if src < HIGH or src in self.joined]
-
-    def forget(self) -> None:
-        """The group was recreated (Redis came back empty): look for the levels again."""
-        self.joined.clear()
+    async def on_join(self) -> None:
+        """The group was joined (again): look for the level streams jobs were sent to."""
+        await self.discover(self._client)
 
     async def discover(self, client: Any) -> bool:
         """Join the group to level streams that exist (created at id 0: all their jobs).
         One EXISTS when none is new; returns whether Redis was asked."""
-        missing = [src for src in (HIGH, LOW) if src not in self.joined]
-        if not missing or not await client.exists(*(self.streams[s] for s in missing)):
+        sources = self.sources
+        missing = [src for src in (HIGH, LOW) if src not in sources.joined]
+        if not missing or not await client.exists(*(sources.names[s] for s in missing)):
             return bool(missing)
         for src in missing:
-            if not await client.exists(self.streams[src]):
+            if not await client.exists(sources.names[src]):
                 continue
             if self.cfg.ordered:
                 if not self._warned:
                     self._warned = True
                     log.error("jobs were sent to %s at another priority than normal; an "
                               "ordered worker does not read them: send them without "
-                              "priority=", self.streams[src])
+                              "priority=", sources.names[src])
                 continue
             try:
-                await client.xgroup_create(self.streams[src], self.cfg.group, id="0")
+                await client.xgroup_create(sources.names[src], self.cfg.group, id="0")
             except redis.exceptions.ResponseError as exc:
                 if not str(exc).startswith("BUSYGROUP"):
                     raise
-            self.joined.add(src)
+            sources.join(src)
         return True
 
     async def discover_step(self, client: Any) -> bool:
         """The worker's "levels" loop: look for new levels now and then."""
         await asyncio.sleep(DISCOVER_EVERY)
-        if len(self.joined) == 2 or self._warned:
+        if {HIGH, LOW} <= self.sources.joined or self._warned:
             return False
         return await self.discover(client)
 
-    async def read(self, client: Any, count: int) -> list[Any]:
-        """One read round over the levels: read.lua (no wait), then, if it found nothing, a
-        blocking XREADGROUP of every existing stream. Returns [(stream, entries), ...]."""
-        cfg = self.cfg
+    async def read(self, count: int) -> list[tuple[bytes, list[Entry]]] | None:
+        """One read round over the levels, once one is joined (else None: the consumer's
+        own read): read.lua (no wait), then, if it found nothing, a blocking XREADGROUP of
+        every existing stream. Returns [(stream, entries), ...]."""
+        if not self.sources.extra:
+            return None
+        cfg, client = self.cfg, self._client
         flat = await self._run(scripts.read(self._order, cfg.group, self.consumer, count,
                                             cfg.priority_order, self._weights))
         pairs = list(zip(flat[::2], flat[1::2], strict=True))
         for stream, _ in pairs:
-            if (src := self.src_of(stream)) >= HIGH:
-                self.joined.add(src)
+            if (src := self.sources.src_of(stream)) >= HIGH:
+                self.sources.join(src)
         if any(entries for _, entries in pairs):
             return pairs
-        names = [stream for stream, _ in pairs] or [cfg.stream, self.streams[RETRY]]
+        names = [stream for stream, _ in pairs] or [cfg.stream, self.sources.names[RETRY]]
         reply = await client.execute_command(
             "XREADGROUP", "GROUP", cfg.group, self.consumer, "COUNT",
             max(1, count // len(names)), "BLOCK", max(1, round(cfg.read_block * 1000)),
             "STREAMS", *names, *([">"] * len(names)))
         return list(reply.items() if isinstance(reply, dict) else reply or ())
-

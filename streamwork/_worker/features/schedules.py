@@ -38,11 +38,11 @@ from streamwork._wire.keys import StreamKeys
 from streamwork._wire.message import ORDER_KEY_HEADER
 from streamwork._wire.partitions import check_recorded, partition_names, partition_of
 from streamwork._wire.payloads import to_plain
-from streamwork._wire.schedules import MAX_CATCH_UP, Schedule, plan, tick_key
-from streamwork._worker.config import WorkerConfig
+from streamwork._wire.schedules import MAX_CATCH_UP, Schedule, check_catch_up, plan, tick_key
+from streamwork._worker.core.seam import Env, Feature
 from streamwork._worker.core.supervisor import Link, Supervisor, cancel
 
-__all__ = ["SCHEDULE_HEADER", "TICK_HEADER", "Scheduler", "with_schedules"]
+__all__ = ["SCHEDULE_HEADER", "TICK_HEADER", "Scheduler", "Schedules", "with_schedules"]
 
 log = logging.getLogger(WORKER_LOGGER)
 
@@ -70,7 +70,7 @@ class _State:
 class Scheduler:
     """Enqueues the ticks of a worker's schedules until stopped."""
 
-    def __init__(self, schedules: Sequence[Schedule], cfg: WorkerConfig, url: str,
+    def __init__(self, schedules: Sequence[Schedule], cfg: Any, url: str,
                  consumer: str, link: Link | None = None, codec: Codec | None = None) -> None:
         self.cfg = cfg
         self.codec = codec  # the worker's: its own types in schedule payloads
@@ -239,7 +239,7 @@ async def _nothing() -> None:
 
 
 async def with_schedules(main: Awaitable[None], schedules: Sequence[Schedule],
-                         cfg: WorkerConfig, url: str, consumer: str,
+                         cfg: Any, url: str, consumer: str,
                          stop: asyncio.Event, link: Link | None = None,
                          codec: Codec | None = None) -> None:
     """Await ``main`` (the worker's consumer) with a `Scheduler` beside it when there are
@@ -259,3 +259,29 @@ async def with_schedules(main: Awaitable[None], schedules: Sequence[Schedule],
     stop.set()
     await task
 
+
+
+class ScheduleOptions:
+    """The worker option of periodic jobs (the schedules themselves are the Python-only
+    ``schedules`` attribute)."""
+
+    catch_up: str = "last"
+
+
+async def serve_schedules(main: Awaitable[None], env: Env) -> None:
+    """The worker-wide service: `with_schedules` for the worker's ``schedules``."""
+    await with_schedules(main, env.extras.get("schedules", ()), env.cfg, env.url,
+                         env.consumer, env.stop, env.link, env.codec)
+
+
+class Schedules(Feature):
+    """Periodic jobs: a worker-wide service (`serve_schedules`), nothing per consumer."""
+
+    options = ScheduleOptions
+    help = {"catch_up": "ticks of the schedules missed while no worker ran: last (run the "
+                        "latest), all, or none"}
+    service = staticmethod(serve_schedules)
+
+    @classmethod
+    def check(cls, cfg: Any) -> None:
+        check_catch_up(cfg.catch_up)

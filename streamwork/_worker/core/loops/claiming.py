@@ -29,7 +29,7 @@ class Claimer:
         self._lease = lease
         self._unclaimed: list[Delivery] = []
         self._due = asyncio.Event()
-        self._pause = WAIT_RETRY  # the leaser's
+        self._backoff = WAIT_RETRY  # the leaser's
 
     def add(self, ds: list[Delivery]) -> None:
         """Admitted, held as waiting: their leases are the claimer's to take."""
@@ -51,10 +51,10 @@ class Claimer:
     async def retry_once(self) -> bool:
         """The leaser: try again to lease deliveries that wait, pausing longer while nothing
         gets through (0.2 s doubling to 2 s). Returns whether Redis was asked."""
-        await asyncio.sleep(self._pause)
+        await asyncio.sleep(self._backoff)
         waiting = self._waiting
         before = len(waiting)
         reached = bool(waiting) and await uninterrupted(self._lease(list(waiting.values())))
-        self._pause = (WAIT_RETRY if not before or len(waiting) < before
-                       else min(self._pause * 2, WAIT_RETRY_MAX))
+        self._backoff = (WAIT_RETRY if not before or len(waiting) < before
+                       else min(self._backoff * 2, WAIT_RETRY_MAX))
         return reached

@@ -13,7 +13,6 @@ import redis.exceptions
 from streamwork._ops.sides import RetrySide, level_side, retry_side
 from streamwork._telemetry import api as telemetry
 from streamwork._wire.keys import StreamKeys
-from streamwork._wire.priorities import sibling_streams
 from streamwork._worker.core.context import Context
 from streamwork._worker.core.loops.reclaim import jitter
 from streamwork.errors import ConfigError
@@ -68,10 +67,10 @@ async def read_gauges(ctx: Context) -> None:
     pipe.xinfo_groups(ctx.cfg.stream)
     pipe.zcard(ctx.keys.delayed)
     pipe.xlen(ctx.keys.dead)
-    for level in sibling_streams(ctx.keys):  # the priority levels' lag and pending
-        pipe.xinfo_groups(level)
-        pipe.xlen(level)
-    groups, delayed, dead, *levels = await pipe.execute(raise_on_error=False)
+    for stream in ctx.sources.added():  # the sources features added: lag and pending
+        pipe.xinfo_groups(stream)
+        pipe.xlen(stream)
+    groups, delayed, dead, *added = await pipe.execute(raise_on_error=False)
     if isinstance(groups, Exception):
         return
     secs, micros = await ctx.redis.time()
@@ -86,10 +85,10 @@ async def read_gauges(ctx: Context) -> None:
         side = sides.get(name)
         # without its retry figures (a read error) the lag is not known: report none
         lag = None if side is None else side.total_lag(g.get("lag"))
-        lags, level_pending = level_side(name, levels)
+        lags, added_pending = level_side(name, added)
         if lag is not None:
             lag = None if None in lags.values() else lag + sum(v or 0 for v in lags.values())
-        pending = int(g["pending"]) + level_pending + (0 if side is None else side.pending)
+        pending = int(g["pending"]) + added_pending + (0 if side is None else side.pending)
         telemetry.set_gauges(ctx.cfg.stream, name, lag, pending, waiting, int(dead))
         if int(g["pending"]):
             oldest.append((name, g))

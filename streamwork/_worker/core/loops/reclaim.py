@@ -42,7 +42,7 @@ async def reclaim_once(ctx: Context, h: Holdings, admit: Admit,
     cfg = ctx.cfg
     await asyncio.sleep(jitter(cfg.reclaim_every))
     reached = False
-    for src, stream in ctx.levels.sources():  # the stream, retries, joined levels
+    for src, stream in ctx.sources.read_now():  # the stream, retries, joined sources
         if stopping():
             continue
         idle = await ctx.redis.xpending_range(

@@ -38,8 +38,8 @@ async def promote_once(ctx: Context) -> bool:
     if moved >= batch or retried >= batch:
         return True
     waits = [w for w in (wait_ms, retry_wait) if w >= 0]
-    pause = min([w / 1000 for w in waits] + [PROMOTE_INTERVAL])
-    await asyncio.sleep(max(pause, 0.005) * random.uniform(0.9, 1.1))
+    wait = min([w / 1000 for w in waits] + [PROMOTE_INTERVAL])
+    await asyncio.sleep(max(wait, 0.005) * random.uniform(0.9, 1.1))
     return True
 
 
@@ -54,7 +54,7 @@ async def upkeep_once(ctx: Context) -> tuple[int, int]:
     """One trim + reap round; returns (entries trimmed, consumers removed)."""
     cfg = ctx.cfg
     trimmed = reaped = 0
-    for _, stream in ctx.levels.sources():  # the stream, retries, joined priority levels
+    for _, stream in ctx.sources.read_now():  # the stream, retries, joined sources
         if cfg.retention is not None:
             trimmed += await trim_stream(ctx.scripts, stream,
                                          int((time.time() - cfg.retention) * 1000))
