@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from streamwork._wire.pausing import PauseState
     from streamwork._wire.records import JobStatus
     from streamwork._wire.schedules import Cron, Every
+    from streamwork._worker.features.middleware import Middleware, Outcome
     from streamwork._worker.function import batch_worker, worker
     from streamwork._worker.worker import Health, StreamWorker
 
@@ -61,6 +62,7 @@ _LAZY = {
     "Cron": "_wire.schedules", "Every": "_wire.schedules", "worker": "_worker.function",
     "batch_worker": "_worker.function",
     "Codec": "_wire.extensions", "PauseState": "_wire.pausing",
+    "Middleware": "_worker.features.middleware", "Outcome": "_worker.features.middleware",
 }
 
 
@@ -102,6 +104,8 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "Message",
+    "Middleware",
+    "Outcome",
     "PauseState",
     "PayloadTooLarge",
     "Producer",

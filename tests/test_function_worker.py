@@ -95,7 +95,7 @@ def test_keywords_are_every_option_of_the_class_api() -> None:
     sequence)."""
     options = [n for n in WorkerConfig.option_names() if n not in ("stream", "group")]
     assert set(KEYWORDS) == {*options, "local_cache", "concurrency_key", "schedules",
-                             "codec", "on_start", "on_stop"}
+                             "codec", "middleware", "on_start", "on_stop"}
     assert set(WorkerKeywords.__optional_keys__) == set(KEYWORDS)
     hints = typing.get_type_hints(WorkerKeywords)
     for name in options:

@@ -35,6 +35,8 @@ PUBLIC = [
     "LockLost",
     "LockNotAcquired",
     "Message",
+    "Middleware",
+    "Outcome",
     "PauseState",
     "PayloadTooLarge",
     "Producer",

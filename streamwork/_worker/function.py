@@ -23,6 +23,7 @@ from streamwork._wire.message import Message, P
 from streamwork._wire.payloads import kind_of
 from streamwork._wire.schedules import Cron, Every
 from streamwork._worker.config import WorkerConfig, did_you_mean
+from streamwork._worker.features.middleware import Middleware
 from streamwork._worker.worker import _CLASS_OPTIONS, StreamWorker
 from streamwork.errors import ConfigError
 
@@ -91,6 +92,7 @@ class WorkerKeywords(TypedDict, total=False):
     concurrency_key: Callable[[Message[Any]], str] | None
     schedules: Sequence[Every | Cron]
     codec: Codec | None
+    middleware: Sequence[Middleware]
     on_start: Callable[[], Any] | None
     on_stop: Callable[[], Any] | None
 

@@ -41,6 +41,7 @@ from streamwork._worker.core.consumer import Consumer
 from streamwork._worker.core.done_cache import local_cache
 from streamwork._worker.core.seam import Env
 from streamwork._worker.features import FEATURES
+from streamwork._worker.features.middleware import check_middleware, worker_started, worker_stopped
 from streamwork._worker.features.pause import Pausing
 from streamwork._worker.partitioned import Partitioned
 from streamwork.errors import ConfigError, WorkerFailed
@@ -50,7 +51,8 @@ __all__ = ["Health", "StreamWorker"]
 W = TypeVar("W", bound="StreamWorker")
 
 #: options a worker takes as class attributes besides WorkerOptions' (Python only)
-_CLASS_OPTIONS = ("local_cache", "payload_type", "concurrency_key", "schedules", "codec")
+_CLASS_OPTIONS = ("local_cache", "payload_type", "concurrency_key", "schedules", "codec",
+                  "middleware")
 log = logging.getLogger(WORKER_LOGGER)
 
 
@@ -116,6 +118,11 @@ class StreamWorker(WorkerOptions, Generic[P]):
     #: date and aware datetime need none. Python only (attribute or ``from_url(codec=...)``).
     codec: Any = None
 
+    #: your own hooks around every job (a log context, an error reporter, a session per
+    #: job): a list of ``sw.Middleware`` instances, run in order (``after`` hooks in
+    #: reverse). Python only (attribute, ``from_url(middleware=[...])``, ``@sw.worker``).
+    middleware: Any = ()
+
     def __init__(self, url: str | None = None, *, consumer: str | None = None,
                  **options: Any) -> None:
         check_attributes(type(self), StreamWorker, _CLASS_OPTIONS)  # misspelt options
@@ -126,6 +133,7 @@ class StreamWorker(WorkerOptions, Generic[P]):
         self._key_of = _key_function(self, options.pop("concurrency_key", None))
         self.codec = check_codec(options.pop("codec", type(self).codec))
         schedules = options.pop("schedules", type(self).schedules)
+        self.middleware = check_middleware(options.pop("middleware", type(self).middleware))
         self.config = WorkerConfig.build(type(self), options)
         self._batch = _check_handle(type(self))
         check_batch(self.config, self._batch, type(self).__qualname__)
@@ -220,7 +228,8 @@ class StreamWorker(WorkerOptions, Generic[P]):
                 self._loop.add_signal_handler(sig, self.stop)
         cfg = self.config
         handle: AnyHandler = BatchHandler(self.handle_batch) if self._batch else self.handle
-        extras = {"concurrency_key": self._key_of, "schedules": self.schedules}
+        extras = {"concurrency_key": self._key_of, "schedules": self.schedules,
+                  "middleware": self.middleware}
         runner: Consumer | Partitioned
         if cfg.partitions > 1 or cfg.ordered:
             runner = self._partitioned = Partitioned(
@@ -235,6 +244,8 @@ class StreamWorker(WorkerOptions, Generic[P]):
                   self.codec, extras)
         try:
             await _start_hook(self.on_start, cfg, self.consumer_name)
+            await _start_hook(lambda: worker_started(self.middleware, self), cfg,
+                              self.consumer_name, "middleware on_worker_start")
             try:
                 main: Awaitable[None] = runner.run(self._stop_event)
                 for feature in FEATURES:  # the worker-wide services, beside the consumers
@@ -242,6 +253,8 @@ class StreamWorker(WorkerOptions, Generic[P]):
                         main = feature.service(main, env)
                 await main
             finally:
+                await worker_stopped(self.middleware, self, fields(
+                    stream=cfg.stream, group=cfg.group, consumer=self.consumer_name))
                 await _stop_hook(self.on_stop, cfg, self.consumer_name)
         finally:
             self._counts = Counter(runner.counts)
@@ -318,16 +331,18 @@ async def _call_hook(hook: Callable[[], Any]) -> None:
         await result
 
 
-async def _start_hook(hook: Callable[[], Any], cfg: WorkerConfig, consumer: str) -> None:
-    """Run ``on_start``: if the user's code raises, the worker does not start, and says so
-    (WorkerFailed naming the hook, the traceback logged)."""
+async def _start_hook(hook: Callable[[], Any], cfg: WorkerConfig, consumer: str,
+                      what: str = "on_start") -> None:
+    """Run ``on_start`` (or the middleware's ``on_worker_start``): if the user's code
+    raises, the worker does not start, and says so (WorkerFailed naming the hook, the
+    traceback logged)."""
     try:
         await _call_hook(hook)
     except Exception as exc:
-        log.error("on_start raised %s; the worker does not start", describe(exc),
+        log.error("%s raised %s; the worker does not start", what, describe(exc),
                   exc_info=exc, extra=fields(stream=cfg.stream, group=cfg.group,
                                              consumer=consumer))
-        raise WorkerFailed("on_start", exc) from exc
+        raise WorkerFailed(what, exc) from exc
 
 
 async def _stop_hook(hook: Callable[[], Any], cfg: WorkerConfig, consumer: str) -> None:

@@ -95,8 +95,8 @@ class DaemonPool:
 
 class Calls:
     """How a handler is called: an ``async def`` on the loop, a plain ``def`` on a
-    `DaemonPool` thread (in a copy of the caller's context while ``traced()``, so its span
-    is current there too)."""
+    `DaemonPool` thread, in a copy of the caller's context (so its span, and the context
+    variables a middleware set for the job, are current there too)."""
 
     def __init__(self, handle: Callable[[Any], Any], size: int, name: str,
                  traced: Callable[[], bool]) -> None:
@@ -109,10 +109,9 @@ class Calls:
 
     async def _call_sync(self, msg: Any) -> Any:
         assert self.pool is not None
-        if self.traced():
-            ctx = contextvars.copy_context()
-            return await asyncio.wrap_future(self.pool.submit(ctx.run, self.handle, msg))
-        return await asyncio.wrap_future(self.pool.submit(self.handle, msg))
+        # in a copy of the caller's context: its span, and what hooks set for the job
+        ctx = contextvars.copy_context()
+        return await asyncio.wrap_future(self.pool.submit(ctx.run, self.handle, msg))
 
     def abandon(self) -> None:
         """A call past its time limit is given up on (a thread cannot be stopped)."""

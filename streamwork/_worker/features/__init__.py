@@ -14,6 +14,7 @@ from streamwork._worker.core.seam import Feature
 from streamwork._worker.features.chain_outbox import ChainOutbox
 from streamwork._worker.features.chains import Chains
 from streamwork._worker.features.limits import Limits
+from streamwork._worker.features.middleware import Middlewares
 from streamwork._worker.features.ordered import OrderedGate
 from streamwork._worker.features.partitions import Partitions
 from streamwork._worker.features.pause import Pausing
@@ -29,4 +30,5 @@ FEATURES: Final[tuple[type[Feature], ...]] = (
     Chains,  # msg.send: jobs enqueued with the completion
     ChainOutbox,  # Redis Cluster: chained jobs to other slots
     Schedules,  # periodic jobs
+    Middlewares,  # the user's middleware: hooks around every handler call
 )
