@@ -188,8 +188,9 @@ class Message(Generic[P]):
     @property
     def cancelled(self) -> bool:
         """True once the job was cancelled (``producer.cancel``) while this delivery ran;
-        seen at the worker's next heartbeat. Stop soon: raising anything then ends the job
-        as cancelled (acknowledged, not retried); returning completes it as usual."""
+        seen at the worker's next heartbeat. Stop soon: whatever the handler does next, the
+        job ends cancelled (acknowledged, not retried; a result, staged writes and chained
+        sends are dropped)."""
         return self._cancelled
 
     @property

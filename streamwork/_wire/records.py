@@ -5,8 +5,9 @@ The first byte is the state, the rest its details:
 * ``H<owner>:<token>|<attempt>|<since ms>`` - held: a worker has read the job and holds its
   lease (PX = the lease TTL, extended by heartbeats), its handler has not started; written
   by claim.lua. ``|W<due ms>`` appended: waiting for an in-place retry (ordered mode).
-* ``R<owner>:<token>|<attempt>|<since ms>`` - running: the same lease once the handler
-  started (start.lua turns H into R in the step that checks for a cancel). A cancel asked
+* ``R<owner>:<token>|<attempt>|<since ms>`` - running: the same lease once the start is
+  committed (start.lua turns H into R in the step that checks for a cancel; claim.lua
+  writes R at once for a job whose handler is called at once). A cancel asked
   while it runs appends ``|C<lease deadline ms>|<cancel ttl ms>|<reason>`` and keeps the
   record for the cancel's ttl; past the deadline its worker is gone and the job counts as
   cancelled (whoever reclaims it acknowledges it without running it).
@@ -71,10 +72,13 @@ CANCEL_EFFECTS: Final = {
 class JobStatus:
     """What a group knows of one job key (`Producer.status`).
 
-    ``state``: "queued" (a worker has read it and holds it; its handler has not started) |
-    "running" (its handler has started) | "waiting" (a retry is due at ``due``) | "done" |
-    "dead" | "cancelled" | "unknown" (not read by this group yet, or its record expired: a
-    job still in the stream, or delayed, says "unknown"); a running job whose cancellation
+    ``state``: "queued" (a worker has read it and holds it, its start not committed) |
+    "running" (a worker has committed to run it: its handler has started, or starts at
+    once) | "waiting" (a retry is due at ``due``) | "done" |
+    "dead" | "cancelled" | a state a worker feature ended it in without running it
+    ("expired": not started before its ``expires``) | "unknown" (not read by this group
+    yet, or its record expired: a job still in the stream, or delayed, says "unknown");
+    ``reason`` says why it ended so; a running job whose cancellation
     was asked has ``reason`` "cancel requested: <reason>" (it will end cancelled).
     ``result`` is ``handle()``'s return value once done (None if it returned nothing or
     the result was not kept: ``result_note`` says why); ``error`` the last failure,
