@@ -19,6 +19,7 @@ from typing import Any, Final
 
 import redis
 
+from streamwork._worker.config import WorkerOptions
 from streamwork.errors import BenchError
 
 BATCH: Final = 500  #: jobs per pipeline / XREADGROUP COUNT / send_many call of the baselines
@@ -32,6 +33,21 @@ RUN_TIMEOUT: Final = 300.0  #: seconds one consume run may take before the bench
 FULL_SWEEP: Final = ((16, 100), (64, 100), (64, 500), (256, 100), (256, 500), (1024, 100),
                      (1024, 500))
 QUICK_SWEEP: Final = ((16, 100), (64, 500))
+
+
+def default_setting() -> tuple[int, int]:
+    """(concurrency, batch_size) a worker gets when it sets neither: the defaults of
+    ``WorkerOptions``, read when the bench runs (never a copy of them here), so the
+    figures at the defaults follow the library's defaults."""
+    return WorkerOptions.concurrency, WorkerOptions.batch_size
+
+
+def default_options() -> dict[str, Any]:
+    """The default options the bench measures (dedup is the default's, ``True``: the
+    dedup-off scenarios turn it off and keep every other default)."""
+    concurrency, batch_size = default_setting()
+    return {"concurrency": concurrency, "batch_size": batch_size,
+            "dedup": WorkerOptions.dedup}
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,11 +68,14 @@ class Params:
         n = jobs if jobs is not None else (600 if quick else 20_000)
         if n < 1:
             raise BenchError("--jobs must be >= 1")
+        sweep = QUICK_SWEEP if quick else FULL_SWEEP
+        if default_setting() not in sweep:  # the defaults are always among those tried
+            sweep = (default_setting(), *sweep)
         return cls(
             jobs=n,
             repeats=repeats,
             quick=quick,
-            sweep=QUICK_SWEEP if quick else FULL_SWEEP,
+            sweep=sweep,
             latency_seconds=0.5 if quick else 4.0,
             accounting_jobs=min(n, 10_000),
         )
@@ -120,7 +139,8 @@ def redis_cpu(r: redis.Redis) -> float:
 
 
 def summary(runs: Sequence[Run]) -> dict[str, Any]:
-    """The median rate, every run's rate, and the CPU shares of the median run."""
+    """The median rate, every run's rate, the CPU shares of the median run, and the CPU
+    each side spent per job (µs, the median over the runs)."""
     ordered = sorted(runs, key=lambda r: r.rate)
     mid = ordered[(len(ordered) - 1) // 2]
     return {
@@ -129,6 +149,22 @@ def summary(runs: Sequence[Run]) -> dict[str, Any]:
         "jobs": mid.jobs,
         "client_cpu_pct": round(100 * mid.client_cpu / mid.seconds, 1),
         "redis_cpu_pct": round(100 * mid.redis_cpu / mid.seconds, 1),
+        **cpu_per_job(runs),
+    }
+
+
+def cpu_per_job(runs: Sequence[Run]) -> dict[str, float]:
+    """Wall time and CPU per job in µs, each the median over ``runs``: the client's (the
+    process that ran the loop or the worker) and redis-server's (INFO cpu deltas)."""
+    runs = [r for r in runs if r.jobs > 0]
+    if not runs:
+        return {}
+    return {
+        "wall_us_per_job": round(statistics.median(1e6 * r.seconds / r.jobs for r in runs), 3),
+        "client_cpu_us_per_job": round(
+            statistics.median(1e6 * r.client_cpu / r.jobs for r in runs), 3),
+        "redis_cpu_us_per_job": round(
+            statistics.median(1e6 * r.redis_cpu / r.jobs for r in runs), 3),
     }
 
 
