@@ -56,6 +56,7 @@ from benchmarks.measure import (
     default_setting,
     end_process,
     frozen_gc,
+    machine_cpu,
     make_jobs,
     redis_cpu,
     summary,
@@ -296,7 +297,7 @@ def _time_child(h: Harness, proc: subprocess.Popen[bytes], jobs: int,
             if line.startswith(b"{"):
                 start = json.loads(line)
     sel.close()
-    cpu0, rcpu0 = _proc_cpu(proc.pid), redis_cpu(h.r)
+    cpu0, rcpu0, mcpu0 = _proc_cpu(proc.pid), redis_cpu(h.r), machine_cpu()
     r = h.r
     while int(r.get(COUNTER) or 0) < jobs:
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -305,7 +306,7 @@ def _time_child(h: Harness, proc: subprocess.Popen[bytes], jobs: int,
         time.sleep(POLL)
     now = time.monotonic()
     run = Run(jobs, now - float(start["t"]), _proc_cpu(proc.pid) - cpu0,
-              redis_cpu(h.r) - rcpu0)
+              redis_cpu(h.r) - rcpu0, max(0.0, machine_cpu() - mcpu0) if mcpu0 else None)
     return run, start
 
 

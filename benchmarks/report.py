@@ -45,7 +45,7 @@ def render_peers(peers: dict[str, Any], console: Console) -> None:
     table.add_column("jobs/s", justify="right")
     table.add_column("x ceiling", justify="right")
     table.add_column("cpu worker/redis", justify="right")
-    table.add_column("cpu us/job worker/redis", justify="right")
+    table.add_column("cpu us/job worker/redis/others", justify="right")
     table.add_column("round trips/job", justify="right")
     table.add_column("versions")
     for label, row in peer_rows(peers):
@@ -56,6 +56,8 @@ def render_peers(peers: dict[str, Any], console: Console) -> None:
             label += f" {_setting(row)}"
         per_job = (f"{row['worker_cpu_us_per_job']:.1f} / {row['redis_cpu_us_per_job']:.1f}"
                    if "worker_cpu_us_per_job" in row else "")
+        if "others_cpu_us_per_job" in row:
+            per_job += f" / {row['others_cpu_us_per_job']:.1f}"
         trips = (f"{row['round_trips_per_job']:.4f}" if "round_trips_per_job" in row else "")
         table.add_row(label, _fmt_rate(row["jobs_per_s"]), _spread(row),
                       f"{row['worker_cpu_pct']:.0f}% / {row['redis_cpu_pct']:.0f}%",
@@ -173,10 +175,11 @@ def render_costs(result: dict[str, Any], console: Console) -> None:
     loops): wall time, client and Redis CPU per job, how busy each side was, round trips
     and commands per job, and which side bounds the run."""
     sc = result["scenarios"]
-    table = Table(title="where the time goes (per job; CPU from process_time and INFO cpu, "
-                        "round trips = client-sent commands, MONITOR)")
+    table = Table(title="where the time goes (per job; CPU from process_time, INFO cpu and "
+                        "/proc/stat: others = every other process of the machine, 100% = one "
+                        "core; round trips = client-sent commands, MONITOR)")
     for name in ("run", "wall us", "client cpu us", "redis cpu us", "busy client/redis",
-                 "round trips", "commands", "bound"):
+                 "others", "round trips", "commands", "bound"):
         table.add_column(name, justify="left" if name in ("run", "bound") else "right")
     rows: list[tuple[str, dict[str, Any]]] = [("raw XREADGROUP+XACK", sc["raw_consume"])]
     rows += [(f"consume dedup off, {which} {_setting(sc['consume_dedup_off'][which])}",
@@ -190,6 +193,7 @@ def render_costs(result: dict[str, Any], console: Console) -> None:
                       _us(c.get("redis_cpu_us_per_job")),
                       f"{100 * c.get('client_busy', 0):.0f}% / "
                       f"{100 * c.get('redis_busy', 0):.0f}%",
+                      f"{100 * c['others_busy']:.0f}%" if "others_busy" in c else "",
                       f"{c['round_trips_per_job']:.4f}" if "round_trips_per_job" in c else "",
                       f"{c['commands_per_job']:.3f}" if "commands_per_job" in c else "",
                       c.get("bound", ""))

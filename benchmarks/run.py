@@ -284,19 +284,23 @@ def _accounting(h: Harness, sc: dict[str, Any], say: Callable[[str], None]
 
 def cost(row: dict[str, Any], commands: dict[str, Any] | None, cpus: int) -> dict[str, Any]:
     """Where the time of a job goes: wall time, the client's and redis-server's CPU per job
-    (µs, median over the timed runs), how busy each side was, the round trips per job
-    (client-sent commands, MONITOR) and every command per job; ``bound`` names the side
-    that was at least :data:`BUSY` busy (a heuristic: ``waits`` when neither was)."""
+    (µs, median over the timed runs), how busy each side was and how busy every other
+    process of the machine kept it, the round trips per job (client-sent commands,
+    MONITOR) and every command per job; ``bound`` names the side that was at least
+    :data:`BUSY` busy, or the machine's cores when all its processes together filled them
+    (other people's work on a shared machine among them), else ``waits``."""
     wall = row.get("wall_us_per_job", 0.0)
     client = row.get("client_cpu_us_per_job", 0.0)
     server = row.get("redis_cpu_us_per_job", 0.0)
+    others = row.get("others_cpu_us_per_job")
     client_busy = client / wall if wall > 0 else 0.0
     redis_busy = server / wall if wall > 0 else 0.0
+    others_busy = others / wall if others is not None and wall > 0 else 0.0
     if client_busy >= BUSY:
         bound = "client CPU"
     elif redis_busy >= BUSY:
         bound = "Redis CPU"
-    elif client_busy + redis_busy >= BUSY * cpus:
+    elif client_busy + redis_busy + others_busy >= BUSY * cpus:
         bound = "the machine's cores"
     else:
         bound = "waits (round trips, idle)"
@@ -304,6 +308,9 @@ def cost(row: dict[str, Any], commands: dict[str, Any] | None, cpus: int) -> dic
         "wall_us_per_job": wall, "client_cpu_us_per_job": client,
         "redis_cpu_us_per_job": server, "client_busy": round(client_busy, 3),
         "redis_busy": round(redis_busy, 3), "bound": bound}
+    if others is not None:
+        out["others_cpu_us_per_job"] = others
+        out["others_busy"] = round(others_busy, 3)
     if commands is not None:
         out["round_trips_per_job"] = commands["client_commands_per_job"]
         out["commands_per_job"] = commands["total_per_job"]

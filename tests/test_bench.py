@@ -8,17 +8,26 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import click
 import pytest
+import redis
 from click.testing import CliRunner
 from rich.console import Console
 
 from benchmarks import cli as bench_cli
 from benchmarks.harness import Harness
-from benchmarks.measure import QUICK_SWEEP, Params, default_options, default_setting
+from benchmarks.measure import (
+    QUICK_SWEEP,
+    Params,
+    Span,
+    default_options,
+    default_setting,
+    summary,
+)
 from benchmarks.peers import PEERS, peers_plot_path, run_peers
 from benchmarks.report import plot_peers, render, render_peers
 from benchmarks.run import BUSY, GOALS, PEER_GOALS, _goals, cost
@@ -168,9 +177,9 @@ def test_quick_run_reports_latency_commands_memory_and_goals(
 def test_quick_run_says_where_the_time_goes(
         quick_run: tuple[dict[str, Any], Path | None]) -> None:
     """At the defaults (and at the best, and for the raw loops) each consume scenario says
-    the client's and redis-server's CPU per job, how busy each side was, its round trips
-    (client-sent commands) and commands per job, and which side bounds it; the figures
-    agree with the run's CPU shares and with the MONITOR split."""
+    the client's and redis-server's CPU per job, how busy each side (and the rest of the
+    machine) was, its round trips (client-sent commands) and commands per job, and which
+    side bounds it; the figures agree with the run's CPU shares and the MONITOR split."""
     result, _ = quick_run
     sc, commands = result["scenarios"], result["commands"]
     rows = {"raw_consume": (sc["raw_consume"], commands["raw_consume"]),
@@ -190,6 +199,8 @@ def test_quick_run_says_where_the_time_goes(
         assert cost["commands_per_job"] == cmd["total_per_job"], label
         assert cost["bound"] in ("client CPU", "Redis CPU", "the machine's cores",
                                  "waits (round trips, idle)"), label
+        if Path("/proc/stat").exists():  # the rest of the machine's CPU is known there
+            assert cost["others_busy"] >= 0 and cost["others_cpu_us_per_job"] >= 0, label
     # the raw consume loop sends one XREADGROUP and one XACK per batch of 500
     jobs, batch = result["params"]["jobs"], result["params"]["batch"]
     assert commands["raw_consume"]["client_commands_per_job"] == pytest.approx(
@@ -471,6 +482,11 @@ def test_cost_names_the_side_that_bounds_a_run() -> None:
     # neither side alone, but together they fill the cores there are (one here)
     assert cost(row(10.0, 5.0, 4.0), cmd, 1)["bound"] == "the machine's cores"
     assert cost(row(10.0, 5.0, 4.0), cmd, 2)["bound"] == "waits (round trips, idle)"
+    # or other processes took the rest of the machine's cores
+    busy = cost({**row(10.0, 5.0, 4.0), "others_cpu_us_per_job": 9.0}, cmd, 2)
+    assert (busy["others_busy"], busy["bound"]) == (0.9, "the machine's cores")
+    idle = cost({**row(10.0, 5.0, 4.0), "others_cpu_us_per_job": 1.0}, cmd, 2)
+    assert (idle["others_busy"], idle["bound"]) == (0.1, "waits (round trips, idle)")
     assert cost(row(10.0, 10 * BUSY - 0.1, 1.0), None, 2)["bound"].startswith("waits")
     assert "round_trips_per_job" not in cost(row(10.0, 1.0, 1.0), None, 2)
 
@@ -594,3 +610,26 @@ def test_ops_scale_measures_the_page_and_inspect() -> None:
              for w in ("page_warm", "sample", "inspect_cli", "inspect_json")}
     assert max(reads) <= 6, figures  # the page: + its dead letters; the CLI: + connecting
     assert figures["page_warm"]["bytes"] > 10_000
+
+
+def test_a_span_takes_the_whole_machines_cpu(redis_url: str) -> None:
+    """Span measures the whole machine's CPU (/proc/stat) beside its own and Redis's: a
+    busy loop in this process is in both, and summary() names what the rest took."""
+    if not Path("/proc/stat").exists():
+        pytest.skip("no /proc/stat here")
+    r = redis.Redis.from_url(redis_url)
+    try:
+        span = Span(r)
+        span.start()
+        end = time.process_time() + 0.3
+        while time.process_time() < end:
+            pass
+        run = span.stop(100)
+    finally:
+        r.close()
+    assert run.client_cpu >= 0.3
+    assert run.machine_cpu is not None
+    assert run.machine_cpu >= 0.9 * run.client_cpu  # the clock ticks are coarser
+    figures = summary([run])
+    assert figures["others_cpu_us_per_job"] == pytest.approx(
+        1e6 * max(0.0, run.machine_cpu - run.client_cpu - run.redis_cpu) / 100, abs=0.01)
