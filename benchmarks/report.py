@@ -336,6 +336,13 @@ def plot(result: dict[str, Any], path: str) -> None:
             points.sort()
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
                     label=f"batch_size={batch}")
+        defaults = result["params"].get("defaults", {})
+        at = [s for s in sc[key]["sweep"] if (s["concurrency"], s["batch_size"]) == (
+            defaults.get("concurrency"), defaults.get("batch_size"))]
+        if at:  # the setting users run, marked on its curve
+            ax.plot([at[0]["concurrency"]], [at[0]["jobs_per_s"]], marker="*", markersize=16,
+                    color="black", linestyle="none",
+                    label=f"defaults (c={at[0]['concurrency']}, b={at[0]['batch_size']})")
         ax.axhline(sc[base]["jobs_per_s"], color="grey", linestyle="--", label=base_label)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency")
