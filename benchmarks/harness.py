@@ -112,10 +112,14 @@ class Harness:
             pipe.execute()
         return span.stop(len(keys))
 
-    def raw_consume_once(self) -> Run:
+    def raw_consume_once(self, account: bool = False) -> Run:
+        """``account``: counts the run's commands into :attr:`last_stats` (every one of
+        them sent by this client: one XREADGROUP and one XACK per batch)."""
         stream = self.fresh_stream("raw-consume")
         keys, payloads = self.make_jobs(self.params.jobs)
         self.prefill(stream, keys, payloads, group=True)
+        if account:
+            self.r.config_resetstat()
         r, left = self.r, len(keys)
         span = Span(r)
         span.start()
@@ -123,7 +127,10 @@ class Harness:
             entries = _entries(r.xreadgroup(GROUP, "c1", {stream: ">"}, count=self.batch))
             r.xack(stream, GROUP, *(entry_id for entry_id, _ in entries))
             left -= len(entries)
-        return span.stop(len(keys))
+        run = span.stop(len(keys))
+        if account:
+            self.last_stats = self.commandstats()
+        return run
 
     def raw_safety_once(self, account: bool = False) -> Run:
         stream = self.fresh_stream("raw-safety")
@@ -184,14 +191,16 @@ class Harness:
             producer.close()
 
     def consume_once(self, dedup: bool, concurrency: int, batch_size: int,
-                     monitor: bool = False, accounting: bool = False
+                     monitor: bool = False, accounting: bool = False,
+                     worker_cls: type[StreamWorker] = NoopWorker
                      ) -> tuple[Run, dict[str, Any]]:
-        """Serve a prefilled stream with a no-op worker until every job is acknowledged."""
+        """Serve a prefilled stream with a no-op worker (or ``worker_cls``) until every job
+        is acknowledged."""
         n = self.params.accounting_jobs if monitor or accounting else self.params.jobs
         stream = self.fresh_stream("consume-on" if dedup else "consume-off")
         keys, payloads = self.make_jobs(n)
         self.prefill(stream, keys, payloads, group=False)
-        worker = NoopWorker.from_url(self.url, stream=stream, group=GROUP, dedup=dedup,
+        worker = worker_cls.from_url(self.url, stream=stream, group=GROUP, dedup=dedup,
                                      concurrency=concurrency, batch_size=batch_size,
                                      **self.worker_options)
         extra: dict[str, Any] = {}

@@ -8,7 +8,11 @@ starts (untimed); timed from the worker's start until N jobs were handled. The c
 handler's own work allows one process. The stream floor adds only what reading a stream
 takes (XREADGROUP, decoding, XACK): what any stream consumer can reach at best.
 
-streamwork (dedup off and on), the ceiling and the floor run in this process. Each peer runs as a
+streamwork runs at its DEFAULT options (``WorkerOptions``, read at run time: what users
+run; the peer goals are judged on these rows) and, with a sweep, also at the best
+(concurrency, batch_size) of it; each of its runs is paired with a ceiling run right before
+it, its ratio the median of the pairs'. streamwork, the ceiling and the floor run in this
+process. Each peer runs as a
 child process (``benchmarks/peer_workers/<module>.py``) in a throwaway virtualenv of its
 own (cached under ``~/.cache/streamwork-bench-peers/``; never a project dependency),
 because their pins conflict (arq wants redis-py < 6, rq and taskiq-redis >= 6). The child
@@ -22,12 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import os
 import platform
 import selectors
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,13 +47,16 @@ import msgpack
 import redis
 import redis.asyncio as aredis
 
+from benchmarks.accounting import commands_per_job
 from benchmarks.harness import Harness, _entries, serve_until
 from benchmarks.measure import (
     GROUP,
     Run,
     Span,
+    default_setting,
     end_process,
     frozen_gc,
+    machine_cpu,
     make_jobs,
     redis_cpu,
     summary,
@@ -185,15 +194,19 @@ def stream_floor_once(h: Harness, jobs: int, tasks: int = CONCURRENCY) -> Run:
     return run
 
 
-def streamwork_once(h: Harness, jobs: int, dedup: bool,
-                    concurrency: int = CONCURRENCY) -> Run:
+def streamwork_once(h: Harness, jobs: int, dedup: bool, concurrency: int | None = None,
+                    batch_size: int | None = None) -> Run:
     """A prefilled stream served in-process by :class:`IncrWorker` until every job is acked
-    (the harness's ``serve_until``: from ``serve()`` until acked == N)."""
+    (the harness's ``serve_until``: from ``serve()`` until acked == N); ``concurrency`` and
+    ``batch_size`` default to the worker's own defaults (``WorkerOptions``)."""
+    default_conc, default_batch = default_setting()
     stream = h.fresh_stream("peers-on" if dedup else "peers-off")
     keys, payloads = make_jobs(jobs)
     h.prefill(stream, keys, payloads, group=False)
-    worker = IncrWorker.from_url(h.url, stream=stream, group=GROUP, dedup=dedup,
-                                 concurrency=concurrency)
+    worker = IncrWorker.from_url(
+        h.url, stream=stream, group=GROUP, dedup=dedup,
+        concurrency=default_conc if concurrency is None else concurrency,
+        batch_size=default_batch if batch_size is None else batch_size)
     h.wait_clients_gone(keep=1)
     with frozen_gc():  # as `streamwork run` does
         run = asyncio.run(serve_until(worker, jobs, Span(h.r)))
@@ -284,7 +297,7 @@ def _time_child(h: Harness, proc: subprocess.Popen[bytes], jobs: int,
             if line.startswith(b"{"):
                 start = json.loads(line)
     sel.close()
-    cpu0, rcpu0 = _proc_cpu(proc.pid), redis_cpu(h.r)
+    cpu0, rcpu0, mcpu0 = _proc_cpu(proc.pid), redis_cpu(h.r), machine_cpu()
     r = h.r
     while int(r.get(COUNTER) or 0) < jobs:
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -293,7 +306,7 @@ def _time_child(h: Harness, proc: subprocess.Popen[bytes], jobs: int,
         time.sleep(POLL)
     now = time.monotonic()
     run = Run(jobs, now - float(start["t"]), _proc_cpu(proc.pid) - cpu0,
-              redis_cpu(h.r) - rcpu0)
+              redis_cpu(h.r) - rcpu0, max(0.0, machine_cpu() - mcpu0) if mcpu0 else None)
     return run, start
 
 
@@ -307,28 +320,79 @@ def _why(proc: subprocess.Popen[bytes], err: Any, what: str) -> str:
 
 # ---- the scenario ----
 
+def _streamwork_rows(sweep_best: dict[bool, tuple[int, int]]
+                     ) -> dict[str, tuple[bool, int, int]]:
+    """streamwork's rows: name -> (dedup, concurrency, batch_size); the defaults' rows
+    (the goals' figures) first, then the sweep's best of each mode when a sweep ran."""
+    conc, batch = default_setting()
+    rows = {"streamwork_dedup_off": (False, conc, batch),
+            "streamwork_dedup_on": (True, conc, batch)}
+    for dedup, (c, b) in sweep_best.items():
+        rows[f"streamwork_dedup_{'on' if dedup else 'off'}_best"] = (dedup, c, b)
+    return rows
+
+
+def _sweep(h: Harness, jobs: int, repeats: int, say: Callable[[str], None],
+           sweep: Sequence[tuple[int, int]]
+           ) -> tuple[dict[str, list[dict[str, Any]]], dict[bool, tuple[int, int]]]:
+    """streamwork under the protocol at each (concurrency, batch_size) of ``sweep``,
+    ``repeats`` runs each (unpaired: the best is then run paired with the ceiling)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    best: dict[bool, tuple[int, int]] = {}
+    for dedup in (False, True):
+        mode = f"dedup_{'on' if dedup else 'off'}"
+        rows = []
+        for conc, batch in sweep:
+            done = []
+            for _ in range(repeats):
+                done.append(streamwork_once(h, jobs, dedup, conc, batch))
+            row = {"concurrency": conc, "batch_size": batch, **summary(done)}
+            say(f"peers sweep streamwork {mode} c={conc} b={batch}: "
+                f"{row['jobs_per_s']:,.0f} jobs/s")
+            rows.append(row)
+        out[mode] = rows
+        if rows:
+            top = max(rows, key=lambda r: r["jobs_per_s"])
+            best[dedup] = (top["concurrency"], top["batch_size"])
+    return out, best
+
+
 def run_peers(h: Harness, jobs: int, repeats: int, say: Callable[[str], None],
-              peers: Sequence[Peer] = PEERS) -> dict[str, Any]:
-    """Measure the ceiling, streamwork (dedup off, on) and ``peers`` under the protocol.
+              peers: Sequence[Peer] = PEERS,
+              sweep: Sequence[tuple[int, int]] = ()) -> dict[str, Any]:
+    """Measure the ceiling, the bare stream loop, streamwork (dedup off, on) and ``peers``
+    under the protocol.
+
+    streamwork runs at its DEFAULT options (``WorkerOptions``: what users run), and, when
+    ``sweep`` lists (concurrency, batch_size) settings, also at the best of them
+    (``streamwork_dedup_off_best``, ``..._on_best``). Each streamwork row is PAIRED with
+    the ceiling: a ceiling run right before each of its runs, its ``ratio`` the median of
+    the pairs' ratios (``pair_ratios``, ``ratio_min``, ``ratio_max``). The other rows' ratio
+    is their median over the ceiling's (``round_ratios``: each round's run against the
+    ceiling's run of the same round).
 
     ``result["results"]`` maps each contender to its median jobs/s (``runs_jobs_per_s``,
-    CPU shares of the worker process and of redis-server), ``ratio`` to the ceiling,
-    ``versions`` and ``config``; a peer that failed has ``error`` ("n/a: ...") instead."""
+    CPU shares and CPU µs per job of the worker process and of redis-server), ``ratio`` to
+    the ceiling, ``versions`` and ``config``; a peer that failed has ``error``
+    ("n/a: ...") instead. ``result["sweep"]`` holds the sweep, ``result["commands"]``
+    streamwork's commands per job at the defaults (MONITOR)."""
     started = time.time()
     local_versions = {"streamwork": _version("streamwork"), "redis": redis.__version__}
+    sweep_rows, sweep_best = _sweep(h, jobs, repeats, say, sweep)
+    sw_rows = _streamwork_rows(sweep_best)
     results: dict[str, dict[str, Any]] = {
         "ceiling": {"config": f"{CONCURRENCY} asyncio tasks, one INCR each per job, "
                               "redis.asyncio", "versions": {"redis": redis.__version__}},
         "stream_floor": {"config": f"XREADGROUP COUNT {BATCH_READ}, msgpack decode, "
                                    f"{CONCURRENCY} asyncio tasks, XACK per batch; "
                                    "redis.asyncio", "versions": {"redis": redis.__version__}},
-        "streamwork_dedup_off": {"config": f"StreamWorker(concurrency={CONCURRENCY}, "
-                                           "dedup=False), async handle",
-                                 "versions": local_versions},
-        "streamwork_dedup_on": {"config": f"StreamWorker(concurrency={CONCURRENCY}, "
-                                          "dedup=True), async handle",
-                                "versions": local_versions},
     }
+    for name, (dedup, conc, batch) in sw_rows.items():
+        which = "the sweep's best" if name.endswith("_best") else "the defaults"
+        results[name] = {"config": f"StreamWorker(concurrency={conc}, batch_size={batch}, "
+                                   f"dedup={dedup}): {which}, async handle",
+                         "concurrency": conc, "batch_size": batch, "dedup": dedup,
+                         "versions": local_versions}
     pythons: dict[str, Path] = {}
     for peer in peers:
         results[peer.name] = {"requirements": list(peer.requirements)}
@@ -341,40 +405,89 @@ def run_peers(h: Harness, jobs: int, repeats: int, say: Callable[[str], None],
     once: dict[str, Callable[[], Run]] = {
         "ceiling": lambda: ceiling_once(h, jobs),
         "stream_floor": lambda: stream_floor_once(h, jobs),
-        "streamwork_dedup_off": lambda: streamwork_once(h, jobs, dedup=False),
-        "streamwork_dedup_on": lambda: streamwork_once(h, jobs, dedup=True),
     }
+    for name, (dedup, conc, batch) in sw_rows.items():
+        once[name] = functools.partial(streamwork_once, h, jobs, dedup, conc, batch)
     for peer in peers:
         if peer.name in pythons:
             once[peer.name] = _peer_runner(h, peer, pythons[peer.name], jobs, results)
 
     runs: dict[str, list[Run]] = {name: [] for name in once}
+    paired_ceiling: dict[str, list[Run]] = {name: [] for name in sw_rows}
     for i in range(repeats):  # round-robin: every contender once per repeat
         for name, fn in once.items():
             if "error" in results[name]:
                 continue
             try:
+                base = ceiling_once(h, jobs) if name in sw_rows else None
                 run = fn()
             except PeerError as exc:
                 results[name]["error"] = f"n/a: {exc}"
                 say(f"peers: {name} n/a: {exc}")
                 continue
             runs[name].append(run)
-            say(f"peers {name} [{i + 1}/{repeats}]: {run.rate:,.0f} jobs/s")
+            if base is not None:
+                paired_ceiling[name].append(base)
+                say(f"peers {name} [{i + 1}/{repeats}]: {run.rate:,.0f} jobs/s, "
+                    f"{run.rate / base.rate if base.rate else 0:.2f}x the ceiling "
+                    f"({base.rate:,.0f} jobs/s, run just before)")
+            else:
+                say(f"peers {name} [{i + 1}/{repeats}]: {run.rate:,.0f} jobs/s")
 
     for name, done in runs.items():
         if done and "error" not in results[name]:
-            results[name].update(summary(done))
-            results[name]["worker_cpu_pct"] = results[name].pop("client_cpu_pct")
+            results[name].update(_worker_summary(done))
     ceiling = results["ceiling"].get("jobs_per_s", 0.0)
     for name, row in results.items():
-        if "jobs_per_s" in row and ceiling > 0:
+        if name in sw_rows and paired_ceiling[name]:
+            ratios = [r.rate / c.rate if c.rate > 0 else 0.0
+                      for r, c in zip(runs[name], paired_ceiling[name], strict=True)]
+            row.update(ratio=round(statistics.median(ratios), 3),
+                       ratio_min=round(min(ratios), 3), ratio_max=round(max(ratios), 3),
+                       pair_ratios=[round(x, 3) for x in ratios],
+                       paired_ceiling=_worker_summary(paired_ceiling[name]))
+        elif "jobs_per_s" in row and ceiling > 0:
             row["ratio"] = round(row["jobs_per_s"] / ceiling, 3)
             # each round's run against the ceiling's run of the same round (the spread)
             row["round_ratios"] = [round(r.rate / c.rate, 3) for r, c in
                                    zip(runs[name], runs["ceiling"], strict=False) if c.rate > 0]
+    commands = _commands(h, sw_rows, say)
+    for name, one in commands.items():
+        results[name]["round_trips_per_job"] = one["client_commands_per_job"]
+        results[name]["commands_per_job"] = one["total_per_job"]
     return {"jobs": jobs, "repeats": repeats, "concurrency": CONCURRENCY,
-            "results": results, "seconds": round(time.time() - started, 1)}
+            "defaults": {"concurrency": default_setting()[0],
+                         "batch_size": default_setting()[1]},
+            "results": results, "sweep": sweep_rows, "commands": commands,
+            "seconds": round(time.time() - started, 1)}
+
+
+def _worker_summary(runs: Sequence[Run]) -> dict[str, Any]:
+    """:func:`summary`, its client figures named for the worker process."""
+    out = summary(runs)
+    out["worker_cpu_pct"] = out.pop("client_cpu_pct")
+    out["worker_cpu_us_per_job"] = out.pop("client_cpu_us_per_job")
+    return out
+
+
+def _commands(h: Harness, sw_rows: dict[str, tuple[bool, int, int]],
+              say: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """streamwork's commands per job under the protocol (its rows at the defaults), from
+    one counted run each (MONITOR): all of them, those sent by the worker's connections
+    (the handler's INCR among them, ``handler_commands_per_job``) and those in scripts."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, (dedup, conc, batch) in sw_rows.items():
+        if name.endswith("_best"):
+            continue
+        run, extra = h.consume_once(dedup, conc, batch, monitor=True, worker_cls=IncrWorker)
+        one = commands_per_job(extra, run.jobs)
+        client = extra.get("client", {})  # redis-py sends incr() as INCRBY
+        one["handler_commands_per_job"] = round(
+            (int(client.get("incr", 0)) + int(client.get("incrby", 0))) / max(run.jobs, 1), 4)
+        out[name] = one
+        say(f"peers commands/job {name}: {one['total_per_job']} in all, "
+            f"{one['client_commands_per_job']} client-sent (the handler's INCR included)")
+    return out
 
 
 def _peer_runner(h: Harness, peer: Peer, python: Path, jobs: int,

@@ -1,5 +1,5 @@
 """The scaling study, ``python -m benchmarks --scaling``: how streamwork's cost grows with
-the work (see *Scaling study* in ``benchmarks/README.md``).
+the work (see *Other studies* in ``benchmarks/README.md``).
 
     sizes.py   the points of a full and of a ``--quick`` run
     load.py    1-3: backlog size, streams served by one process, payload size
