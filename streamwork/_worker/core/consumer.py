@@ -65,6 +65,8 @@ from streamwork._worker.core.supervisor import (
 log = logging.getLogger(WORKER_LOGGER)
 
 FINAL_FLUSH: Final = 2.0  #: s a stopping worker keeps trying to write its last outcomes
+#: batches a worker may read ahead beyond its capacity while its handlers are quick
+READ_AHEAD: Final = 2
 #: what claim.lua's refusals count (counter, outcome) and how the delivery leaves
 GONE: Final[dict[int, tuple[str, str | None, str]]] = {
     Claim.DUPLICATE: ("deduplicated", "duplicate", "deduplicated"),
@@ -75,8 +77,9 @@ STOP_COUNTS: Final = ("acked", "retried", "dead_lettered", "deduplicated", "canc
 
 def max_held(concurrency: int, batch_size: int) -> int:
     """Most deliveries one worker process holds at once: concurrency + batch_size running,
-    queued or waiting, and as many again whose outcomes are being written."""
-    return 2 * (concurrency + batch_size)
+    queued or waiting (plus `READ_AHEAD` batches while its handlers are quick), and as
+    many again whose outcomes are being written."""
+    return 2 * (concurrency + (1 + READ_AHEAD) * batch_size)
 
 
 class Consumer:
@@ -267,10 +270,12 @@ class Consumer:
         if not self.gate.open:  # no job may start: read nothing new (Redis not asked)
             return await self.gate.opened()
         held = h.held()
-        # work to come (queued, running, waiting) is bounded by the capacity; outcomes
-        # being written are not work to come, so the next batch is read while they are
-        # sent, but never more than twice the capacity in all
-        room = min(self.capacity - held + h.finishing, 2 * self.capacity - held)
+        # work to come (queued, running, waiting) is bounded by the capacity, and by what
+        # the runners take at once when their handlers are quick (`Starts.read_ahead`);
+        # outcomes being written are not work to come, so the next batch is read while
+        # they are sent, but never more than twice the capacity in all
+        capacity = self.capacity + self.starts.read_ahead(READ_AHEAD * cfg.batch_size)
+        room = min(capacity - held + h.finishing, 2 * capacity - held)
         if room <= 0 or h.isolating:
             h.room.clear()
             await h.room.wait()

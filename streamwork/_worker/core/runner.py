@@ -64,8 +64,10 @@ class Runner:
         running, queued = State.RUNNING, State.QUEUED
         finish = h.succeeded
         slots, ahead = self._slots, starts.ahead
-        # with no start to commit and no feature checking starts, a delivery runs at once
+        # with no start to commit and no feature checking starts, a delivery runs at once;
+        # with only synchronous checks and nothing to commit, it is checked without a wait
         checked = starts.commits or bool(self._hooks.check or self._hooks.before)
+        waits = starts.commits or bool(self._hooks.before)
         after = bool(self._hooks.after)
         cancellable = cfg.cancel_running and self.calls.is_async
         try:
@@ -95,7 +97,7 @@ class Runner:
                             slots.release()
                         continue
                     if checked or d.dropped or d.state != queued:
-                        verdict = await starts.start(d)
+                        verdict = await starts.start(d) if waits else starts.decide_now(d)
                         if verdict is not GO:
                             if slots is not None:
                                 slots.release()

@@ -88,6 +88,14 @@ class Starts:
         pace = self._pace
         self._pace = took if took > pace else pace + (took - pace) * DECAY
 
+    def read_ahead(self, most: int) -> int:
+        """How many more deliveries than its base capacity the reader may hold (at most
+        ``most``): what the runners will take within `HORIZON` at their pace, when starts
+        are committed ahead (so the reader keeps Redis busy while the runners work)."""
+        if not self.ahead or self._pace <= 0:
+            return 0
+        return min(most, int(self._runners * HORIZON / self._pace))
+
     def _room(self) -> int:
         """How many more starts may be committed now: one per idle runner, plus what the
         runners will take within `HORIZON` at their pace, less what is committed and not
@@ -220,6 +228,21 @@ class Starts:
             h.lose(d, "its lease ran out before the handler started", leave=True)
             return False
         return True
+
+    def decide_now(self, d: Delivery) -> Go | Fail | None:
+        """`decide` without waiting, for a consumer whose features check starts only
+        synchronously and whose starts commit nothing (dedup off): the runner's hot path
+        awaits no coroutine for it."""
+        if not self.startable(d):
+            return None
+        verdict = self._hooks.check_start(d)
+        if isinstance(verdict, (Go, Fail)):
+            return verdict
+        if isinstance(verdict, Wait):
+            self._h.requeue_later(d, verdict.delay)
+        elif isinstance(verdict, Drop):
+            self._h.drop(d, verdict.state, verdict.reason)
+        return None
 
     async def decide(self, d: Delivery) -> Go | Fail | None:
         """Whether ``d`` may start, as far as it and the features go: GO (commit it now),
