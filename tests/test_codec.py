@@ -65,11 +65,12 @@ def test_round_trip_keeps_key_time_headers_and_payload(payload: object) -> None:
 
 
 def test_body_is_the_documented_versioned_map() -> None:
-    """The body is a MessagePack map {v, k, t, h, p} with v == 1 and field ``d`` holds it."""
+    """The body is a MessagePack map {v, k, t, h, p} with v == 3 (and "o" only when the job
+    has options) and field ``d`` holds it."""
     data = encode_body("k", [1, 2], {"a": "b"}, enqueued_ms=42)
     assert BODY_FIELD == b"d"
-    assert FORMAT_VERSION == 2
-    assert msgpack.unpackb(data, raw=False) == {"v": 2, "k": "k", "t": 42, "h": {"a": "b"},
+    assert FORMAT_VERSION == 3
+    assert msgpack.unpackb(data, raw=False) == {"v": 3, "k": "k", "t": 42, "h": {"a": "b"},
                                                 "p": [1, 2]}
 
 
@@ -183,7 +184,7 @@ def test_unknown_ext_type() -> None:
     assert reason_of(body(p={"deep": [msgpack.ExtType(100, b"")]})) == "schema:unsupported_ext"
 
 
-@pytest.mark.parametrize("version", [0, 3, 99, -1])
+@pytest.mark.parametrize("version", [0, 4, 99, -1])
 def test_unknown_version(version: int) -> None:
     """A body with another format version is unknown_version."""
     assert reason_of(body(v=version)) == "unknown_version"
