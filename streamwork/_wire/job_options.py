@@ -17,7 +17,8 @@ the send before anything is enqueued. An option is one `JobOption` in `OPTIONS`:
   value that is not carried (None, a constant, or `JOB_KEY`: the job's own key);
 * ``read``: how a worker reads the carried value back into ``msg.options`` (a ValueError
   saying what is wrong makes the body undecodable);
-* ``help``: one line, for ``streamwork send --help`` and the docs.
+* ``help``: one line, for ``streamwork send --help`` and the docs; ``example``: a value it
+  takes (the docs show it, the tests send it through every sender).
 
 Adding an option is one `JobOption` here plus its line in `SendOptions` and in
 `SendManyOptions` (checked to agree at import), and the worker feature that acts on
@@ -88,6 +89,7 @@ class JobOption:
     type: type
     check: Callable[[Any], Any]
     help: str
+    example: object
     wire: str | None = None
     read: Callable[[Any], Any] = lambda value: value
     default: object = None
@@ -163,18 +165,20 @@ def check_at(at: object) -> dt.datetime:
 #: every per-job option, in the order ``--help`` shows them
 OPTIONS: Final[tuple[JobOption, ...]] = (
     JobOption("timeout", "timeout", float, time_limit_ms, wire="l", read=_timeout_read,
+              example=2.5,
               help="this job's time limit in seconds, overriding the worker's timeout"),
     JobOption("order_key", "order_keys", str, check_order_key, wire="ok", read=_text_read,
-              default=JOB_KEY,
+              default=JOB_KEY, example="customer-7",
               help="orders the job among those sharing it (ordered mode) and picks the "
                    "partition of a partitioned stream [default: the job key]"),
     JobOption("priority", "priority", str, check_priority, wire="pr", read=_priority_read,
-              default=DEFAULT_PRIORITY, choices=LEVELS,
+              default=DEFAULT_PRIORITY, choices=LEVELS, example="high",
               help="the job's priority level: workers read higher levels first "
                    "[default: normal]"),
-    JobOption("delay", "delay", float, check_delay,
+    JobOption("delay", "delay", float, check_delay, example=30.0,
               help="seconds from now before the job is due (it waits in the delayed set)"),
     JobOption("at", "at", dt.datetime, check_at,
+              example=dt.datetime(2030, 1, 1, 6, 0, tzinfo=dt.timezone.utc),
               help="when the job is due: a time with a zone (ISO 8601 on the command line, "
                    "e.g. 2026-12-01T06:00:00+00:00)"),
 )
