@@ -18,7 +18,8 @@ the send before anything is enqueued. An option is one `JobOption` in `OPTIONS`:
 * ``read``: how a worker reads the carried value back into ``msg.options`` (a ValueError
   saying what is wrong makes the body undecodable);
 * ``help``: one line, for ``streamwork send --help`` and the docs; ``example``: a value it
-  takes (the docs show it, the tests send it through every sender).
+  takes (the docs show it, the tests send it through every sender); ``wire_help``: what
+  its wire value is, for other languages (the wire-format page's table).
 
 Adding an option is one `JobOption` here plus its line in `SendOptions` and in
 `SendManyOptions` (checked to agree at import), and the worker feature that acts on
@@ -91,6 +92,7 @@ class JobOption:
     help: str
     example: object
     wire: str | None = None
+    wire_help: str = ""
     read: Callable[[Any], Any] = lambda value: value
     default: object = None
     choices: tuple[str, ...] = ()  #: the values it takes, when they are few (for --help)
@@ -165,14 +167,16 @@ def check_at(at: object) -> dt.datetime:
 #: every per-job option, in the order ``--help`` shows them
 OPTIONS: Final[tuple[JobOption, ...]] = (
     JobOption("timeout", "timeout", float, time_limit_ms, wire="l", read=_timeout_read,
-              example=2.5,
+              example=2.5, wire_help="int > 0: the time limit in milliseconds (seconds x "
+                                     "1000, rounded, at least 1)",
               help="this job's time limit in seconds, overriding the worker's timeout"),
     JobOption("order_key", "order_keys", str, check_order_key, wire="ok", read=_text_read,
-              default=JOB_KEY, example="customer-7",
+              default=JOB_KEY, example="customer-7", wire_help="str: non-empty UTF-8 text",
               help="orders the job among those sharing it (ordered mode) and picks the "
                    "partition of a partitioned stream [default: the job key]"),
     JobOption("priority", "priority", str, check_priority, wire="pr", read=_priority_read,
               default=DEFAULT_PRIORITY, choices=LEVELS, example="high",
+              wire_help='str: "high" or "low" (the job is on that level\'s stream)',
               help="the job's priority level: workers read higher levels first "
                    "[default: normal]"),
     JobOption("delay", "delay", float, check_delay, example=30.0,
