@@ -102,7 +102,7 @@ class Runner:
                 if tally.tracing:
                     d.span = telemetry.consumer_span(
                         cfg.stream, cfg.group, msg.id, msg.attempt, msg.key, msg.headers,
-                        msg.priority)
+                        msg.options)
                 if debug:
                     log.debug("job started", extra=ctx.fields(
                         key=msg.key, entry_id=msg.id, attempt=msg.attempt))
