@@ -5,11 +5,14 @@ A worker calls user code in many places (handlers, payload validators, ``concurr
 hooks) and records what it raised in dead letters and job records. That text must never
 fail to build: an exception's ``__str__`` may itself raise, and its message may hold lone
 surrogates (a file name decoded with ``surrogateescape``), which UTF-8 cannot encode.
+And the "did you mean" hint of a misspelt option name.
 """
 
 from __future__ import annotations
 
+import difflib
 import traceback
+from collections.abc import Iterable
 from urllib.parse import urlsplit, urlunsplit
 
 
@@ -65,3 +68,10 @@ def redact_url(url: str) -> str:
     user = parts.username or ""
     host = parts.netloc.rpartition("@")[2]
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def did_you_mean(name: str, names: Iterable[str], cutoff: float = 0.8) -> str:
+    """``"; did you mean 'x'?"`` naming the one of ``names`` closest to ``name``, or "" when
+    none is that near (0.8 catches one or two wrong letters: ``timout``, ``order_keys``)."""
+    close = difflib.get_close_matches(name, list(names), n=1, cutoff=cutoff)
+    return f"; did you mean {close[0]!r}?" if close else ""

@@ -68,7 +68,8 @@ async def test_sent_jobs_appear_once_with_the_producers_body(
     got = {(b["p"]["order"], b["p"]["i"]): b for b in bodies[1:]}
     assert set(got) == {("o-1", 0), ("o-1", 1), ("o-2", 0)}
     assert got[("o-2", 0)]["k"] == "r-2"
-    assert set(got[("o-1", 0)]) == set(ref) - {"l"}  # the same fields (no time limit sent)
+    assert ref["o"] == {"l": 7000}  # the options map: the time limit in ms
+    assert set(got[("o-1", 0)]) == set(ref) - {"o"}  # the same fields (no option sent)
     assert got[("o-1", 0)]["v"] == ref["v"]
     assert got[("o-1", 0)]["k"] != got[("o-1", 1)]["k"]
     assert all(abs(b["t"] - ref["t"]) < 60_000 for b in bodies)

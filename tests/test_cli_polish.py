@@ -26,7 +26,6 @@ from streamwork._cli.main import main
 from streamwork._telemetry.logs import WORKER_LOGGER, TextFormatter
 from streamwork._wire.codec import BODY_FIELD, decode_body
 from streamwork._wire.keys import StreamKeys
-from streamwork._wire.message import ORDER_KEY_HEADER
 from streamwork._wire.partitions import partition_names, partition_of
 from streamwork._worker.config import WorkerConfig
 from streamwork.testing import run_until_idle, wait_for
@@ -315,7 +314,7 @@ def test_send_detects_partitions_and_takes_an_order_key(redis_url: str,
     assert res.exit_code == 0, res.output
     sent = {body.key: body for body in (decode_body(f[BODY_FIELD]) for _, f in
                                         r.xrange(names[partition_of(order, 4)]))}
-    assert sent["k-2"].headers[ORDER_KEY_HEADER] == order
+    assert sent["k-2"].options["order_key"] == order
 
     wrong = CliRunner().invoke(main, ["send", STREAM, "{}", "--partitions", "2",
                                       "--url", redis_url])

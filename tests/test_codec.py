@@ -65,11 +65,12 @@ def test_round_trip_keeps_key_time_headers_and_payload(payload: object) -> None:
 
 
 def test_body_is_the_documented_versioned_map() -> None:
-    """The body is a MessagePack map {v, k, t, h, p} with v == 1 and field ``d`` holds it."""
+    """The body is a MessagePack map {v, k, t, h, p} with v == 3 (and "o" only when the job
+    has options) and field ``d`` holds it."""
     data = encode_body("k", [1, 2], {"a": "b"}, enqueued_ms=42)
     assert BODY_FIELD == b"d"
-    assert FORMAT_VERSION == 2
-    assert msgpack.unpackb(data, raw=False) == {"v": 2, "k": "k", "t": 42, "h": {"a": "b"},
+    assert FORMAT_VERSION == 3
+    assert msgpack.unpackb(data, raw=False) == {"v": 3, "k": "k", "t": 42, "h": {"a": "b"},
                                                 "p": [1, 2]}
 
 
@@ -183,7 +184,7 @@ def test_unknown_ext_type() -> None:
     assert reason_of(body(p={"deep": [msgpack.ExtType(100, b"")]})) == "schema:unsupported_ext"
 
 
-@pytest.mark.parametrize("version", [0, 3, 99, -1])
+@pytest.mark.parametrize("version", [0, 4, 99, -1])
 def test_unknown_version(version: int) -> None:
     """A body with another format version is unknown_version."""
     assert reason_of(body(v=version)) == "unknown_version"
@@ -264,3 +265,45 @@ def test_encode_refuses_bad_headers(headers: dict[object, object]) -> None:
 def test_parse_attempts(raw: bytes | None, expected: int) -> None:
     """The 'a' field parses to a non-negative int; absent or bad values count as 0."""
     assert parse_attempts(raw) == expected
+
+
+# ---- version 3: the options map -------------------------------------------------------------
+
+
+def test_options_travel_in_one_map_and_decode_by_name() -> None:
+    """A job's options are the body's "o" map (wire fields: l ms, ok, pr), decoded back
+    by option name as python values; "o" is left out when the job has none."""
+    data = encode_body("k", 1, enqueued_ms=5,
+                       options={"timeout": 2.5, "order_key": "c-7", "priority": "low"})
+    assert msgpack.unpackb(data)["o"] == {"l": 2500, "ok": "c-7", "pr": "low"}
+    assert dict(decode_body(data).options) == {"timeout": 2.5, "order_key": "c-7",
+                                              "priority": "low"}
+    plain = encode_body("k", 1, options={"order_key": "k", "priority": "normal"})
+    assert "o" not in msgpack.unpackb(plain) and decode_body(plain).options == {}
+
+
+def test_options_are_read_only() -> None:
+    options = decode_body(encode_body("k", 1, options={"timeout": 1})).options
+    with pytest.raises(TypeError):
+        options["timeout"] = 2  # type: ignore[index]
+
+
+@pytest.mark.parametrize("extra", [{"o": {"zz": [1, 2], "l": 100}}, {"o": {"l": 100}, "x": 1},
+                                   {"o": {7: "int key", "l": 100}}])
+def test_readers_ignore_what_they_do_not_know(extra: dict[str, object]) -> None:
+    """Option fields no option has (a newer producer's), and body fields, are ignored."""
+    assert dict(decode_body(body(**extra)).options) == {"timeout": 0.1}
+
+
+@pytest.mark.parametrize(("o", "reason"), [
+    ([1], "schema:type:o"), ({"l": 0}, "schema:type:o.l"), ({"l": "5"}, "schema:type:o.l"),
+    ({"ok": ""}, "schema:type:o.ok"), ({"pr": "urgent"}, "schema:type:o.pr"),
+])
+def test_a_bad_option_value_is_a_schema_error(o: object, reason: str) -> None:
+    assert reason_of(body(o=o)) == reason
+
+
+def test_a_version_2_body_is_read_with_its_limit_as_the_timeout() -> None:
+    env = decode_body(msgpack.packb({"v": 2, "k": "k", "t": 1, "h": {"a": "b"}, "p": 1,
+                                     "l": 1500}))
+    assert (env.headers, dict(env.options)) == ({"a": "b"}, {"timeout": 1.5})

@@ -49,19 +49,16 @@ def drive(steps: Steps[T], answer: Callable[[Request], Any]) -> tuple[T, list[Re
     return step.value, seen
 
 
-def send(core: Core, stream: str, payload: Any, **options: Any) -> Steps[str]:
-    args = {"key": None, "headers": None, "delay": None, "at": None, "timeout": None,
-            "maxlen": None, "order_key": None, **options}
-    return core._send_steps(stream, payload, args["key"], args["headers"], args["delay"],
-                            args["at"], args["timeout"], args["maxlen"], args["order_key"])
+def send(core: Core, stream: str, payload: Any, key: str | None = None,
+         headers: dict[str, str] | None = None, maxlen: int | None = None,
+         **options: Any) -> Steps[str]:
+    return core._send_steps(stream, payload, key, headers, maxlen, options)
 
 
-def send_many(core: Core, stream: str, payloads: list[Any], **options: Any) -> Steps[list[str]]:
-    args = {"keys": None, "headers": None, "timeout": None, "delay": None, "at": None,
-            "maxlen": None, "order_keys": None, **options}
-    return core._send_many_steps(stream, payloads, args["keys"], args["headers"],
-                                 args["timeout"], args["delay"], args["at"], args["maxlen"],
-                                 args["order_keys"])
+def send_many(core: Core, stream: str, payloads: list[Any], keys: list[str] | None = None,
+              headers: dict[str, str] | None = None, maxlen: int | None = None,
+              **options: Any) -> Steps[list[str]]:
+    return core._send_many_steps(stream, payloads, keys, headers, maxlen, options)
 
 
 def test_send_checks_the_partitions_once_then_xadds_one_body() -> None:

@@ -225,7 +225,7 @@ async def test_jobs_sent_before_the_first_worker_are_delivered(redis_url: str,
 GARBAGE: list[tuple[dict[bytes, bytes], str]] = [
     ({b"d": b"\xc1 not msgpack \xff"}, "decode_error:FormatError"),
     ({b"x": b"\x00\xff raw", b"\xfe\xff": b"bin\x00"}, "schema:no_data_field"),
-    ({b"d": msgpack.packb({"v": 3, "k": "v3", "t": 1, "h": {}, "p": 1}), b"a": b"1"},
+    ({b"d": msgpack.packb({"v": 4, "k": "v4", "t": 1, "h": {}, "p": 1}), b"a": b"1"},
      "unknown_version"),
     ({b"d": encode_body("extra", 1) + b"junk"}, "decode_error:extra_data"),
     ({b"d": msgpack.packb([1, 2, 3])}, "schema:envelope_not_map"),

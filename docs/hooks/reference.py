@@ -4,7 +4,8 @@ the repository outside docs/.
 - A page line ``<!-- streamwork: NAME -->`` is replaced by the table NAME makes (see
   `TABLES`): the worker options from ``WorkerOptions``/``HELP`` and the ``streamwork run``
   command, the Python-only options from ``StreamWorker``'s attribute comments, the Redis keys
-  from ``_keys.py``. An unknown NAME fails the build.
+  from ``_keys.py``, the job options from ``_wire/job_options.py``. An unknown NAME fails
+  the build.
 - A relative link from a page to a file of the repository outside docs/ (say
   ``../examples/demo.py``, as it works when the Markdown is read in the repository) is
   served from the site's ``_repo/`` folder, where the file is copied; a link to a file that
@@ -215,8 +216,29 @@ def redlock_keys() -> str:
     return "\n".join(rows)
 
 
+def job_options() -> str:
+    """The table of the job options, from their declaration (``_wire/job_options.py``)."""
+    from streamwork._wire import job_options as _options
+
+    rows = ["| option (`send` / `send_many`) | `--flag` | what | in `o` | value on the wire | "
+            "left out when |", "|---|---|---|---|---|---|"]
+    for o in _options.OPTIONS:
+        names = f"`{o.name}`" + ("" if o.many == o.name else f" / `{o.many}` (one per job)")
+        if o.wire is None:
+            wire, value, omitted = "—", "not carried: it routes the send", "—"
+        else:
+            wire, value = f"`{o.wire}`", _cell(o.wire_help)
+            default = ("it is the job's key (`k`)" if o.default is _options.JOB_KEY
+                       else "" if o.default is None else f"it is `{o.default}`")
+            omitted = f"not given, or {default}" if default else "not given"
+        flag = "--" + o.name.replace("_", "-")
+        rows.append(f"| {names} | `{flag}` | {_cell(o.help)} | {wire} | {value} | {omitted} |")
+    return "\n".join(rows)
+
+
 #: what each ``<!-- streamwork: NAME -->`` line is replaced by
 TABLES: dict[str, Callable[[], str]] = {
+    "job options": job_options,
     "worker options": worker_options,
     "python options": python_options,
     "redis keys": redis_keys,

@@ -1,5 +1,5 @@
 """The ``streamwork`` command: run (one or several workers, ``--processes``, health probes),
-send, demo; dlq, inspect, top, job, cancel, pause, resume, schedules, dashboard and bench
+demo; send, dlq, inspect, top, job, cancel, pause, resume, schedules, dashboard and bench
 register from their own modules."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import difflib
 import gc
 import importlib
 import inspect
-import json
 import os
 import re
 import sys
@@ -26,16 +25,14 @@ from streamwork._cli import dlq as cli_dlq
 from streamwork._cli import ops as cli_ops
 from streamwork._cli import pause as cli_pause
 from streamwork._cli import schedules as cli_schedules
-from streamwork._cli.common import detect_partitions, fail, partitions_option, url_option
+from streamwork._cli import send as cli_send
+from streamwork._cli.common import fail, url_option
 from streamwork._hosting import processes as processes_mod
 from streamwork._hosting.health import DEFAULT_HEALTH_HOST
 from streamwork._hosting.multi import serve_all
-from streamwork._producer.core import new_key
-from streamwork._producer.shells import Producer
 from streamwork._redis import connection
 from streamwork._telemetry import logs
 from streamwork._telemetry import sdk as otel
-from streamwork._wire.partitions import partition_names, partition_of
 from streamwork._worker import config
 from streamwork._worker.function import BatchFunctionWorker, FunctionWorker
 from streamwork._worker.worker import StreamWorker
@@ -373,42 +370,6 @@ def _serve_here(workers: list[StreamWorker], otlp: bool, metrics_port: int | Non
 
 
 @main.command()
-@click.argument("stream")
-@click.argument("payload")
-@click.option("--key", default=None, help="job key (identity for dedup); default a new uuid")
-@click.option("--delay", type=float, default=None, help="seconds before the job is due")
-@click.option("--order-key", default=None,
-              help="picks the partition of a partitioned stream, and orders the job among "
-                   "those sharing it in ordered mode [default: the job key]")
-@click.option("--priority", type=click.Choice(["high", "normal", "low"]), default="normal",
-              show_default=True, help="the job's priority level")
-@partitions_option("the stream is split into P partitions (as its producers and workers "
-                   "were told): send to the one the order key picks")
-@url_option
-def send(stream: str, payload: str, key: str | None, delay: float | None,
-         order_key: str | None, priority: str, partitions: int | None,
-         url: str | None) -> None:
-    """Enqueue one job whose PAYLOAD is JSON; prints the entry id (or key, when delayed).
-    To a partitioned stream, the partition it went to follows on stderr."""
-    try:
-        data = json.loads(payload)
-    except json.JSONDecodeError as exc:
-        fail(f"PAYLOAD is not valid JSON ({exc}); quote it, e.g. '{{\"order_id\": 7}}'")
-    partitions = detect_partitions(url, stream, partitions)
-    key = new_key() if key is None else key  # chosen here, to name its partition
-    try:
-        with Producer.from_url(url, partitions={stream: partitions}) as producer:
-            click.echo(producer.send(stream, data, key=key, delay=delay, order_key=order_key,
-                                     priority=priority))
-    except StreamworkError as exc:
-        fail(str(exc))
-    if partitions > 1:
-        i = partition_of(key if order_key is None else order_key, partitions)
-        click.echo(f"partition {i} of {partitions} ({partition_names(stream, partitions)[i]})",
-                   err=True)
-
-
-@main.command()
 @url_option
 @click.option("--orders", default=2000, show_default=True, help="how many orders to bill")
 def demo(url: str | None, orders: int) -> None:
@@ -425,6 +386,7 @@ cli_ops.register(main)
 cli_pause.register(main)
 cli_dashboard.register(main)
 cli_schedules.register(main)
+cli_send.register(main)
 _bench_cli.register(main)
 
 __all__ = ["main"]

@@ -6,9 +6,7 @@ the round trips.
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
-import math
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,21 +23,18 @@ from streamwork._wire.codec import (
     check_headers,
     pack_bodies,
     pack_body,
-    time_limit_ms,
 )
 from streamwork._wire.extensions import Codec, check_codec
+from streamwork._wire.job_options import check_send, check_send_many, wire_map
 from streamwork._wire.keys import StreamKeys
-from streamwork._wire.message import PRIORITY_HEADER
 from streamwork._wire.partitions import (
-    ORDER_KEY_HEADER,
-    check_order_key,
     check_partitions,
     check_recorded,
     partition_names,
     partition_of,
 )
 from streamwork._wire.payloads import PLAIN, to_plain
-from streamwork._wire.priorities import DEFAULT, check_priority, level_stream
+from streamwork._wire.priorities import DEFAULT, level_stream
 from streamwork.errors import ConfigError
 
 DEFAULT_RETRY_TIMEOUT: Final = 10.0  #: seconds a send keeps retrying while Redis is unreachable
@@ -72,18 +67,15 @@ def _headers(headers: Mapping[str, str] | None) -> dict[str, str]:
     return hdrs
 
 
-def _due(delay: float | None, at: dt.datetime | None) -> tuple[str, str] | None:
-    """Args for schedule.lua: (relative delay ms, absolute ms), or None when not delayed."""
+def _due(options: dict[str, Any]) -> tuple[str, str] | None:
+    """Args for schedule.lua: (relative delay ms, absolute ms), or None when not delayed;
+    ``options`` checked (`job_options`), by name."""
+    delay, at = options.get("delay"), options.get("at")
     if delay is not None and at is not None:
         raise ConfigError("delay", "give either delay= or at=, not both")
     if delay is not None:
-        if (not isinstance(delay, (int, float)) or isinstance(delay, bool)
-                or not math.isfinite(delay) or delay < 0):
-            raise ConfigError("delay", f"must be a finite number of seconds >= 0, got {delay!r}")
         return (str(round(delay * 1000)), "")
     if at is not None:
-        if not isinstance(at, dt.datetime) or at.tzinfo is None:
-            raise ConfigError("at", "must be a timezone-aware datetime, e.g. with tz=UTC")
         return ("", str(round(at.timestamp() * 1000)))
     return None
 
@@ -127,16 +119,6 @@ def _check_partition_option(value: object) -> int | Mapping[str, int]:
             partition_names(stream, count)  # checks the name suits partitioning
         return dict(value)
     return check_partitions(value)
-
-
-def _check_order_keys(order_keys: Sequence[str] | None,
-                      keys: list[str]) -> list[str] | None:
-    """send_many's ``order_keys``, checked; None when not given."""
-    if order_keys is None:
-        return None
-    if len(order_keys) != len(keys):
-        raise ConfigError("order_keys", f"has {len(order_keys)} order keys for {len(keys)} jobs")
-    return [check_order_key(o) for o in order_keys]
 
 
 def ids(raw: Iterable[Any]) -> list[str]:
@@ -234,19 +216,20 @@ class Core:
         """Every partition of ``stream`` (just ``stream`` when it is not partitioned)."""
         return partition_names(stream, self.partitions_of(stream))
 
-    def _check_level(self, stream: str, priority: str, due: tuple[str, str] | None,
-                     hdrs: dict[str, str]) -> None:
-        """Check ``priority``; a job at another level than normal carries it in a header.
-        Delayed jobs and partitioned streams have the normal level only (for now)."""
-        if check_priority(priority) == DEFAULT:
-            return
+    def _level(self, stream: str, options: dict[str, Any],
+               due: tuple[str, str] | None) -> str:
+        """The job's priority level (checked in ``options``), which it carries when not
+        normal. Delayed jobs and partitioned streams have the normal level only (for now)."""
+        priority: str = options.get("priority", DEFAULT)
+        if priority == DEFAULT:
+            return priority
         if due is not None:
             raise ConfigError("priority", "delayed jobs (delay=/at=) are sent at the normal "
                                           "level only; drop priority= or the delay")
         if self.partitions_of(stream) > 1:
             raise ConfigError("priority", f"{stream!r} is partitioned: its jobs are sent at "
                                           "the normal level only; drop priority=")
-        hdrs[PRIORITY_HEADER] = priority
+        return priority
 
     def _io(self, what: str, request: Command) -> Steps[Any]:
         """One round trip, retried while Redis is unreachable (``what`` names it then)."""
@@ -271,13 +254,12 @@ class Core:
         self._recorded.add(stream)
 
     def _send_steps(self, stream: str, payload: Payload, key: str | None,
-                    headers: Mapping[str, str] | None, delay: float | None,
-                    at: dt.datetime | None, timeout: float | None, maxlen: int | None,
-                    order_key: str | None, priority: str = DEFAULT) -> Steps[str]:
-        """`send`: one job, its entry id (its key when delayed)."""
+                    headers: Mapping[str, str] | None, maxlen: int | None,
+                    options: Mapping[str, Any]) -> Steps[str]:
+        """`send`: one job, its entry id (its key when delayed); ``options`` are its job
+        options by send keyword (`job_options`)."""
         with telemetry.producer_span(stream):
-            single = self._plan_send(stream, payload, key, headers, delay, at, timeout,
-                                     maxlen, order_key, priority)
+            single = self._plan_send(stream, payload, key, headers, maxlen, options)
             yield from self._check_recorded(stream)
             reply = yield from self._io(f"send to {stream!r}", single.request)
             result = single.key if single.key is not None else ids([reply])[0]
@@ -285,23 +267,20 @@ class Core:
         return result
 
     def _plan_send(self, stream: str, payload: Payload, key: str | None,
-                   headers: Mapping[str, str] | None, delay: float | None,
-                   at: dt.datetime | None, timeout: float | None,
-                   maxlen: int | None, order_key: str | None,
-                   priority: str = DEFAULT) -> Single:
+                   headers: Mapping[str, str] | None, maxlen: int | None,
+                   options: Mapping[str, Any]) -> Single:
         keys_of(stream)
-        due = _due(delay, at)
+        opts = check_send(options)
+        due = _due(opts)
         _check_maxlen(maxlen)
         hdrs = _headers(headers)
-        self._check_level(stream, priority, due, hdrs)
+        priority = self._level(stream, opts, due)
         job_key = new_key() if key is None else key
-        if order_key is not None and check_order_key(order_key) != job_key:
-            hdrs[ORDER_KEY_HEADER] = order_key
-        target = self._target(stream, job_key, order_key)
+        target = self._target(stream, job_key, opts.get("order_key"))
         if priority != DEFAULT:
             target = level_stream(keys_of(stream), priority)
         body = pack_body(job_key, to_plain(payload, self.codec), hdrs, int(time.time() * 1000),
-                         self.max_payload_bytes, time_limit_ms(timeout), self.codec)
+                         self.max_payload_bytes, wire_map(opts, job_key), self.codec)
         if due is not None:
             return Single(Script(scripts.schedule(keys_of(target), *due, [_member(body)])),
                           job_key)
@@ -309,14 +288,12 @@ class Core:
 
     def _send_many_steps(self, stream: str, payloads: Sequence[Payload],
                          keys: Sequence[str] | None, headers: Mapping[str, str] | None,
-                         timeout: float | None, delay: float | None, at: dt.datetime | None,
-                         maxlen: int | None, order_keys: Sequence[str] | None,
-                         priority: str = DEFAULT) -> Steps[list[str]]:
+                         maxlen: int | None, options: Mapping[str, Any]) -> Steps[list[str]]:
         """`send_many`: each partition's jobs in chunks, one atomic script call each; the
-        ids (keys when delayed) in the order the jobs were given."""
+        ids (keys when delayed) in the order the jobs were given. ``options`` are the job
+        options by send_many keyword."""
         with telemetry.producer_span(stream, len(payloads)):
-            batches = self._plan_send_many(stream, payloads, keys, headers, timeout, delay,
-                                           at, maxlen, order_keys, priority)
+            batches = self._plan_send_many(stream, payloads, keys, headers, maxlen, options)
         yield from self._check_recorded(stream)
         what = f"send_many to {stream!r}"
         results = []
@@ -330,40 +307,36 @@ class Core:
         return _place(batches, results, len(payloads))
 
     def plan(self, stream: str, payloads: Sequence[Payload], keys: Sequence[str] | None,
-             headers: Mapping[str, str] | None = None, timeout: float | None = None,
-             delay: float | None = None, at: dt.datetime | None = None,
-             maxlen: int | None = None, order_keys: Sequence[str] | None = None
-             ) -> list[Batch]:
+             headers: Mapping[str, str] | None = None, maxlen: int | None = None,
+             **options: Any) -> list[Batch]:
         """What `send_many` would write, checked and encoded, without writing it: for
         senders that write the jobs themselves (a handler's ``msg.send``, whose jobs go
-        with its acknowledgement). Raises ConfigError (or PayloadTooLarge) on bad input."""
-        return self._plan_send_many(stream, payloads, keys, headers, timeout, delay, at,
-                                    maxlen, order_keys)
+        with its acknowledgement). ``options``: job options by send_many keyword. Raises
+        ConfigError (or PayloadTooLarge) on bad input."""
+        return self._plan_send_many(stream, payloads, keys, headers, maxlen, options)
 
     def _plan_send_many(self, stream: str, payloads: Sequence[Payload],
                         keys: Sequence[str] | None, headers: Mapping[str, str] | None,
-                        timeout: float | None, delay: float | None, at: dt.datetime | None,
-                        maxlen: int | None, order_keys: Sequence[str] | None,
-                        priority: str = DEFAULT) -> list[Batch]:
+                        maxlen: int | None, options: Mapping[str, Any]) -> list[Batch]:
         """One batch per partition the jobs go to (one for an unpartitioned stream)."""
         keys_of(stream)
-        due = _due(delay, at)
+        shared, per_job = check_send_many(options, len(payloads))
+        due = _due(shared)
         _check_maxlen(maxlen)
         hdrs, now_ms = _headers(headers), int(time.time() * 1000)
-        self._check_level(stream, priority, due, hdrs)
-        limit_ms = time_limit_ms(timeout)
+        priority = self._level(stream, shared, due)
         job_keys = [new_key() if k is None else k for k in _check_keys(payloads, keys)]
-        orders = _check_order_keys(order_keys, job_keys)
         if not all(type(p) in PLAIN for p in payloads):  # instances of typed payloads
             payloads = [to_plain(p, self.codec) for p in payloads]
         count = self.partitions_of(stream)
-        if orders is None:
-            bodies = pack_bodies(job_keys, payloads, hdrs, now_ms, self.max_payload_bytes,
-                                 limit_ms, self.codec)
-        else:  # a job whose order key is not its key carries it in a header
-            bodies = [pack_bodies([k], [p], hdrs if o == k else {**hdrs, ORDER_KEY_HEADER: o},
-                                  now_ms, self.max_payload_bytes, limit_ms, self.codec)[0]
-                      for k, p, o in zip(job_keys, payloads, orders, strict=True)]
+        wire = wire_map(shared)
+        own = None
+        if per_job:  # each job's own fields (an order key that is not its key)
+            own = [wire_map({name: values[i] for name, values in per_job.items()}, k)
+                   for i, k in enumerate(job_keys)]
+        bodies = pack_bodies(job_keys, payloads, hdrs, now_ms, self.max_payload_bytes,
+                             wire, self.codec, own)
+        orders: list[str] | None = per_job.get("order_key")
         if count == 1:
             groups: dict[str, list[int]] = {level_stream(keys_of(stream), priority):
                                             list(range(len(bodies)))}

@@ -17,8 +17,8 @@ from streamwork._producer.rounds import Get, Groups, Script, Sleep, Steps
 from streamwork._redis import scripts
 from streamwork._redis.replies import CancelAnswer
 from streamwork._wire import records
-from streamwork._wire.codec import check_utf8
-from streamwork._wire.partitions import check_order_key
+from streamwork._wire.job_options import check_order_key
+from streamwork._wire.keys import check_utf8
 from streamwork._wire.records import JobStatus
 from streamwork.errors import ConfigError, GroupNotFound, JobFailed, StreamNotFound
 

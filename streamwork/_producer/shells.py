@@ -11,17 +11,19 @@ give jobs a ``key`` and run the worker with ``dedup`` to make that harmless.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
+
+from typing_extensions import Unpack
 
 from streamwork._producer.jobs import CANCEL_TTL
 from streamwork._producer.pausing import Pausing
 from streamwork._producer.rounds import Result, Sleep, Steps, advance
 from streamwork._redis import connection, scripts
 from streamwork._wire.codec import Payload
+from streamwork._wire.job_options import SendManyOptions, SendOptions
 from streamwork._wire.pausing import PauseState
 from streamwork._wire.records import JobStatus
 
@@ -52,29 +54,26 @@ class Producer(Pausing):
         *,
         key: str | None = None,
         headers: Mapping[str, str] | None = None,
-        delay: float | None = None,
-        at: dt.datetime | None = None,
-        timeout: float | None = None,
         maxlen: int | None = None,
-        order_key: str | None = None,
-        priority: str = "normal",
+        **options: Unpack[SendOptions],
     ) -> str:
         """Enqueue one job and return its stream entry id.
 
-        ``key`` is the job's identity for dedup (default: a new uuid4 hex). With ``delay``
-        (seconds) or ``at`` (aware datetime) the job waits in ``{S}:delayed`` and the
-        return value is its key, since its entry id is only assigned when it falls due.
-        ``timeout`` (seconds) is this job's time limit, overriding the worker's ``timeout``.
-        ``maxlen`` caps the stream near that many entries (``XADD MAXLEN ~``): entries
-        trimmed before every group read them are lost, so prefer the workers'
-        ``retention``, which trims only what all groups acknowledged. ``order_key`` picks
-        the partition of a partitioned stream and orders the job among those sharing it
-        in ``ordered`` mode (default: ``key``); send a key always with the same one.
-        ``priority`` is "high", "normal" (default) or "low": workers read higher levels
-        first (``priority_order``); a key is one job whatever level it is sent at.
+        ``key`` is the job's identity for dedup (default: a new uuid4 hex). ``maxlen``
+        caps the stream near that many entries (``XADD MAXLEN ~``): entries trimmed before
+        every group read them are lost, so prefer the workers' ``retention``, which trims
+        only what all groups acknowledged. The job options (every sender takes the same;
+        None means not given, a name that is not one raises ConfigError):
+        ``timeout`` (seconds) is this job's time limit, overriding the worker's
+        ``timeout``. ``order_key`` picks the partition of a partitioned stream and orders
+        the job among those sharing it in ``ordered`` mode (default: ``key``); send a key
+        always with the same one. ``priority`` is "high", "normal" (default) or "low":
+        workers read higher levels first (``priority_order``); a key is one job whatever
+        level it is sent at. With ``delay`` (seconds) or ``at`` (aware datetime) the job
+        waits in ``{S}:delayed`` and the return value is its key, since its entry id is
+        only assigned when it falls due.
         """
-        return self._run(self._send_steps(stream, payload, key, headers, delay, at, timeout,
-                                            maxlen, order_key, priority))
+        return self._run(self._send_steps(stream, payload, key, headers, maxlen, options))
 
     def send_many(
         self,
@@ -83,24 +82,20 @@ class Producer(Pausing):
         keys: Sequence[str] | None = None,
         *,
         headers: Mapping[str, str] | None = None,
-        timeout: float | None = None,
-        delay: float | None = None,
-        at: dt.datetime | None = None,
         maxlen: int | None = None,
-        order_keys: Sequence[str] | None = None,
-        priority: str = "normal",
+        **options: Unpack[SendManyOptions],
     ) -> list[str]:
         """Enqueue many jobs; returns their entry ids in order. Each chunk of up to
         SEND_CHUNK (1000) jobs is ONE script call that adds all of them or none (a pipeline
         could fail half way); a longer list is sent chunk after chunk, so a failure there
         leaves the chunks before it enqueued (their ids are lost with the exception).
         ``delay``/``at`` delay them all (one script call per chunk too) and return their
-        keys instead of ids; ``maxlen``, ``order_keys`` (one per job) and ``priority`` (all
-        of them) as for `send`.
+        keys instead of ids; ``maxlen`` and the job options as for `send`, ``order_keys``
+        one per job and the others (``timeout``, ``priority``, ...) for all of them.
         On a partitioned stream each partition's jobs are sent as above, partition after
         partition: atomic per partition, in order within each."""
-        return self._run(self._send_many_steps(stream, payloads, keys, headers, timeout,
-                                                 delay, at, maxlen, order_keys, priority))
+        return self._run(self._send_many_steps(stream, payloads, keys, headers, maxlen,
+                                                 options))
 
     def status(self, stream: str, key: str, *, group: str | None = None,
                order_key: str | None = None) -> JobStatus:
@@ -211,16 +206,12 @@ class AsyncProducer(Pausing):
         *,
         key: str | None = None,
         headers: Mapping[str, str] | None = None,
-        delay: float | None = None,
-        at: dt.datetime | None = None,
-        timeout: float | None = None,
         maxlen: int | None = None,
-        order_key: str | None = None,
-        priority: str = "normal",
+        **options: Unpack[SendOptions],
     ) -> str:
         """Enqueue one job; same arguments and result as ``Producer.send``."""
-        return await self._run(self._send_steps(stream, payload, key, headers, delay, at,
-                                                timeout, maxlen, order_key, priority))
+        return await self._run(self._send_steps(stream, payload, key, headers, maxlen,
+                                                options))
 
     async def send_many(
         self,
@@ -229,17 +220,12 @@ class AsyncProducer(Pausing):
         keys: Sequence[str] | None = None,
         *,
         headers: Mapping[str, str] | None = None,
-        timeout: float | None = None,
-        delay: float | None = None,
-        at: dt.datetime | None = None,
         maxlen: int | None = None,
-        order_keys: Sequence[str] | None = None,
-        priority: str = "normal",
+        **options: Unpack[SendManyOptions],
     ) -> list[str]:
         """As `Producer.send_many`, awaiting: one atomic script call per chunk of jobs."""
         return await self._run(self._send_many_steps(stream, payloads, keys, headers,
-                                                     timeout, delay, at, maxlen, order_keys,
-                                                     priority))
+                                                     maxlen, options))
 
     async def status(self, stream: str, key: str, *, group: str | None = None,
                      order_key: str | None = None) -> JobStatus:

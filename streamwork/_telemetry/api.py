@@ -164,9 +164,11 @@ def producer_span(stream: str, count_: int = 1) -> Any:
 
 
 def consumer_span(stream: str, group: str, entry_id: str, attempt: int, key: str,
-                  headers: Mapping[str, str]) -> trace.Span:
+                  headers: Mapping[str, str],
+                  options: Mapping[str, Any] | None = None) -> trace.Span:
     """Start the CONSUMER span of one delivery, parented to the producer's context; its
-    ``streamwork.priority`` is the level the job was sent at."""
+    ``streamwork.priority`` is the level the job was sent at (from its job ``options``,
+    ``msg.options``)."""
     parent = propagate.extract(headers) if "traceparent" in headers else context.Context()
     return _tracer.start_span(
         f"process {stream}", context=parent, kind=trace.SpanKind.CONSUMER,
@@ -174,7 +176,7 @@ def consumer_span(stream: str, group: str, entry_id: str, attempt: int, key: str
             "messaging.system": SYSTEM, "messaging.destination.name": stream,
             "messaging.consumer.group.name": group, "messaging.message.id": entry_id,
             "messaging.operation.type": "process", "messaging.redis.attempt": attempt,
-            "streamwork.key": key, "streamwork.priority": headers.get("sw-priority", "normal"),
+            "streamwork.key": key, "streamwork.priority": (options or {}).get("priority", "normal"),
         })
 
 

@@ -2,13 +2,19 @@
 
 Entry fields (byte strings):
 
-* ``d`` - the body: a MessagePack map ``{"v": 2, "k": key, "t": enqueued_ms, "h": headers,
-  "p": payload}`` (``v`` format version, ``k`` job key as str, ``t`` enqueue time in Unix
-  milliseconds as int, ``h`` str->str map incl. W3C ``traceparent``, ``p`` any MessagePack),
-  optionally ``"l"``: the job's time limit in milliseconds (a positive int; absent: the
-  worker's ``timeout``). Readers ignore keys they do not know.
+* ``d`` - the body: a MessagePack map ``{"v": 3, "k": key, "t": enqueued_ms, "h": headers,
+  "p": payload, "o": options}`` (``v`` format version, ``k`` job key as str, ``t`` enqueue
+  time in Unix milliseconds as int, ``h`` str->str map incl. W3C ``traceparent``, ``p`` any
+  MessagePack, ``o`` the job's options: a map of short str fields, each one declared in
+  ``job_options``, left out when the job has none). Readers ignore keys they do not know,
+  in the body and in ``o`` (what a newer producer adds: forward compatible).
 * ``a`` - optional ASCII integer: deliveries this job already used in earlier entries
   (written by retries, so attempts keep counting across re-enqueues).
+
+Version 2 bodies (the last before ``o``) are still read: their ``"l"`` (time limit in ms)
+is the ``timeout`` option and their ``sw-order-key`` / ``sw-priority`` headers the
+``order_key`` / ``priority`` options (taken out of the headers). Decoding gives the options
+by name, as python values (``msg.options``).
 
 Payloads and results may hold MessagePack extension types: Decimal, UUID, date and aware
 datetimes built in, and a `Codec`'s own types (see ``_extensions``).
@@ -21,24 +27,32 @@ job's key) when the rest of the body is sound, else ``schema:bad_ext``.
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import repeat
+from types import MappingProxyType
 from typing import Any, Final, NamedTuple
 
 import msgpack
 
 from streamwork._wire.extensions import BadExt, Codec, Unencodable, decode_builtin, ext_hook, packer
+from streamwork._wire.job_options import BY_NAME, NO_OPTIONS, check_send, read_wire, wire_map
+from streamwork._wire.keys import check_utf8
 from streamwork.errors import ConfigError, DecodeError, PayloadTooLarge
 
-#: the body version this code writes. 2 came with the per-group job records (key layout 2):
-#: a worker of layout 1 refuses version-2 bodies (dead-letters them, unknown_version), so
-#: a fleet mixing old and new workers cannot run a job under two different dedup layouts.
-FORMAT_VERSION: Final = 2
-READ_VERSIONS: Final = (1, 2)  #: the body versions this code reads (1 and 2 differ only in v)
+#: the body version this code writes. 3 carries the job's options in one map (``o``); a
+#: worker of version 2 refuses it (dead-letters it as unknown_version, from where it can be
+#: replayed once the workers are upgraded): upgrade workers before producers.
+#: (2 came with the per-group job records, key layout 2.)
+FORMAT_VERSION: Final = 3
+READ_VERSIONS: Final = (1, 2, 3)  #: the body versions this code reads (1 and 2 differ only in v)
 BODY_FIELD: Final = b"d"  #: entry field holding the MessagePack body
 ATTEMPTS_FIELD: Final = b"a"  #: entry field with deliveries already used by earlier entries
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 1024 * 1024  #: bodies above this are refused (1 MiB)
+OPTIONS_FIELD: Final = "o"  #: the body's map of job options (version 3)
+#: how version 1 and 2 bodies carried options: the body field ``l`` and two headers
+V2_LIMIT_FIELD: Final = "l"
+V2_HEADERS: Final = {"sw-order-key": "order_key", "sw-priority": "priority"}
 
 #: anything MessagePack can encode (None, bool, int, float, str, bytes, list, dict), Decimal,
 #: UUID, date, aware datetime, and the types of the producer's `Codec`
@@ -46,13 +60,14 @@ Payload = Any
 
 
 class Envelope(NamedTuple):
-    """A decoded body: the job as the producer sent it (a NamedTuple: cheap to build)."""
+    """A decoded body: the job as the producer sent it (a NamedTuple: cheap to build);
+    ``options`` by option name (read-only; only those the job carries)."""
 
     key: str
     enqueued_ms: int
     headers: dict[str, str]
     payload: Payload
-    limit_ms: int | None = None
+    options: Mapping[str, Any] = NO_OPTIONS
 
 
 class InvalidExt(DecodeError):
@@ -74,20 +89,6 @@ def check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
     return hdrs
 
 
-def check_utf8(option: str, text: str) -> str:
-    """``text`` if it encodes as UTF-8, else ConfigError naming ``option``: a lone surrogate
-    (what decoding bytes with ``errors="surrogateescape"`` leaves) cannot be sent or stored."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ConfigError(option, (
-            f"{text!r} is not valid UTF-8 text: it holds the lone surrogate "
-            f"{text[exc.start]!r} at index {exc.start} (bytes decoded with "
-            "errors='surrogateescape'?); job keys and order keys must be valid UTF-8 "
-            "text")) from None
-    return text
-
-
 def encode_body(
     key: str,
     payload: Payload,
@@ -95,55 +96,60 @@ def encode_body(
     *,
     enqueued_ms: int | None = None,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-    limit_ms: int | None = None,
+    options: Mapping[str, Any] | None = None,
     codec: Codec | None = None,
 ) -> bytes:
-    """Encode one job body; raise before anything is sent if it is not valid."""
+    """Encode one job body; raise before anything is sent if it is not valid. ``options``
+    are job options by ``send`` keyword (``{"timeout": 5}``), checked as ``send`` checks them."""
     return pack_body(key, payload, check_headers(headers),
                      int(time.time() * 1000) if enqueued_ms is None else enqueued_ms,
-                     max_payload_bytes, limit_ms, codec)
-
-
-def time_limit_ms(timeout: float | None) -> int | None:
-    """A per-job ``timeout`` (seconds) as the body's ``l`` field; None when not given."""
-    if timeout is None:
-        return None
-    if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
-            or not math.isfinite(timeout) or timeout <= 0):
-        raise ConfigError("timeout", f"must be a finite number of seconds > 0, got {timeout!r}")
-    return max(1, round(timeout * 1000))
+                     max_payload_bytes, wire_map(check_send(options or {}), key), codec)
 
 
 def pack_body(key: str, payload: Payload, headers: dict[str, str], enqueued_ms: int,
-              max_payload_bytes: int, limit_ms: int | None = None,
+              max_payload_bytes: int, options: Mapping[str, Any] | None = None,
               codec: Codec | None = None) -> bytes:
-    """``encode_body`` for headers already checked (a producer checks them once a batch)."""
+    """``encode_body`` for headers already checked (a producer checks them once a batch)
+    and ``options`` already a wire map (`job_options.wire_map`)."""
     return pack_bodies([key], [payload], headers, enqueued_ms, max_payload_bytes,
-                       limit_ms, codec)[0]
+                       options, codec)[0]
 
 
 def pack_bodies(keys: Sequence[str], payloads: Sequence[Payload], headers: dict[str, str],
                 enqueued_ms: int, max_payload_bytes: int,
-                limit_ms: int | None = None, codec: Codec | None = None) -> list[bytes]:
-    """The bodies of many jobs sharing headers, time and limit (one send_many): one
-    Packer for all of them; raises for the first that is not valid, before any is sent.
-    Ext types (built in, and ``codec``'s) cost nothing to payloads without them: the
-    packer asks for them only on values it cannot pack itself."""
+                options: Mapping[str, Any] | None = None, codec: Codec | None = None,
+                own: Sequence[Mapping[str, Any]] | None = None) -> list[bytes]:
+    """The bodies of many jobs sharing headers, time and the options map ``options`` (a
+    wire map; one send_many): one Packer for all of them; raises for the first that is not
+    valid, before any is sent. ``own``: each job's own wire fields (a per-job option such
+    as its order key), added to the shared ones. Ext types (built in, and ``codec``'s)
+    cost nothing to payloads without them: the packer asks for them only on values it
+    cannot pack itself."""
     pack = packer(codec).pack
-    # the fields every body of the batch shares are packed once; each job adds its key
-    # and payload (a map's order means nothing to a reader): 2 small packs per job
-    shared: dict[str, Any] = {"v": FORMAT_VERSION, "t": enqueued_ms, "h": headers}
-    if limit_ms is not None:
-        shared["l"] = limit_ms
-    # a fixmap header for the shared fields plus k and p, the shared fields, then "k"
-    head = bytes([0x80 | (len(shared) + 2)]) + pack(shared)[1:] + b"\xa1k"
+
+    def head_of(wire: Mapping[str, Any] | None) -> bytes:
+        # the fields every body of the batch shares are packed once; each job adds its
+        # key and payload (a map's order means nothing to a reader): 2 small packs per job
+        shared: dict[str, Any] = {"v": FORMAT_VERSION, "t": enqueued_ms, "h": headers}
+        if wire:
+            shared[OPTIONS_FIELD] = dict(wire)
+        # a fixmap header for the shared fields plus k and p, the shared fields, then "k"
+        packed: bytes = pack(shared)
+        return bytes([0x80 | (len(shared) + 2)]) + packed[1:] + b"\xa1k"
+
+    if len(keys) != len(payloads) or (own is not None and len(own) != len(keys)):
+        raise ValueError(f"{len(keys)} keys, {len(payloads)} payloads and "
+                         f"{'no' if own is None else len(own)} own options: one each per job")
+    head = head_of(options)
+    heads: Iterable[bytes] = (repeat(head) if own is None else
+                              [head_of({**(options or {}), **o}) if o else head for o in own])
     out: list[bytes] = []
     append = out.append
-    for key, payload in zip(keys, payloads, strict=True):
+    for key, payload, first in zip(keys, payloads, heads, strict=False):  # lengths checked
         if type(key) is not str or not key:
             raise ConfigError("key", f"must be a non-empty str, got {key!r}")
         try:
-            data: bytes = head + pack(key) + b"\xa1p" + pack(payload)
+            data: bytes = first + pack(key) + b"\xa1p" + pack(payload)
         except (TypeError, ValueError, OverflowError) as exc:
             check_utf8("key", key)  # blame a key that is not UTF-8 on the key
             if isinstance(exc, Unencodable):
@@ -160,7 +166,7 @@ def pack_bodies(keys: Sequence[str], payloads: Sequence[Payload], headers: dict[
 
 
 #: a decoded body as a plain tuple, in Envelope's order (cheaper to build than an Envelope)
-Fields = tuple[str, int, dict[str, str], Payload, int | None]
+Fields = tuple[str, int, dict[str, str], Payload, Mapping[str, Any]]
 
 
 def decode_body(data: bytes | None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
@@ -173,7 +179,7 @@ def decode_body(data: bytes | None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD
 
 def decode_fields(data: bytes | None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
                   codec: Codec | None = None, *, keep_ext: bool = False) -> Fields:
-    """``decode_body`` as a plain tuple (key, enqueued_ms, headers, payload, limit_ms)."""
+    """``decode_body`` as a plain tuple (key, enqueued_ms, headers, payload, options)."""
     if data is None:
         raise DecodeError("schema:no_data_field", "the entry has no 'd' field")
     if len(data) > max_payload_bytes:
@@ -210,7 +216,6 @@ def decode_fields(data: bytes | None, max_payload_bytes: int = DEFAULT_MAX_PAYLO
     return _validate(body)
 
 
-_FIELDS: Final = frozenset({"v", "k", "t", "h", "p", "l"})
 _unpackb: Final = msgpack.unpackb
 
 
@@ -233,24 +238,34 @@ def _validate(body: object) -> Fields:
     # fast path: a well-formed body from a streamwork producer
     if type(body) is dict:
         get = body.get
-        version, key, enqueued, headers, limit = get("v"), get("k"), get("t"), get("h"), get("l")
-        # v, k, t and p are there (checked below), h and l when not None: with nothing else
-        # in the body, every key is a known one (so a str)
-        if (type(version) is int and version in READ_VERSIONS
-                and type(key) is str and key and type(enqueued) is int and enqueued >= 0
-                and "p" in body and len(body) == 4 + (headers is not None) + (limit is not None)):
-            if headers is None:
-                headers = {}
-            if (type(headers) is dict
-                    and (not headers or all(type(n) is str and type(v) is str
-                                            for n, v in headers.items()))
-                    and (limit is None or (type(limit) is int and limit > 0))):
-                return key, enqueued, headers, body["p"], limit
+        version, key, enqueued, headers = get("v"), get("k"), get("t"), get("h")
+        if (type(version) is int and type(key) is str and key and type(enqueued) is int
+                and enqueued >= 0 and "p" in body
+                and (headers is None or (type(headers) is dict and (
+                    not headers or all(type(n) is str and type(v) is str
+                                       for n, v in headers.items()))))):
+            # v, k, t and p are there, h when not None, and o (or l) when not None: with
+            # nothing else in the body, every key is a known one (so a str)
+            known = 4 + (headers is not None)
+            if version == FORMAT_VERSION:
+                raw = get(OPTIONS_FIELD)
+                if len(body) == known + (raw is not None) and (raw is None or type(raw) is dict):
+                    return (key, enqueued, {} if headers is None else headers, body["p"],
+                            NO_OPTIONS if raw is None else read_wire(raw))
+            elif version in READ_VERSIONS:
+                limit = get(V2_LIMIT_FIELD)
+                if (len(body) == known + (limit is not None)
+                        and (limit is None or (type(limit) is int and limit > 0))
+                        and not (headers and any(h in headers for h in V2_HEADERS))):
+                    return (key, enqueued, {} if headers is None else headers, body["p"],
+                            NO_OPTIONS if limit is None
+                            else MappingProxyType({"timeout": limit / 1000}))
     return _validate_strictly(body)
 
 
 def _validate_strictly(body: object) -> Envelope:
-    """Find what is wrong with a body, with a stable reason code."""
+    """Find what is wrong with a body, with a stable reason code (or read what the fast
+    path leaves to it: a version 2 body's option headers, fields a newer producer added)."""
     if not isinstance(body, dict):
         raise DecodeError("schema:envelope_not_map", f"body is a {type(body).__name__}")
     if any(not isinstance(k, str) for k in body):
@@ -264,7 +279,7 @@ def _validate_strictly(body: object) -> Envelope:
     if version not in READ_VERSIONS:
         raise DecodeError("unknown_version", f"body version {version}; this worker reads "
                                              f"{', '.join(map(str, READ_VERSIONS))}")
-    key, enqueued, headers = body["k"], body["t"], body.get("h", {})
+    key, enqueued, headers = body["k"], body["t"], body.get("h") or {}
     if not isinstance(key, str) or not key:
         raise DecodeError("schema:type:k", "'k' must be a non-empty str")
     if not isinstance(enqueued, int) or isinstance(enqueued, bool) or enqueued < 0:
@@ -273,12 +288,37 @@ def _validate_strictly(body: object) -> Envelope:
         not isinstance(n, str) or not isinstance(v, str) for n, v in headers.items()
     ):
         raise DecodeError("schema:type:h", "'h' must map str to str")
-    limit = body.get("l")
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
-                              or limit <= 0):
-        raise DecodeError("schema:type:l", "'l' must be a positive int (milliseconds)")
+    if version < 3:
+        headers, options = _v2_options(body.get(V2_LIMIT_FIELD), headers)
+    else:
+        raw = body.get(OPTIONS_FIELD)
+        if raw is not None and not isinstance(raw, dict):
+            raise DecodeError("schema:type:o", "'o' must be a map of job options")
+        options = NO_OPTIONS if raw is None else read_wire(raw)
     return Envelope(key=key, enqueued_ms=enqueued, headers=headers, payload=body["p"],
-                    limit_ms=limit)
+                    options=options)
+
+
+def _v2_options(limit: object, headers: dict[str, str]
+                ) -> tuple[dict[str, str], Mapping[str, Any]]:
+    """A version 1 or 2 body's options: its ``l`` as the timeout, its ``sw-order-key`` and
+    ``sw-priority`` headers as the order key and priority (taken out of the headers; one
+    that does not read as its option stays a header, as it was)."""
+    options: dict[str, Any] = {}
+    if limit is not None:
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+            raise DecodeError("schema:type:l", "'l' must be a positive int (milliseconds)")
+        options["timeout"] = limit / 1000
+    if any(h in headers for h in V2_HEADERS):
+        headers = dict(headers)
+        for header, name in V2_HEADERS.items():
+            if header in headers:
+                try:
+                    options[name] = BY_NAME[name].read(headers[header])
+                except ValueError:
+                    continue
+                del headers[header]
+    return headers, MappingProxyType(options) if options else NO_OPTIONS
 
 
 def parse_attempts(raw: bytes | None) -> int:

@@ -253,3 +253,16 @@ def redlock_resource(stream: str, key: str) -> str:
     digest = hashlib.sha256(msgpack.packb([stream, key], use_bin_type=True)).hexdigest()
     return f"streamwork-{digest[:40]}"
 
+
+def check_utf8(option: str, text: str) -> str:
+    """``text`` if it encodes as UTF-8, else ConfigError naming ``option``: a lone surrogate
+    (what decoding bytes with ``errors="surrogateescape"`` leaves) cannot be sent or stored."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(option, (
+            f"{text!r} is not valid UTF-8 text: it holds the lone surrogate "
+            f"{text[exc.start]!r} at index {exc.start} (bytes decoded with "
+            "errors='surrogateescape'?); job keys and order keys must be valid UTF-8 "
+            "text")) from None
+    return text

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol
 
-from typing_extensions import TypeVar
+from typing_extensions import TypeVar, Unpack
 
+from streamwork._wire.job_options import NO_OPTIONS, SendManyOptions, SendOptions, to_many
 from streamwork.errors import ConfigError, LockLost
-
-#: the header a job's order key travels in when it differs from its key (see _partitions)
-ORDER_KEY_HEADER = "sw-order-key"
-PRIORITY_HEADER = "sw-priority"  #: the job's priority level, when not "normal"
 
 __all__ = ["Message", "revoke"]
 
@@ -79,6 +75,8 @@ class Message(Generic[P]):
     ones whose worker crashed, and those of earlier entries of a retried job.
     ``fencing_token`` is strictly increasing per stream when ``dedup`` is on, else None:
     pass it to the system you write to so a stale holder's write can be rejected.
+    ``options`` are the job options it was sent with (``timeout`` in seconds, ``order_key``,
+    ``priority``, ...), read-only, by name; those it was not sent with are absent.
     """
 
     id: str
@@ -91,6 +89,7 @@ class Message(Generic[P]):
     fencing_token: int | None = None
     group: str = ""
     consumer: str = ""
+    options: Mapping[str, Any] = field(default_factory=lambda: NO_OPTIONS)
     _lost: bool = field(default=False, repr=False)
     _cancelled: bool = field(default=False, repr=False)
     #: the staged writes: (command, keys, args), keys and args as the bytes sent to Redis
@@ -126,38 +125,38 @@ class Message(Generic[P]):
                             _wire_all(args, "arg")))
 
     def send(self, stream: str, payload: Any, *, key: str | None = None,
-             headers: Mapping[str, str] | None = None, timeout: float | None = None,
-             delay: float | None = None, at: dt.datetime | None = None,
-             maxlen: int | None = None, order_key: str | None = None,
-             partitions: int | None = None) -> str:
+             headers: Mapping[str, str] | None = None, maxlen: int | None = None,
+             partitions: int | None = None, **options: Unpack[SendOptions]) -> str:
         """Send a job to ``stream`` if and only if this job completes: the job is written
         in the same atomic step as this job's acknowledgement (or, on Redis Cluster with
         ``stream`` in another slot, into this stream's outbox in that step, from where the
         workers move it to ``stream`` once). A failure, retry, cancel or lost lease drops
         it with the staged writes. Returns the job's key.
 
-        The options are `Producer.send`'s. A target split into partitions gets the job in
-        the partition `Producer.send` would choose (by ``order_key``, else ``key``), its
-        count read from Redis once per target; ``partitions`` says the count (as a
-        Producer's ``partitions=`` does), needed only before any partitioned worker or
-        producer of the target has run. Without ``key``, the key is derived from this
-        job's stream, group and key and the number of jobs it sent before, so a retried
-        handler sends the same keys again. Bad input (a stream name streamwork refuses, a
-        payload MessagePack cannot encode, one over ``max_payload_bytes``) raises here.
+        The options are `Producer.send`'s: ``headers``, ``maxlen`` and every job option
+        (``timeout``, ``order_key``, ``priority``, ``delay``, ``at``; a name that is not
+        one raises ConfigError). A target split into partitions gets the job in the
+        partition `Producer.send` would choose (by ``order_key``, else ``key``), its count
+        read from Redis once per target; ``partitions`` says the count (as a Producer's
+        ``partitions=`` does), needed only before any partitioned worker or producer of
+        the target has run. Without ``key``, the key is derived from this job's stream,
+        group and key and the number of jobs it sent before, so a retried handler sends
+        the same keys again. Bad input (a stream name streamwork refuses, a payload
+        MessagePack cannot encode, one over ``max_payload_bytes``) raises here.
         """
+        many: Any = to_many(options)
         return self.send_many(stream, [payload], keys=None if key is None else [key],
-                              headers=headers, timeout=timeout, delay=delay, at=at,
-                              maxlen=maxlen, partitions=partitions,
-                              order_keys=None if order_key is None else [order_key])[0]
+                              headers=headers, maxlen=maxlen, partitions=partitions,
+                              **many)[0]
 
     def send_many(self, stream: str, payloads: Sequence[Any], *,
                   keys: Sequence[str] | None = None,
-                  headers: Mapping[str, str] | None = None, timeout: float | None = None,
-                  delay: float | None = None, at: dt.datetime | None = None,
-                  maxlen: int | None = None, order_keys: Sequence[str] | None = None,
-                  partitions: int | None = None) -> list[str]:
-        """`send` for several jobs (`Producer.send_many`'s options): all of them are sent
-        with this job's completion, or none. Returns their keys, in order."""
+                  headers: Mapping[str, str] | None = None, maxlen: int | None = None,
+                  partitions: int | None = None,
+                  **options: Unpack[SendManyOptions]) -> list[str]:
+        """`send` for several jobs (`Producer.send_many`'s options: ``order_keys`` one per
+        job, the other job options for all of them): all of them are sent with this job's
+        completion, or none. Returns their keys, in order."""
         if self._sender is None:
             raise ConfigError("send", "this message did not come from a worker: msg.send() "
                               "and msg.send_many() work inside a handler only")
@@ -169,21 +168,22 @@ class Message(Generic[P]):
             raise ConfigError("keys", f"has {len(keys)} keys for {len(payloads)} payloads")
         return self._sender.send(self, stream, payloads,
                                 [None] * len(payloads) if keys is None else list(keys),
-                                {"headers": headers, "timeout": timeout, "delay": delay,
-                                 "at": at, "maxlen": maxlen, "order_keys": order_keys,
-                                 "partitions": partitions})
+                                {"headers": headers, "maxlen": maxlen,
+                                 "partitions": partitions, **options})
 
     @property
     def order_key(self) -> str:
         """What orders this job among others (ordered mode) and picks its partition: the
         ``order_key`` it was sent with, else its key."""
-        return self.headers.get(ORDER_KEY_HEADER, self.key)
+        order_key: str = self.options.get("order_key", self.key)
+        return order_key
 
     @property
     def priority(self) -> str:
         """The level the job was sent at: "high", "normal" or "low" (kept by retries,
         dead letters and replays)."""
-        return self.headers.get(PRIORITY_HEADER, "normal")
+        priority: str = self.options.get("priority", "normal")
+        return priority
 
     @property
     def cancelled(self) -> bool:

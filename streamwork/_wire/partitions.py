@@ -21,13 +21,11 @@ from typing import Final
 
 from redis.crc import key_slot
 
-from streamwork._wire.codec import check_utf8
 from streamwork._wire.keys import StreamKeys
-from streamwork._wire.message import ORDER_KEY_HEADER
 from streamwork.errors import ConfigError
 
-__all__ = ["MAX_PARTITIONS", "ORDER_KEY_HEADER", "check_order_key", "check_partitions",
-           "check_recorded", "check_stream", "check_subset", "partition_names", "partition_of"]
+__all__ = ["MAX_PARTITIONS", "check_partitions", "check_recorded", "check_stream", "check_subset",
+           "partition_names", "partition_of"]
 
 MAX_PARTITIONS: Final = 1024
 SLOTS: Final = 16384
@@ -106,10 +104,3 @@ def check_recorded(stream: str, recorded: bytes | str | None, partitions: int,
             f"{StreamKeys.for_stream(stream).partitions!r}) but this {who} has "
             f"partitions={partitions}: give every producer and worker of the stream the same "
             f"count. To change it, drain the stream, then delete that key."))
-
-
-def check_order_key(order_key: object) -> str:
-    """A usable order key: a non-empty str of valid UTF-8 text."""
-    if not isinstance(order_key, str) or not order_key:
-        raise ConfigError("order_key", f"must be a non-empty str, got {order_key!r}")
-    return check_utf8("order_key", order_key)

@@ -5,8 +5,8 @@ job goes onto the stream itself, so code that never names a priority sees no new
 ``high`` or ``low`` job goes onto a sibling stream with the same hash tag
 (``{orders}:p:high``), so every script still touches one Cluster slot. Every level shares
 the group's job records: a key is one job whatever level it was sent at. A job sent at
-another level than ``normal`` carries its level in the ``sw-priority`` header, so retries,
-dead letters and replays keep it.
+another level than ``normal`` carries its level in its options (``priority``, see
+``job_options``), so retries, dead letters and replays keep it.
 """
 
 from __future__ import annotations

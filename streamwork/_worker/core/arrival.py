@@ -68,7 +68,7 @@ class Arrival:
             found = dict(zip(values[::2], values[1::2], strict=False))
             body, used = found.get(BODY_FIELD), found.get(ATTEMPTS_FIELD)
         try:
-            job_key, enqueued_ms, headers, payload, limit_ms = decode_fields(
+            job_key, enqueued_ms, headers, payload, options = decode_fields(
                 body, cfg.max_payload_bytes, self.codec)
         except InvalidExt as exc:  # an ext value (a codec's type) did not decode
             assert body is not None
@@ -93,8 +93,7 @@ class Arrival:
                 return Unfit(attempt, "payload:invalid", "InvalidPayload", str(exc), job_key,
                              body, "invalid_payload")
         msg = Message(entry_id.decode(), cfg.stream, job_key, payload, attempt,
-                      enqueued_ms / 1000, headers, None, cfg.group, self.consumer,
+                      enqueued_ms / 1000, headers, None, cfg.group, self.consumer, options,
                       _sender=self.sender)
-        return Delivery(entry_id, src, msg, body,
-                        cfg.timeout if limit_ms is None else limit_ms / 1000,
+        return Delivery(entry_id, src, msg, body, options.get("timeout", cfg.timeout),
                         ref(src, entry_id), "", 0.0, self.initial, count=deliveries)

@@ -179,7 +179,8 @@ class BatchRunner(Runner):
             d.limit = limit  # the call's: its jobs' failure says which limit stopped them
             if tally.tracing:
                 d.span = telemetry.consumer_span(
-                    cfg.stream, cfg.group, msg.id, msg.attempt, msg.key, msg.headers)
+                    cfg.stream, cfg.group, msg.id, msg.attempt, msg.key, msg.headers,
+                    msg.options)
             if debug:
                 log.debug("job started", extra=ctx.fields(
                     key=msg.key, entry_id=msg.id, attempt=msg.attempt, batch=len(batch)))

@@ -122,7 +122,8 @@ class Runner:
                     watch.start(d, now + d.limit)
                 if tally.tracing:
                     d.span = telemetry.consumer_span(
-                        cfg.stream, cfg.group, msg.id, msg.attempt, msg.key, msg.headers)
+                        cfg.stream, cfg.group, msg.id, msg.attempt, msg.key, msg.headers,
+                        msg.options)
                 if debug:
                     log.debug("job started", extra=ctx.fields(
                         key=msg.key, entry_id=msg.id, attempt=msg.attempt))

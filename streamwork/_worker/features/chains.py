@@ -162,14 +162,15 @@ class ChainSender:
         self.cluster = cluster
         self._targets: dict[tuple[str, str], _Target] = {}
 
-    def _target(self, source: str, stream: str) -> _Target:
-        """How jobs sent from ``source`` to ``stream`` are staged (checking the name)."""
+    def _target(self, source: str, stream: str, derived: bool = False) -> _Target:
+        """How jobs sent from ``source`` to ``stream`` are staged (checking the name, unless
+        it is ``derived`` from a checked one: a partition's, or a priority level's stream)."""
         found = self._targets.get((source, stream))
         if found is None:
             if not isinstance(stream, str):
                 raise ConfigError("stream", f"must be the target stream's name (a str), got "
                                             f"{type(stream).__name__}")
-            keys = StreamKeys.for_stream(stream)
+            keys = StreamKeys.of_any(stream) if derived else StreamKeys.for_stream(stream)
             other = self.cluster and key_slot(stream.encode()) != key_slot(source.encode())
             found = _Target(stream.encode(), keys.delayed.encode(),
                             StreamKeys.of_any(source).outbox.encode() if other else None)
@@ -192,7 +193,7 @@ class ChainSender:
         batches = self._core.plan(stream, payloads, job_keys, **_at_ms(options))
         ops: list[tuple[str, tuple[bytes, ...], tuple[bytes, ...]]] = []
         for batch in batches:
-            target = self._target(msg.stream, batch.stream)  # a partition's own
+            target = self._target(msg.stream, batch.stream, True)  # a partition's, a level's
             maxlen = b"" if batch.maxlen is None else str(batch.maxlen).encode()
             due = b"" if batch.due is None else batch.due[1].encode()
             for body in batch.bodies:

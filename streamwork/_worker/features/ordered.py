@@ -140,7 +140,8 @@ class OrderedGate(Feature):
         h.ctx.count("retried", 1, "timeout" if d.timed_out else "error")
         m = d.msg
         d.msg = Message(m.id, m.stream, m.key, m.payload, m.attempt + 1, m.enqueued_at,
-                        m.headers, m.fencing_token, m.group, m.consumer, _sender=m._sender)
+                        m.headers, m.fencing_token, m.group, m.consumer, m.options,
+                        _sender=m._sender)
         d.timed_out = False
         d.result = None
         if self.starts is not None and h.ctx.leases.claims:  # the record says it waits

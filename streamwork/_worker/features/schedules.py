@@ -34,8 +34,8 @@ from streamwork._redis import connection, scripts
 from streamwork._telemetry.logs import WORKER_LOGGER, fields
 from streamwork._wire.codec import pack_body
 from streamwork._wire.extensions import Codec
+from streamwork._wire.job_options import wire_map
 from streamwork._wire.keys import StreamKeys
-from streamwork._wire.message import ORDER_KEY_HEADER
 from streamwork._wire.partitions import check_recorded, partition_names, partition_of
 from streamwork._wire.payloads import to_plain
 from streamwork._wire.schedules import MAX_CATCH_UP, Schedule, check_catch_up, plan, tick_key
@@ -205,9 +205,10 @@ class Scheduler:
         chunk: list[tuple[int, bytes]] = []
         size = 0
         for tick in chosen:
-            headers = {SCHEDULE_HEADER: s.name, TICK_HEADER: str(tick), ORDER_KEY_HEADER: s.name}
+            headers = {SCHEDULE_HEADER: s.name, TICK_HEADER: str(tick)}
             body = pack_body(tick_key(s.name, tick), payload, headers, sent,
-                             self.cfg.max_payload_bytes, codec=self.codec)
+                             self.cfg.max_payload_bytes, wire_map({"order_key": s.name}),
+                             self.codec)
             if chunk and (len(chunk) >= CHUNK_TICKS or size + len(body) > CHUNK_BYTES):
                 calls.append((chunk[-1][0], chunk))
                 chunk, size = [], 0
