@@ -17,7 +17,7 @@ import click
 from streamwork._cli.common import detect_partitions, fail, partitions_option, url_option
 from streamwork._producer.core import new_key
 from streamwork._producer.shells import Producer
-from streamwork._wire.job_options import OPTIONS, JobOption, from_text
+from streamwork._wire.job_options import OPTIONS, JobOption, from_text, type_name
 from streamwork._wire.partitions import partition_names, partition_of
 from streamwork.errors import StreamworkError
 
@@ -29,8 +29,7 @@ class _OptionText(click.ParamType[Any]):
 
     def __init__(self, option: JobOption) -> None:
         self.option = option
-        self.name = {"str": "text", "datetime": "time"}.get(option.type.__name__,
-                                                            option.type.__name__)
+        self.name = type_name(option)
 
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> Any:

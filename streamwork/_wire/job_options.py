@@ -45,7 +45,8 @@ from streamwork._wire.priorities import LEVELS, check_priority
 from streamwork.errors import ConfigError, DecodeError
 
 __all__ = ["JOB_KEY", "NO_OPTIONS", "OPTIONS", "JobOption", "SendManyOptions", "SendOptions",
-           "check_send", "check_send_many", "from_text", "read_wire", "to_many", "wire_map"]
+           "check_send", "check_send_many", "from_text", "read_wire", "to_many", "type_name",
+           "wire_map"]
 
 
 class SendOptions(TypedDict, total=False):
@@ -87,7 +88,7 @@ class JobOption:
 
     name: str
     many: str
-    type: type
+    type: Any  #: a type, or a union of types (``float | datetime``)
     check: Callable[[Any], Any]
     help: str
     example: object
@@ -297,13 +298,32 @@ def read_wire(raw: Mapping[Any, Any]) -> Mapping[str, Any]:
 
 
 def from_text(option: JobOption, text: str) -> Any:
-    """A value of ``option`` from command-line text (by its type), else ValueError."""
-    if option.type is float:
+    """A value of ``option`` from command-line text (by its type; an option of several
+    types takes the first that reads it), else ValueError."""
+    kinds = typing.get_args(option.type) or (option.type,)
+    errors = []
+    for kind in kinds:
+        try:
+            return _text_as(kind, text)
+        except ValueError as exc:
+            errors.append(str(exc))
+    raise ValueError(" and ".join(errors) if len(errors) > 1 else errors[0])
+
+
+def type_name(option: JobOption) -> str:
+    """What the command line calls a value of ``option`` (``--help``)."""
+    kinds = typing.get_args(option.type) or (option.type,)
+    return " or ".join({"str": "text", "datetime": "time", "float": "seconds"}.get(
+        k.__name__, k.__name__) for k in kinds)
+
+
+def _text_as(kind: Any, text: str) -> Any:
+    if kind is float:
         try:
             return float(text)
         except ValueError:
             raise ValueError(f"{text!r} is not a number of seconds") from None
-    if option.type is dt.datetime:
+    if kind is dt.datetime:
         try:  # Python before 3.11 does not take a trailing Z for UTC
             when = dt.datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z")
                                              else text)
