@@ -57,12 +57,12 @@ class Jobs(Core):
         if named is not None:  # before writing: a typo must not record a cancellation
             yield from self._check_group(stream, named)
         what = f"cancel {key!r} in {stream!r}"
-        states = []
+        states: list[str] = []
         for call in calls:
-            states.append(CancelAnswer(_text((yield from self._io(what, Script(call))))))
+            states.append(_answer(_text((yield from self._io(what, Script(call))))))
         # a job lives in one partition; the others say "unknown"
-        telling = (s for s in states if s is not CancelAnswer.UNKNOWN)
-        return next(telling, CancelAnswer.UNKNOWN).value
+        telling = (s for s in states if s != CancelAnswer.UNKNOWN.value)
+        return next(telling, CancelAnswer.UNKNOWN.value)
 
     def _result_steps(self, stream: str, key: str, group: str | None, timeout: float | None,
                       order_key: str | None) -> Steps[Any]:
@@ -235,3 +235,14 @@ class _Waits:
         if left <= 0:
             raise TimeoutError(late())
         return min(pause, left)
+
+
+def _answer(text: str) -> str:
+    """What cancel.lua answered: a `CancelAnswer`, or the state a job that a worker ended
+    without running it was left in (its record's, e.g. "expired": nothing was changed)."""
+    try:
+        return CancelAnswer(text).value
+    except ValueError:
+        if not text or not text.isidentifier():
+            raise ValueError(f"cancel.lua answered {text!r}, not a job state") from None
+        return text
