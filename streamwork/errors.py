@@ -125,8 +125,8 @@ class WorkerFailed(StreamworkError):
 
 class JobFailed(StreamworkError):
     """``result()`` found the job dead (its attempts are spent, or its handler raised
-    DeadLetter) or cancelled. ``status`` is the job's `JobStatus` (state, reason, error,
-    dead-letter id)."""
+    DeadLetter), cancelled, or ended by a worker without running (expired). ``status`` is
+    the job's `JobStatus` (state, reason, error, dead-letter id)."""
 
     def __init__(self, status: Any) -> None:
         self.status = status
@@ -137,6 +137,12 @@ class JobFailed(StreamworkError):
                 f"job {status.key!r} of group {status.group!r} on stream {status.stream!r} "
                 f"was cancelled: {status.reason or 'no reason given'}. It will not run; "
                 "send it again under a new key to run it.")
+            return
+        if status.state != "dead":  # a worker ended it without running it (expired, ...)
+            super().__init__(
+                f"job {status.key!r} of group {status.group!r} on stream {status.stream!r} "
+                f"is {status.state}: {status.reason or 'it did not run'}. It will not run; "
+                "send it again to run it.")
             return
         error = str(status.error or "").strip()
         replay = (f"`streamwork dlq replay {status.stream} --id {status.dead_letter_id}`"

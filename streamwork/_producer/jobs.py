@@ -74,7 +74,7 @@ class Jobs(Core):
             st = yield from self._status_steps(stream, key, group, order_key)
             if st.state == "done":
                 return st.result
-            if st.state in ("dead", "cancelled"):
+            if st.finished:  # dead, cancelled, or ended unrun by a worker (expired, ...)
                 raise JobFailed(st)
             yield Sleep(waits.next(functools.partial(_unfinished, st, waits.timeout)))
 
