@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import time
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ class SendOptions(TypedDict, total=False):
     priority: str | None
     delay: float | None
     at: dt.datetime | None
+    expires: float | dt.datetime | None
 
 
 class SendManyOptions(TypedDict, total=False):
@@ -67,6 +69,7 @@ class SendManyOptions(TypedDict, total=False):
     priority: str | None
     delay: float | None
     at: dt.datetime | None
+    expires: float | dt.datetime | None
 
 
 class _JobKey:
@@ -163,6 +166,28 @@ def check_at(at: object) -> dt.datetime:
     return at
 
 
+def check_expires(expires: object) -> int:
+    """A job's ``expires``: seconds from now, or a time with a zone, as the Unix
+    milliseconds it carries; refused when it has passed already."""
+    if isinstance(expires, dt.datetime):
+        if expires.tzinfo is None:
+            raise ConfigError("expires", f"must be a timezone-aware datetime or seconds from "
+                                         f"now, got {expires!r}; pass e.g. expires=3600")
+        until = round(expires.timestamp() * 1000)
+    else:
+        until = round((time.time() + _number("expires", expires, ">", "3600")) * 1000)
+    if until <= time.time() * 1000:
+        raise ConfigError("expires", f"{expires!r} has passed already: the job would never "
+                                     "run; give a later time, or leave it out")
+    return until
+
+
+def _expires_read(ms: object) -> dt.datetime:
+    if type(ms) is not int or ms <= 0:
+        raise ValueError(f"must be a positive int (Unix milliseconds), got {ms!r}")
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc)
+
+
 # ---- the declaration ------------------------------------------------------------------------
 
 #: every per-job option, in the order ``--help`` shows them
@@ -186,6 +211,13 @@ OPTIONS: Final[tuple[JobOption, ...]] = (
               example=dt.datetime(2030, 1, 1, 6, 0, tzinfo=dt.timezone.utc),
               help="when the job is due: a time with a zone (ISO 8601 on the command line, "
                    "e.g. 2026-12-01T06:00:00+00:00)"),
+    JobOption("expires", "expires", float | dt.datetime, check_expires, wire="ex",
+              read=_expires_read,
+              example=dt.datetime(2030, 1, 1, 6, 0, tzinfo=dt.timezone.utc),
+              wire_help="int: Unix milliseconds; a worker that has not started the job by "
+                        "then drops it (state expired) instead of running it",
+              help="drop the job (state expired) if it has not started by then: seconds "
+                   "from now, or a time with a zone"),
 )
 BY_NAME: Final = {o.name: o for o in OPTIONS}  #: the options by send keyword
 BY_MANY: Final = {o.many: o for o in OPTIONS}  #: the options by send_many keyword
