@@ -224,7 +224,7 @@ class Starts:
             return False
         if d.state != State.QUEUED:
             return False
-        if self._leases.expired(d, time.monotonic()):
+        if self.commits and self._leases.expired(d, time.monotonic()):
             h.lose(d, "its lease ran out before the handler started", leave=True)
             return False
         return True
