@@ -24,7 +24,7 @@ from streamwork._worker.core.delivery import Delivery, State
 from streamwork._worker.core.failure import JobCancelled, decide, failure, overran
 from streamwork._worker.core.holdings import Holdings
 from streamwork._worker.core.pool import Calls
-from streamwork._worker.core.seam import GO, Fail, Hooks
+from streamwork._worker.core.seam import GO, Fail, Go, Hooks
 from streamwork._worker.core.start import Starts
 from streamwork._worker.core.timelimit import TimeLimit, uncancel
 
@@ -68,6 +68,7 @@ class Runner:
         # with only synchronous checks and nothing to commit, it is checked without a wait
         checked = starts.commits or bool(self._hooks.check or self._hooks.before)
         waits = starts.commits or bool(self._hooks.before)
+        check = self._hooks.start_check()
         after = bool(self._hooks.after)
         cancellable = cfg.cancel_running and self.calls.is_async
         try:
@@ -96,15 +97,20 @@ class Runner:
                         if slots is not None:
                             slots.release()
                         continue
-                    if checked or d.dropped or d.state != queued:
+                    verdict: Go | Fail | None = GO
+                    if not waits and check is not None and not d.dropped and d.state == queued:
+                        seen = check(d)  # the hot path without job records
+                        if seen is not GO:
+                            verdict = starts.refused(d, seen)
+                    elif checked or d.dropped or d.state != queued:
                         verdict = await starts.start(d) if waits else starts.decide_now(d)
-                        if verdict is not GO:
-                            if slots is not None:
-                                slots.release()
-                            if isinstance(verdict, Fail):  # a feature's check failed the job
-                                d.started = clock()
-                                self._failed(d, verdict.error)
-                            continue
+                    if verdict is not GO:
+                        if slots is not None:
+                            slots.release()
+                        if isinstance(verdict, Fail):  # a feature's check failed the job
+                            d.started = clock()
+                            self._failed(d, verdict.error)
+                        continue
                 msg = d.msg
                 d.state = running
                 d.started = now = clock()

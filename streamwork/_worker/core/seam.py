@@ -250,6 +250,13 @@ class Hooks:
                 return verdict
         return GO
 
+    def start_check(self) -> Callable[[Delivery], Verdict] | None:
+        """What checks a start synchronously, cheapest form: None when no feature does,
+        the one feature's hook when one does, else `check_start`."""
+        if not self.check:
+            return None
+        return self.check[0] if len(self.check) == 1 else self.check_start
+
     def wrap(self, call: Call) -> Call:
         """The handler call wrapped by every feature that wraps it (the first outermost)."""
         for wrap in reversed(self.wraps):

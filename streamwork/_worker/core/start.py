@@ -235,7 +235,11 @@ class Starts:
         awaits no coroutine for it."""
         if not self.startable(d):
             return None
-        verdict = self._hooks.check_start(d)
+        return self.refused(d, self._hooks.check_start(d))
+
+    def refused(self, d: Delivery, verdict: Verdict) -> Go | Fail | None:
+        """What a synchronous check's ``verdict`` means for ``d`` (nothing to undo: no
+        ``before_start`` ran): go, fail it, or None (it waits, or was dropped: done here)."""
         if isinstance(verdict, (Go, Fail)):
             return verdict
         if isinstance(verdict, Wait):

@@ -259,4 +259,5 @@ class Chains(Feature):
         return self._sender
 
     def on_done(self, d: Delivery) -> None:
-        count_produced(self._tally, d.msg)
+        if d.msg._sent_to:  # it sent jobs
+            count_produced(self._tally, d.msg)

@@ -23,7 +23,10 @@ class Expiry(Feature):
         return cls()
 
     def check_start(self, d: Delivery) -> Verdict:
-        until = d.msg.options.get("expires")
+        options = d.msg.options
+        if not options:  # most jobs carry no option at all
+            return GO
+        until = options.get("expires")
         if until is None or time.time() < until.timestamp():
             return GO
         return Drop(STATE, f"not started before it expired at {until.isoformat()}")
