@@ -37,8 +37,9 @@ lint: $(STAMP)
 # another seed, and without the tests that start a local Redis Cluster or Sentinel
 # deployment (they take minutes; both servers pass them) or that test streamwork's own
 # processes, web page, CLI, docs, start-up checks, user-code containment, outage
-# reporting, log lines, codec, examples, benchmark harness, pausing, process-killing jobs
-# and Redlock's client-side algorithm rather than what the server does).
+# reporting, log lines, codec, examples, benchmark harness, pausing, process-killing jobs,
+# Redlock's client-side algorithm, middleware, job options and old wire versions rather
+# than what the server does).
 SERVER_AGNOSTIC := tests/test_dashboard.py tests/test_processes.py tests/test_health.py \
 	tests/test_alerts.py tests/test_bench.py tests/test_examples.py \
 	tests/test_typed_payloads.py tests/test_cli.py tests/test_function_worker.py \
@@ -47,7 +48,8 @@ SERVER_AGNOSTIC := tests/test_dashboard.py tests/test_processes.py tests/test_he
 	tests/test_payload_types.py tests/test_architecture.py tests/test_ops_thresholds.py \
 	tests/test_ops_format.py tests/test_ops_merge.py tests/test_bench_scaling.py \
 	tests/test_bench_cluster.py tests/test_pause.py tests/faults/test_poison.py \
-	tests/test_redlock_leases.py
+	tests/test_redlock_leases.py tests/test_middleware.py tests/test_job_options.py \
+	tests/test_wire_v2.py
 PARALLEL := -n 4 --dist loadfile --durations=15
 test: lint
 	$(BIN)/pytest -q $(PARALLEL)

@@ -154,6 +154,7 @@ async def test_after_sees_timeout_and_cancelled_outcomes(redis_url: str, r: redi
 
     class Long(_Base):
         cancel_running = True
+        visibility_timeout = 1.5  # heartbeats (which see the cancel) every 0.5 s
 
         async def handle(self, msg: sw.Message) -> None:
             self.started = True
