@@ -20,19 +20,23 @@ from streamwork._worker.core.consumer import Consumer
 from streamwork._worker.core.loops.trimming import trim_stream
 from streamwork._worker.core.loops.upkeep import upkeep_once
 from streamwork._worker.features import FEATURES
-from streamwork.testing import Ledger, await_for
+from streamwork.testing import Ledger, await_for, run_until_idle
 from tests.workers.ledger import LedgerWorker
 
 STREAM, GROUP, OTHER, LAGGARD = "jobs", "testers", "auditors", "laggards"
 KEYS = StreamKeys.for_stream(STREAM)
 
 
-async def _upkeep(url: str, name: str = "upkeeper", **options: Any) -> tuple[int, int]:
-    """One upkeep round (trim + reap) by a consumer of LedgerWorker built with ``options``."""
+async def _upkeep(url: str, name: str = "upkeeper", join: bool = False,
+                  **options: Any) -> tuple[int, int]:
+    """One upkeep round (trim + reap) by a consumer of LedgerWorker built with ``options``
+    (``join``: after joining its group, as a serving worker has: its priority levels too)."""
     worker = LedgerWorker.from_url(url, **options)
     consumer = Consumer(worker.handle, worker.config, url, name,
                         features=FEATURES)
     try:
+        if join:
+            await consumer._join()
         return await upkeep_once(consumer.ctx)
     finally:
         await consumer.redis.aclose()
@@ -242,3 +246,43 @@ async def test_trim_stays_bounded_when_stream_nodes_are_bigger_than_the_chunk(
     assert trimmed == 15_050
     assert _ids(r) == ids[15_050:]
     assert [n for n, _ in registry.replies] == [1000] * 15 + [50], registry.replies
+
+
+async def test_a_level_stream_keeps_what_an_absent_group_has_not_read(
+        r: redis.Redis, redis_url: str, spawn_worker: Any) -> None:
+    """Two groups on one stream; one's workers are down while high-priority jobs arrive.
+    The other group's worker (another process) runs them and its upkeep trims: the level
+    stream keeps every job the absent group has not joined and read yet, and once that
+    group's worker starts, it runs all of them (nothing lost to the retention)."""
+    from streamwork._wire.priorities import sibling_streams
+
+    high, _ = sibling_streams(KEYS)
+    with Producer.from_url(redis_url) as p:
+        p.send_many(STREAM, [{}] * 3, keys=["warm-1", "warm-2", "warm-3"])
+    # both groups exist on the stream itself (they ran before); only GROUP is up now
+    for group in (GROUP, OTHER):
+        r.xgroup_create(STREAM, group, id="0")
+    runner = spawn_worker("tests.workers.ledger:LedgerWorker", redis_url, "--group", GROUP,
+                          "--retention", "0", "--stream", STREAM)
+    with Producer.from_url(redis_url) as p:
+        p.send_many(STREAM, [{}] * 3, keys=["urgent-1", "urgent-2", "urgent-3"],
+                    priority="high")
+    await await_for(lambda: r.exists(high) and any(
+        g["name"] == GROUP.encode() and not g["pending"] and not g["lag"]
+        for g in r.xinfo_groups(high)), timeout=30, message="GROUP ran the high jobs")
+    # the running group's upkeep, as often as it likes: nothing of the level goes while
+    # OTHER has not joined it
+    for _ in range(3):
+        await _upkeep(redis_url, join=True, retention=0.0, group=GROUP)
+    assert r.xlen(high) == 3, "the level stream was trimmed under an absent group"
+    runner.terminate()
+    runner.wait(30)
+    ledger = Ledger(r, "ledger")
+    r.delete("ledger")
+    await run_until_idle(LedgerWorker.from_url(redis_url, group=OTHER, stream=STREAM), r)
+    report = ledger.report(["warm-1", "warm-2", "warm-3", "urgent-1", "urgent-2",
+                            "urgent-3"])
+    assert report.exactly_once, report
+    # every group has joined and read it now: the level is trimmed as the stream is
+    await _upkeep(redis_url, join=True, retention=0.0, group=OTHER)
+    assert r.xlen(high) <= 1  # up to the last delivered entry, as on the stream itself

@@ -194,10 +194,13 @@ def promote(pairs: list[tuple[str, str]], count: int) -> Call:
     return Call("promote", [key for pair in pairs for key in pair], [count])
 
 
-def trim(stream: str, cutoff_ms: int, limit: int) -> Call:
+def trim(stream: str, cutoff_ms: int, limit: int, shared_with: str | None = None) -> Call:
     """trim.lua: drop entries every group acknowledged, older than the cutoff, at most
-    ``limit`` a call; the reply is (entries trimmed, 1 if more may be left else 0)."""
-    return Call("trim", [stream], [cutoff_ms, limit])
+    ``limit`` a call; the reply is (entries trimmed, 1 if more may be left else 0). With
+    ``shared_with`` (the stream whose every group reads ``stream`` too), nothing while one
+    of that stream's groups has not joined ``stream``."""
+    return Call("trim", [stream] if shared_with is None else [stream, shared_with],
+                [cutoff_ms, limit])
 
 
 def reap(stream: str, group: str, idle_ms: int, keep: str) -> Call:

@@ -3,7 +3,10 @@
 -- itself ignores the PEL, so the safe MINID is computed here, atomically). One call removes
 -- at most ARGV[2] entries, so no call blocks Redis for long however much is trimmable: the
 -- caller calls again while the reply says more may be left (each call recomputes the MINID).
--- KEYS[1] stream
+-- KEYS[1] stream, KEYS[2] (optional) the stream whose groups all read KEYS[1] too (a
+-- priority level of it: every group of the stream reads its levels, joining a level when it
+-- first looks); while one of them has not joined KEYS[1] yet, nothing is trimmed there
+-- (what it has not read would be lost to it)
 -- ARGV[1] cutoff in Unix ms: only entries older than this may go
 -- ARGV[2] at most this many entries removed by this call
 -- Returns: {entries trimmed, 1 if more may be left (call again) else 0}
@@ -16,6 +19,17 @@ end
 if redis.call('EXISTS', KEYS[1]) == 0 then return {0, 0} end
 local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
 if #groups == 0 then return {0, 0} end
+if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1 then
+  local here = {}
+  for _, g in ipairs(groups) do
+    for i = 1, #g, 2 do if g[i] == 'name' then here[g[i + 1]] = true end end
+  end
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[2])) do
+    for i = 1, #g, 2 do
+      if g[i] == 'name' and not here[g[i + 1]] then return {0, 0} end
+    end
+  end
+end
 local minid = ARGV[1] .. '-0'
 for _, g in ipairs(groups) do
   local info = {}

@@ -2,7 +2,9 @@
 (``MAIN``), the group's retry stream (``RETRY``) and up to two more that a feature adds
 (sources 2 and 3, the last two KEYS of every worker script). A source a feature added
 is read once it is joined (the group exists on it); the reclaimer, the trim and the
-heartbeat go over the joined ones, highest rank first."""
+heartbeat go over the joined ones, highest rank first. Such a source is shared by every
+group of the stream (each joins it when it first looks), so it is trimmed only once all of
+the stream's groups have joined it."""
 
 from __future__ import annotations
 

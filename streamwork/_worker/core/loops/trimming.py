@@ -19,12 +19,15 @@ MAX_TRIM_CALLS: Final = 2_000
 
 
 async def trim_stream(registry: AsyncScripts, stream: str, cutoff_ms: int,
-                      chunk: int = TRIM_CHUNK, max_calls: int = MAX_TRIM_CALLS) -> int:
+                      chunk: int = TRIM_CHUNK, max_calls: int = MAX_TRIM_CALLS,
+                      shared_with: str | None = None) -> int:
     """Trim ``stream`` of the entries every group acknowledged that are older than
-    ``cutoff_ms``, at most ``chunk`` per script call; returns how many went."""
+    ``cutoff_ms``, at most ``chunk`` per script call; returns how many went. ``shared_with``:
+    the stream every group of which reads ``stream`` too (see trim.lua)."""
     trimmed = 0
     for _ in range(max_calls):
-        removed, more = await registry.run(scripts.trim(stream, max(cutoff_ms, 0), chunk))
+        removed, more = await registry.run(scripts.trim(stream, max(cutoff_ms, 0), chunk,
+                                                        shared_with))
         trimmed += int(removed)
         if not int(more):
             break

@@ -17,6 +17,7 @@ from typing import Final
 from streamwork._redis import scripts
 from streamwork._telemetry.logs import WORKER_LOGGER
 from streamwork._worker.core.context import Context
+from streamwork._worker.core.delivery import RETRY
 from streamwork._worker.core.loops.reclaim import jitter
 from streamwork._worker.core.loops.trimming import trim_stream
 
@@ -54,10 +55,13 @@ async def upkeep_once(ctx: Context) -> tuple[int, int]:
     """One trim + reap round; returns (entries trimmed, consumers removed)."""
     cfg = ctx.cfg
     trimmed = reaped = 0
-    for _, stream in ctx.sources.read_now():  # the stream, retries, joined sources
+    for src, stream in ctx.sources.read_now():  # the stream, retries, joined sources
         if cfg.retention is not None:
+            # a source a feature added is read by every group of the stream: trimmed only
+            # once all of them have joined it (what one has not read stays for it)
             trimmed += await trim_stream(ctx.scripts, stream,
-                                         int((time.time() - cfg.retention) * 1000))
+                                         int((time.time() - cfg.retention) * 1000),
+                                         shared_with=cfg.stream if src > RETRY else None)
         reaped += await ctx.scripts.run(scripts.reap(
             stream, cfg.group, round(cfg.consumer_idle_timeout * 1000), ctx.name))
     if trimmed or reaped:
