@@ -569,3 +569,31 @@ async def test_a_partitioned_worker_pauses_on_every_partition(redis_url: str,
         w.stop()
         await task
     assert set(w.done) == set(keys) and set(w.done.values()) == {1}
+
+
+@pytest.mark.parametrize("kind", [Pausable, BatchPausable], ids=["handle", "handle_batch"])
+async def test_a_job_waiting_for_a_rate_token_does_not_start_once_paused(
+        redis_url: str, r: redis.Redis, kind: type[Recorder]) -> None:
+    """With a real group-wide rate limit (60/m: a token a second) runners wait for tokens;
+    the pause lands meanwhile: no job starts after the worker saw it, though tokens came
+    due in that window (the gate is looked at again after the wait); all run once resumed."""
+    w = kind.from_url(redis_url, rate_limit="60/m", concurrency=4)
+    async with sw.AsyncProducer.from_url(redis_url) as p:
+        keys = await _send(p, 6, "rated")
+        task = asyncio.create_task(w.serve())
+        try:
+            await await_for(lambda: len(w.starts) >= 1, timeout=20, message="a first start")
+            await p.pause(STREAM, GROUP, reason="rate x pause")
+            await await_for(lambda: _paused(w), timeout=SEES_WITHIN, message="pause seen")
+            seen = time.monotonic()
+            started = len(w.starts)
+            await asyncio.sleep(3.5)  # 3 tokens come due: none may start a job now
+            assert _late(w.starts, seen) == [], (w.starts, seen)
+            assert len(w.starts) <= started + 1  # one whose start was on its way, at most
+            await p.resume(STREAM, GROUP)
+            await await_for(lambda: set(w.done) >= set(keys) and _idle(r), timeout=60,
+                            message="every job done after the resume")
+        finally:
+            w.stop()
+            await task
+    assert [k for k, n in w.done.items() if n != 1] == []

@@ -313,12 +313,20 @@ class Starts:
         those that may start, and those a check failed, with their `Fail`."""
         ok: list[Delivery] = []
         failed: list[tuple[Delivery, Fail]] = []
-        for d in ds:
+        for i, d in enumerate(ds):
+            if not self._gate.open:  # closed while earlier ones' checks waited
+                self._queue.park(ds[i:])
+                break
             verdict = await self.decide(d)
             if verdict is GO:
                 ok.append(d)
             elif isinstance(verdict, Fail):
                 failed.append((d, verdict))
+        if ok and not self._gate.open:  # decided before the gate closed, not committed
+            for d in ok:
+                await self.release(d)
+            self._queue.park(ok)
+            return [], failed
         if not self.commits or not ok:
             return ok, failed
         asked = [self._add(d, "s", 0) for d in ok]  # one batch: sent once the loop turns
