@@ -377,3 +377,42 @@ async def test_an_ordered_worker_says_it_leaves_other_levels_unread(
     lines = [rec.getMessage() for rec in caplog.records if "priority" in rec.getMessage()]
     assert len(lines) == 1 and "without priority=" in lines[0], lines
     assert r.xlen(HIGH) == 1 and worker.started == [("normal", "in-order")]
+
+
+async def test_weighted_order_serves_every_level_even_one_entry_a_read(
+        redis_url: str, r: redis.Redis) -> None:
+    """concurrency 1 and a batch of 1: each read has room for one entry. With backlogs on
+    every level, weighted 8:2:1 still starts each level in turn, by weight (low about
+    1 in 11), not high until it drains."""
+    with sw.Producer.from_url(redis_url) as p:
+        p.send_many(STREAM, [{}] * 120, keys=[f"h{i}" for i in range(120)], priority="high")
+        p.send_many(STREAM, [{}] * 60, keys=[f"n{i}" for i in range(60)])
+        p.send_many(STREAM, [{}] * 40, keys=[f"l{i}" for i in range(40)], priority="low")
+    w = starts_worker(redis_url, concurrency=1, batch_size=1, priority_order="weighted")
+    async with serving(w):
+        await await_for(lambda: len(w.started) >= 110, timeout=60, message="110 starts")
+    first = [level for level, _ in w.started[10:110]]  # once every level was discovered
+    counts = {level: first.count(level) for level in ("high", "normal", "low")}
+    assert counts["low"] >= 5 and counts["normal"] >= 10, counts
+    assert counts["high"] > counts["normal"] > counts["low"], counts
+
+
+async def test_replayed_low_jobs_do_not_overtake_a_high_one(redis_url: str,
+                                                            r: redis.Redis) -> None:
+    """300 low jobs dead-lettered, then replayed (they come back on the group's retry
+    stream), and a high job sent right after the replay: it starts before the replays,
+    bar what the worker read in its first read (retries are read after the high level)."""
+    with sw.Producer.from_url(redis_url) as p:
+        p.send_many(STREAM, [{"dead": True}] * 300, keys=[f"r{i}" for i in range(300)],
+                    priority="low")
+        w = starts_worker(redis_url, max_deliveries=1)
+        await run_until_idle(w, r, timeout=60)
+        assert r.xlen(StreamKeys.for_stream(STREAM).dead) == 300
+        assert replay_dead(r, STREAM)[0] == 300
+        p.send(STREAM, {}, key="urgent", priority="high")
+        again = starts_worker(redis_url, max_deliveries=1)
+        again.fixed.update(f"r{i}" for i in range(300))
+        await run_until_idle(again, r, timeout=60)
+    keys = [key for _, key in again.started]
+    assert len(keys) == 301
+    assert keys.index("urgent") < again.config.batch_size, keys[:60]

@@ -24,7 +24,6 @@ from streamwork._telemetry.logs import WORKER_LOGGER
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.priorities import (
     DEFAULT_WEIGHTS,
-    LEVELS,
     check_order,
     parse_weights,
     sibling_streams,
@@ -87,11 +86,16 @@ class Levels(Feature):
         sources.add(HIGH, high, -1)  # high is read (and reclaimed) before the stream
         sources.add(LOW, low, 2)  # low after the retry stream
         weights = parse_weights(cfg.priority_weights)
-        retry = sources.names[RETRY]
-        # read.lua's streams in the order they are served, each with its weight (retry: 0,
-        # served first: retries and replays were read once already)
-        self._order = [retry, *(sources.names[_SRC[level]] for level in LEVELS)]
-        self._weights = [0, *(weights[level] for level in LEVELS)]
+        # the streams a read round serves, highest first: retries and replays (of every
+        # level: the group's retry stream holds them all) come right after the high level,
+        # so they never hold up a high job and are not held up by normal and low work;
+        # weighted, they get the normal level's share
+        self._order = [sources.names[HIGH], sources.names[RETRY], sources.names[MAIN],
+                       sources.names[LOW]]
+        self._weights = [weights["high"], weights["normal"], weights["normal"],
+                         weights["low"]]
+        self._owed = [0.0] * len(self._order)  # weighted: what each is owed (deficits)
+        self._strict = cfg.priority_order == "strict"
         self._warned = False
 
     @property
@@ -138,6 +142,34 @@ class Levels(Feature):
             return False
         return await self.discover(client)
 
+    def shares(self, room: int) -> tuple[list[int], list[int]]:
+        """This round's order of the streams (indexes into their serving order) and each
+        one's count. Strict: the serving order, the room for each in turn. Weighted: a
+        deficit round robin: each stream is owed its weight's share of the room, takes
+        the whole entries it is owed (and, for the room rounding leaves, those owed most),
+        and what a stream leaves unused goes to the others in the order of what they are
+        owed; so even a read of one entry goes to each level in turn by weight."""
+        n = len(self._order)
+        if self._strict:
+            return list(range(n)), [room] * n
+        owed, weights = self._owed, self._weights
+        total = sum(weights)
+        for i in range(n):
+            owed[i] += weights[i] * room / total
+        counts = [max(0, int(o)) for o in owed]
+        by_owed = sorted(range(n), key=lambda i: owed[i] - counts[i], reverse=True)
+        for i in by_owed[:max(0, room - sum(counts))]:
+            counts[i] += 1
+        return sorted(range(n), key=lambda i: owed[i], reverse=True), counts
+
+    def settle(self, counts: list[int], taken: list[int]) -> None:
+        """A weighted round took ``taken`` of each stream (given ``counts``): what each is
+        owed drops by what it took; one that had fewer new entries than its count owes and
+        is owed nothing (an idle level saves up no share for later)."""
+        owed = self._owed
+        for i, (count, took) in enumerate(zip(counts, taken, strict=True)):
+            owed[i] = 0.0 if took < count else owed[i] - took
+
     async def read(self, count: int) -> list[tuple[bytes, list[Entry]]] | None:
         """One read round over the levels, once one is joined (else None: the consumer's
         own read): read.lua (no wait), then, if it found nothing, a blocking XREADGROUP of
@@ -145,9 +177,14 @@ class Levels(Feature):
         if not self.sources.extra:
             return None
         cfg, client = self.cfg, self._client
-        flat = await self._run(scripts.read(self._order, cfg.group, self.consumer, count,
-                                            cfg.priority_order, self._weights))
+        order, counts = self.shares(count)
+        flat = await self._run(scripts.read([self._order[i] for i in order], cfg.group,
+                                            self.consumer, count, cfg.priority_order,
+                                            [counts[i] for i in order]))
         pairs = list(zip(flat[::2], flat[1::2], strict=True))
+        if not self._strict:
+            taken = {stream: len(entries) for stream, entries in pairs}
+            self.settle(counts, [taken.get(s.encode(), 0) for s in self._order])
         for stream, _ in pairs:
             if (src := self.sources.src_of(stream)) >= HIGH:
                 self.sources.join(src)
