@@ -447,6 +447,37 @@ async def test_a_call_past_its_time_limit_times_out_each_message(
     assert results(redis_url, keys) == [k.upper() for k in keys]
 
 
+class Steady(Recorder):
+    """Each call takes 0.5 s; the worker's time limit is generous."""
+
+    timeout = 30.0
+    max_deliveries = 3
+
+    async def handle_batch(self, msgs: list[sw.Message]) -> Any:
+        type(self).calls.append([m.key for m in msgs])
+        await asyncio.sleep(0.5)
+        return [m.key.upper() for m in msgs]
+
+
+async def test_one_jobs_short_time_limit_does_not_time_out_its_mates(
+        redis_url: str, r: redis.Redis) -> None:
+    """Nine jobs and one sent with timeout=0.2: the short one runs in calls of its own and
+    is dead-lettered as timeout; its nine mates each succeed on their first attempt."""
+    mates = [f"m{i}" for i in range(9)]
+    with sw.Producer.from_url(redis_url) as p:
+        p.send_many(S, [{"n": 1}] * 4, keys=mates[:4])
+        p.send(S, {"n": 1}, key="short", timeout=0.2)
+        p.send_many(S, [{"n": 1}] * 5, keys=mates[4:])
+    worker = Steady.from_url(redis_url)
+    await run_until_idle(worker, r)
+    assert results(redis_url, mates) == [k.upper() for k in mates]
+    assert all("short" not in call or call == ["short"] for call in Steady.calls), Steady.calls
+    assert worker.counts["timed_out"] == 3 and worker.counts["dead_lettered"] == 1
+    with sw.Producer.from_url(redis_url) as p:
+        assert [p.status(S, k, group=G).attempts for k in mates] == [1] * 9
+        assert p.status(S, "short", group=G).reason == "timeout"
+
+
 async def test_a_concurrency_key_cap_holds_per_message(redis_url: str, r: redis.Redis) -> None:
     """concurrency_key with concurrency_per_key 1: two jobs of one key are never in the
     same call (each message takes its key's hold before its call)."""

@@ -6,8 +6,8 @@ A batch runner takes a ready delivery, then what else is ready, waiting up to
 checks one by one, start.lua once for all), calls the handler once, and turns its answer
 into one
 outcome per job, each written as a ``handle``'s would be: a job fails, is retried and
-dead-lettered on its own. ``concurrency`` is the number of calls in flight; a call's time
-limit is the smallest of its jobs'.
+dead-lettered on its own. ``concurrency`` is the number of calls in flight; the jobs of
+one call share a time limit (jobs sent with another ``timeout`` get calls of their own).
 """
 
 from __future__ import annotations
@@ -138,28 +138,36 @@ class BatchRunner(Runner):
             watch.close()
 
     async def _gather(self, loop: asyncio.AbstractEventLoop) -> list[Delivery]:
-        """A ready delivery, then what else is ready, waiting up to ``batch_wait`` (from
-        the first) for more until there are ``batch_max``."""
+        """A ready delivery, then what else is ready with the same time limit, waiting up
+        to ``batch_wait`` (from the first) for more until there are ``batch_max``. Jobs
+        with another time limit wait for a call of their own (put back at the front, in
+        order): a call's time limit is its jobs', and one job's short limit must not time
+        out mates that were given longer."""
         cfg, h = self.ctx.cfg, self.holdings
         queue, most = h.queue, cfg.batch_max
         ready = queue.ready
         if not queue.gate.open:  # closed: take nothing until it opens
             await queue.gate.opened()
         batch = [ready.popleft() if ready else await queue.get()]
+        limit = batch[0].limit
+        other: list[Delivery] = []  # another limit: back to the front afterwards
         until = loop.time() + cfg.batch_wait
         try:
             while len(batch) < most:
                 while ready and len(batch) < most:
-                    batch.append(ready.popleft())
+                    d = ready.popleft()
+                    (batch if d.limit == limit else other).append(d)
                 if len(batch) >= most or loop.time() >= until:
                     break
-                d = await queue.get(until)
-                if d is None:
+                got = await queue.get(until)
+                if got is None:
                     break
-                batch.append(d)
+                (batch if got.limit == limit else other).append(got)
         except asyncio.CancelledError:
-            h.forget_all(batch, "lost")
+            h.forget_all(batch + other, "lost")
             raise
+        if other:
+            ready.extendleft(reversed(other))
         if ready:
             queue.kick()  # more ready: a parked runner may take them
         return batch
