@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import urllib.request
 from collections import Counter
@@ -597,3 +598,44 @@ async def test_a_job_waiting_for_a_rate_token_does_not_start_once_paused(
             w.stop()
             await task
     assert [k for k, n in w.done.items() if n != 1] == []
+
+
+@pytest.mark.parametrize("loss", ["restart", "flushall"])
+async def test_a_pause_lost_with_redis_data_is_written_back(
+        make_server: Any, loss: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Redis comes back empty (restarted without persistence, or FLUSHALL) while the group
+    is paused: the worker that had seen the pause writes it back and says so; a job sent
+    after it does not run until the group is resumed."""
+    server = make_server()
+    url = server.url
+    r = redis.Redis.from_url(url)
+    w = Pausable.from_url(url, visibility_timeout=1.5)
+    task = asyncio.create_task(w.serve())
+    try:
+        async with sw.AsyncProducer.from_url(url) as p:
+            await await_for(lambda: w.health().ready, timeout=20, message="worker ready")
+            await p.pause(STREAM, GROUP, reason="maintenance")
+            await await_for(lambda: _paused(w), timeout=SEES_WITHIN, message="pause seen")
+            with caplog.at_level(logging.WARNING, logger="streamwork"):
+                if loss == "restart":
+                    server.restart()
+                else:
+                    r.flushall()
+                await await_for(lambda: r.exists(PAUSED_KEY) == 1, timeout=20,
+                                message="the pause written back")
+                await await_for(lambda: any("pause was lost with Redis's data" in m
+                                            for m in caplog.messages), timeout=5,
+                                message="the WARNING that says so")
+            assert r.hget(PAUSED_KEY, "reason") == b"maintenance"
+            await await_for(lambda: w.health().ready, timeout=20, message="ready again")
+            await p.send(STREAM, {}, key="after-the-loss")
+            await asyncio.sleep(2.0)  # a window for a start that must not happen
+            assert w.starts == [] and _paused(w)
+            assert await p.resume(STREAM, GROUP) is True
+            await await_for(lambda: w.done["after-the-loss"] == 1, timeout=20,
+                            message="runs once resumed")
+    finally:
+        w.stop()
+        await task
+        r.close()
+    assert w.counts["pause_restored"] == 1

@@ -11,6 +11,12 @@ before the pause was seen runs (its handler is called at once); a handler runnin
 the pause is seen runs to its end; their outcomes are written as usual. Resumed, the
 runners take the queue where they left it.
 
+A pause is state that survives Redis losing its data: a worker that had seen the pause
+and finds the hash gone while the server is another one (restarted without persistence,
+failed over to a replica that lacked it) or the group gone from the stream (FLUSHALL)
+writes the pause back and logs a WARNING, rather than taking it for a resume. A resume
+deletes the hash on the same server, with the group still there.
+
 A worker stopped while paused lets go at once of what it has not started: it stays pending
 in the group and is taken over by a worker of the group after ``visibility_timeout``,
 without counting as a delivery (`hand_back`).
@@ -21,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from typing import Final
+
+import redis.exceptions
 
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER
@@ -47,6 +55,8 @@ class Pausing(Feature):
         self.holdings = holdings
         self.gate = gate
         self.state_read: PauseState | None = None
+        self._server: str | None = None  # the run_id of the server the pause was seen on
+        self._joined = False  # the group was joined once (a later join: Redis lost it)
         gate.close(HOLDER)  # nothing starts before the pause hash was first read
 
     @classmethod
@@ -74,13 +84,62 @@ class Pausing(Feature):
             self.gate.close(HOLDER)
         else:
             self.gate.release(HOLDER)
+            self._server = None
         return True
+
+    async def on_join(self) -> None:
+        """The group was joined again after it vanished (Redis came back empty): if this
+        worker had seen a pause, the pause went with the data; write it back now, before
+        anything is read (the pause loop may not have looked yet)."""
+        if not self._joined:
+            self._joined = True
+            return
+        ctx = self.ctx
+        if self.state_read is not None and not await ctx.redis.exists(ctx.gkeys.paused):
+            await self._restore()
+
+    async def _restore(self) -> PauseState:
+        """Write the pause this worker saw back into Redis, and say so."""
+        ctx, state = self.ctx, self.state_read
+        assert state is not None
+        await ctx.redis.hset(ctx.gkeys.paused, mapping={
+            "reason": state.reason, "since": round(state.since * 1000)})
+        self._server = await _run_id(ctx.redis)  # the pause lives on this server now
+        log.warning("the group's pause was lost with Redis's data (a restart without "
+                    "persistence, a FLUSHALL, a failover to a replica that lacked it): "
+                    "written back, its jobs still do not start; resume the group "
+                    "(`streamwork resume %s --group %s`) when the pause is over",
+                    ctx.cfg.stream, ctx.cfg.group, extra=ctx.fields(
+                        reason=state.reason or None))
+        ctx.count("pause_restored", 1)
+        return state
+
+    async def _lost(self) -> bool:
+        """The pause hash is gone: whether Redis lost it with its data rather than an
+        operator resuming the group. Lost when the server is another one than when the
+        pause was seen (restarted, failed over: a restart that kept its data would have
+        kept the hash) or the group is gone from the stream (emptied, FLUSHALL)."""
+        ctx = self.ctx
+        if self._server is not None and await _run_id(ctx.redis) != self._server:
+            return True
+        try:
+            groups = await ctx.redis.xinfo_groups(ctx.cfg.stream)
+        except redis.exceptions.ResponseError:  # no such stream
+            return True
+        names = {g["name"].decode() if isinstance(g["name"], bytes) else str(g["name"])
+                 for g in groups}
+        return ctx.cfg.group not in names
 
     async def read_pause(self) -> None:
         """Read the group's pause hash (one HGETALL), logging a change and setting the
-        ``streamwork.stream.paused`` gauge."""
+        ``streamwork.stream.paused`` gauge. A pause that vanished with Redis's data is
+        written back (`_lost`), not taken for a resume."""
         ctx = self.ctx
         state = parse_pause(await ctx.redis.hgetall(ctx.gkeys.paused))
+        if state is not None and self._server is None:
+            self._server = await _run_id(ctx.redis)
+        elif state is None and self.state_read is not None and await self._lost():
+            state = await self._restore()
         first = self.on and self.state_read is None  # the gate is still closed from build
         if self.update(state) and not (first and state is None):
             if state is not None:
@@ -154,3 +213,11 @@ async def hand_back(ctx: Context, h: Holdings) -> int:
 def _id_order(entry_id: bytes) -> tuple[int, int]:
     ms, _, seq = entry_id.partition(b"-")
     return int(ms), int(seq or 0)
+
+
+async def _run_id(client: object) -> str | None:
+    """The server's ``run_id`` (new at every start of a server process), or None when it
+    does not say (a proxy): then only a vanished group tells a loss."""
+    info = await client.info("server")  # type: ignore[attr-defined]
+    run_id = info.get("run_id")
+    return None if run_id is None else str(run_id)
