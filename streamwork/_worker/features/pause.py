@@ -38,6 +38,7 @@ from streamwork._worker.core.delivery import Delivery, State
 from streamwork._worker.core.gate import Gate
 from streamwork._worker.core.holdings import Holdings
 from streamwork._worker.core.seam import Feature, Parts, Step
+from streamwork._worker.core.supervisor import Link
 
 log = logging.getLogger(WORKER_LOGGER)
 
@@ -50,10 +51,13 @@ class Pausing(Feature):
     start gate (gate.py) is closed. A consumer starts with the gate closed, until its
     first read of the pause hash."""
 
-    def __init__(self, ctx: Context, holdings: Holdings, gate: Gate) -> None:
+    def __init__(self, ctx: Context, holdings: Holdings, gate: Gate,
+                 link: Link | None = None) -> None:
         self.ctx = ctx
         self.holdings = holdings
         self.gate = gate
+        self._link = link or Link()
+        self._seen_up = self._link.up_since  # when Redis last came back, at the last look
         self.state_read: PauseState | None = None
         self._server: str | None = None  # the run_id of the server the pause was seen on
         self._joined = False  # the group was joined once (a later join: Redis lost it)
@@ -61,7 +65,7 @@ class Pausing(Feature):
 
     @classmethod
     def build(cls, parts: Parts) -> Pausing:
-        return cls(parts.ctx, parts.holdings, parts.gate)
+        return cls(parts.ctx, parts.holdings, parts.gate, parts.link)
 
     @property
     def on(self) -> bool:
@@ -136,8 +140,11 @@ class Pausing(Feature):
         written back (`_lost`), not taken for a resume."""
         ctx = self.ctx
         state = parse_pause(await ctx.redis.hgetall(ctx.gkeys.paused))
-        if state is not None and self._server is None:
+        if state is not None and (self._server is None
+                                  or self._link.up_since != self._seen_up):
+            # first seen, or seen again after an outage: the server it lives on now
             self._server = await _run_id(ctx.redis)
+            self._seen_up = self._link.up_since
         elif state is None and self.state_read is not None and await self._lost():
             state = await self._restore()
         first = self.on and self.state_read is None  # the gate is still closed from build
