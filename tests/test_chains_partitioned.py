@@ -61,6 +61,20 @@ class Fanout(sw.StreamWorker):
             raise
 
 
+class SyncFanout(Fanout):
+    """Fanout as a plain def (its msg.send runs in the worker's thread pool)."""
+
+    def handle(self, msg: sw.Message) -> None:  # type: ignore[override]
+        p = msg.payload
+        keys = [f"{msg.key}-{i}" for i in range(p.get("n", 1))]
+        try:
+            msg.send_many(TARGET, [{"i": i} for i in range(len(keys))], keys=keys,
+                          order_keys=p.get("ok"), partitions=p.get("partitions"))
+        except ConfigError as exc:
+            type(self).errors.append(exc)
+            raise
+
+
 class Served(sw.StreamWorker):
     """The partitioned target's worker: a ledger of the keys it ran."""
 
@@ -149,18 +163,26 @@ async def test_an_unrecorded_target_is_not_partitioned_unless_told(
     (b"4", 1, "split into 4 partitions"),
     (b"lots", None, "not a count msg.send can route by"),
 ])
+@pytest.mark.parametrize("kind", ["async", "sync"])
 async def test_a_count_that_cannot_be_right_is_refused_at_send(
         redis_url: str, r: redis.Redis, recorded: bytes, given: int | None,
-        says: str) -> None:
-    """A partitions= that differs from the record, or a record that is not a count: the
-    handler's msg.send raises ConfigError, nothing is sent, the job is dead-lettered."""
+        says: str, kind: str) -> None:
+    """A partitions= that differs from the record, or a record that is not a count: nothing
+    is sent and the job is dead-lettered with a ConfigError saying so. A plain def
+    handler's msg.send asks Redis and raises at once; an async def one's does not ask (no
+    round trip on the event loop): the worker finds it before writing the completion."""
     r.set(StreamKeys.for_stream(TARGET).partitions, recorded)
     with sw.Producer.from_url(redis_url) as producer:
         producer.send(SOURCE, {"n": 2, "partitions": given}, key="o-1")
     Fanout.errors = []
-    worker = Fanout.from_url(redis_url)
+    worker = (Fanout if kind == "async" else SyncFanout).from_url(redis_url)
     await run_until_idle(worker, r)
-    assert len(Fanout.errors) == 1 and says in str(Fanout.errors[0]), Fanout.errors
+    if kind == "sync":
+        assert len(Fanout.errors) == 1 and says in str(Fanout.errors[0]), Fanout.errors
+    else:
+        assert Fanout.errors == []
+    [(_, dead)] = r.xrange(StreamKeys.for_stream(SOURCE).dead)
+    assert dead[b"error_type"] == b"ConfigError" and says.encode() in dead[b"detail"]
     assert worker.counts["dead_lettered"] == 1
     assert worker.counts["produced"] == 0
     assert not any(r.exists(s) for s in (TARGET, *partition_names(TARGET, PARTS)))

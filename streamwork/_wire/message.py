@@ -101,6 +101,9 @@ class Message(Generic[P]):
     _sent: int = field(default=0, repr=False)
     #: of those, how many went to each target stream (counted as produced on completion)
     _sent_to: dict[str, int] = field(default_factory=dict, repr=False)
+    #: sends whose target's partition count was not known yet: routed, and staged, by the
+    #: worker before the completion is written (no round trip in the handler)
+    _deferred: list[Any] | None = field(default=None, repr=False)
 
     def stage(self, command: str, keys: Sequence[StageValue] = (),
               args: Sequence[StageValue] = ()) -> None:

@@ -122,7 +122,7 @@ class Consumer:
                                codec, convert, ctx.cache, hooks.sender())
         # work to come (max_held: all); a batch handler's call runs up to batch_max jobs
         self.capacity = cfg.concurrency * per_call(handle, cfg.batch_max) + cfg.batch_size
-        self.outcomes = Outcomes(ctx, h, codec, hooks.done)
+        self.outcomes = Outcomes(ctx, h, codec, hooks.done, hooks.before_done)
         h.let_go.redis_down = lambda: self.sup.link.down_lately(cfg.visibility_timeout)
         self.joined = self.stopped = False
         self.tally.refresh()

@@ -86,7 +86,7 @@ def decide(exc: BaseException, msg: Message, timed_out: bool, cfg: CoreConfig) -
         msg.attempt, cfg.retry_delay, cfg.retry_max_delay, explicit=explicit))
 
 
-def failure(d: Delivery, exc: Exception, verdict: Verdict, took_ms: float) -> Failure:
+def failure(d: Delivery, exc: Exception, verdict: Verdict, took_ms: float | None) -> Failure:
     """The record of ``d``'s failure for fail.lua and its log line: the error's type, its
     message with the traceback (capped), the job's body to dead-letter."""
     tb = traceback_text(exc, TRACEBACK_LIMIT)

@@ -73,6 +73,11 @@ class Holdings:
             self.finishing += 1
         self.outbox.add_failure(f)
 
+    def refail(self, f: Failure) -> None:
+        """A success on its way to Redis fails after all (a feature refused it): its
+        failure goes out instead (it stays counted as finishing)."""
+        self.outbox.add_failure(f)
+
     def ack_known(self, entry_id: bytes, src: int) -> None:
         """An entry whose job the done-cache knows is done: acknowledged, never run."""
         self.loose[ref(src, entry_id)] = (entry_id, src)

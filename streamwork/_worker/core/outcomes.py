@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 from streamwork._redis import scripts
 from streamwork._redis.connection import reconnect_delay
@@ -25,7 +25,7 @@ from streamwork._wire.extensions import Codec, packer
 from streamwork._worker.core.batches import done_columns, staged_ops
 from streamwork._worker.core.context import Context
 from streamwork._worker.core.delivery import Delivery, ref
-from streamwork._worker.core.failure import Failure, fail_row, report
+from streamwork._worker.core.failure import Failure, decide, fail_row, failure, report
 from streamwork._worker.core.holdings import Holdings
 from streamwork._worker.core.supervisor import uninterrupted
 
@@ -44,10 +44,12 @@ class Outcomes:
     """The flusher: sends the outcomes waiting in the holdings' outbox, in batches."""
 
     def __init__(self, ctx: Context, holdings: Holdings, codec: Codec | None = None,
-                 on_done: tuple[Callable[[Delivery], None], ...] = ()) -> None:
+                 on_done: tuple[Callable[[Delivery], None], ...] = (),
+                 before_done: tuple[Any, ...] = ()) -> None:
         self.ctx = ctx
         self.holdings = holdings
         self._on_done = on_done  # the features told of each success Redis recorded
+        self._before_done = before_done  # the features that finish successes first
         self.outbox = holdings.outbox
         self._pack = packer(codec).pack  # the flusher's, for records (results: codec's types)
 
@@ -118,6 +120,10 @@ class Outcomes:
         for d in spent:
             h.lose(d, "the Redlock lease expired before completion", leave=True)
         await lease.release(spent)
+        for finish in self._before_done:  # a feature may finish what a handler staged
+            refused = await finish(live)
+            if refused:
+                live = self._refuse(live, refused)
         if not live:
             return False
         cfg = ctx.cfg
@@ -163,6 +169,16 @@ class Outcomes:
         ctx.count("acked", acked, "success")
         await lease.release(live)
         return True
+
+    def _refuse(self, live: list[Delivery], refused: list[tuple[Delivery, Exception]]
+                ) -> list[Delivery]:
+        """Successes a feature refused fail instead, with its error (as their handlers'
+        would: retried, then dead-lettered); the rest of ``live`` is written as usual."""
+        gone = {id(d) for d, _ in refused}
+        for d, exc in refused:
+            verdict = decide(exc, d.msg, False, self.ctx.cfg)
+            self.holdings.refail(failure(d, exc, verdict, None))
+        return [d for d in live if id(d) not in gone]
 
     async def _send_failures(self, failed: list[Failure]) -> None:
         ctx = self.ctx

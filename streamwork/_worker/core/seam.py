@@ -20,7 +20,8 @@ Where the hooks sit on a delivery's way (see consumer.py and start.py):
   whose ``before_start`` said go has ended (or did not start after all);
 * ``wrap_call``: wraps the handler call (user middleware);
 * ``on_failure``: a failed job's fate, before it is written; a feature may take it over;
-* ``on_done``: a success Redis recorded; ``on_leave``: any delivery leaving;
+* ``before_done``: successes about to be written (a feature finishes what it staged, or
+  refuses one); ``on_done``: a success Redis recorded; ``on_leave``: any delivery leaving;
 * ``on_stop``: the worker stops, before the drain.
 
 Worker-wide services (periodic jobs, moving chained jobs between slots) are not per
@@ -188,6 +189,13 @@ class Feature:
         failure over (it is then not written as usual)."""
         return False
 
+    async def before_done(self, ds: list[Delivery]) -> list[tuple[Delivery, Exception]]:
+        """Successes about to be written: finish what their handlers staged through this
+        feature (I/O allowed: it runs in the flusher, not in a handler). Returns those it
+        refuses, each with the error it fails with (as if its handler had raised it); a
+        transient Redis error it raises makes the flusher try again later."""
+        return []
+
     def on_done(self, d: Delivery) -> None:
         """Redis recorded ``d``'s success (acknowledged, done record written)."""
 
@@ -210,8 +218,8 @@ class Hooks:
     """The hooks of a consumer's features, each a tuple of the features' bound methods
     that override it (in the features' order): built once, looked at per job."""
 
-    __slots__ = ("admit", "after", "before", "check", "done", "failure", "features", "join",
-                 "leave", "reads", "routes", "stop", "wraps")
+    __slots__ = ("admit", "after", "before", "before_done", "check", "done", "failure",
+                 "features", "join", "leave", "reads", "routes", "stop", "wraps")
 
     def __init__(self, features: Sequence[Feature]) -> None:
         self.features = tuple(features)
@@ -230,6 +238,8 @@ class Hooks:
         self.wraps: tuple[Callable[[Call], Call], ...] = having("wrap_call")
         self.failure: tuple[Callable[[Delivery, Fate, Exception], bool], ...] = having(
             "on_failure")
+        self.before_done: tuple[Callable[[list[Delivery]], Awaitable[
+            list[tuple[Delivery, Exception]]]], ...] = having("before_done")
         self.done: tuple[Callable[[Delivery], None], ...] = having("on_done")
         self.leave: tuple[Callable[[Delivery], None], ...] = having("on_leave")
         self.stop: tuple[Callable[[], Awaitable[None]], ...] = having("on_stop")

@@ -16,6 +16,7 @@ target by `PartitionCounts` and kept.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import hashlib
 import math
@@ -87,19 +88,54 @@ class PartitionCounts:
         self.known: dict[str, int] = {}  # what ``Core.partitions_of`` reads
         self.recorded: dict[str, bytes | None] = {}  # what Redis said (None: nothing)
 
+    @staticmethod
+    def checked(stream: str, given: object) -> int | None:
+        """``partitions=`` as given to ``msg.send``, checked (None: not given)."""
+        count = None if given is None else check_partitions(given)
+        if count is not None:
+            partition_names(stream, count)  # checks the name suits partitioning
+        return count
+
+    def known_for(self, stream: str, given: object) -> int | None:
+        """``stream``'s partition count if it is known without asking Redis, else None."""
+        count = self.checked(stream, given)
+        if stream not in self.recorded:
+            return None
+        recorded = self.recorded[stream]
+        if recorded is None and count is not None and count > 1:  # to be recorded first
+            return None
+        return self._settle(stream, count, recorded)
+
+    async def of_async(self, client: Any, stream: str, given: object) -> int:
+        """``stream``'s partition count, asked of Redis (on ``client``, the worker's async
+        one) when not known yet: the flusher's lookup, never a handler's."""
+        count = self.checked(stream, given)
+        known = self.known_for(stream, given)
+        if known is not None:
+            return known
+        key = StreamKeys.for_stream(stream).partitions
+        if count is None or count == 1:
+            recorded: bytes | None = await client.get(key)
+        else:
+            recorded = await client.set(key, count, nx=True, get=True)
+        return self._settle(stream, count, recorded)
+
     def of(self, stream: str, given: object) -> int:
         """``stream``'s partition count (1: not partitioned); ``given`` is ``partitions=``
         (None: not given). Raises ConfigError when it differs from the recorded count, or
         when Redis cannot be asked (rather than send to a stream no worker reads)."""
-        count = None if given is None else check_partitions(given)
-        if count is not None:
-            partition_names(stream, count)  # checks the name suits partitioning
+        count = self.checked(stream, given)
         if stream in self.recorded:
             recorded = self.recorded[stream]
             if recorded is None and count is not None and count > 1:  # record it now
                 recorded = self._lookup(stream, count)
         else:
             recorded = self._lookup(stream, count)
+        return self._settle(stream, count, recorded)
+
+    def _settle(self, stream: str, count: int | None, recorded: bytes | None) -> int:
+        """The count to route by, given ``partitions=`` (``count``) and what Redis records;
+        kept for the next send to ``stream``."""
         if count is not None:
             check_recorded(stream, recorded, count, "msg.send")
         known = count or _recorded_count(stream, recorded)
@@ -181,16 +217,47 @@ class ChainSender:
 
     def send(self, msg: Message[Any], stream: str, payloads: Sequence[Any],
              keys: Sequence[str | None], options: dict[str, Any]) -> list[str]:
-        """Check and encode the jobs, stage their writes on ``msg``; their keys."""
+        """Check and encode the jobs, stage their writes on ``msg``; their keys. A target
+        whose partition count is not known yet is asked once, from a plain ``def``
+        handler's thread; from an ``async def`` handler it is not (a round trip would hold
+        the event loop, and every job on it, for as long as Redis takes): the jobs are
+        checked now and routed by the worker before the completion is written (`resolve`),
+        and a target whose recorded count does not fit fails the job then."""
         self._target(msg.stream, stream)  # checks the name
         options = dict(options)
-        self.counts.of(stream, options.pop("partitions", None))
+        given = options.pop("partitions", None)
+        known = self.counts.known_for(stream, given)
+        if known is None and not _on_a_loop():  # a plain def's thread: ask Redis now
+            known = self.counts.of(stream, given)
         if msg._sent + len(payloads) > MAX_SENDS:
             raise ConfigError("send", f"one job may send at most {MAX_SENDS} jobs (they all "
                                       "travel in its completion): send a job that sends more")
         job_keys = [chain_key(msg.stream, msg.group, msg.key, msg._sent + i) if k is None
                     else k for i, k in enumerate(keys)]
-        batches = self._core.plan(stream, payloads, job_keys, **_at_ms(options))
+        timed = _at_ms(options)
+        if known is None:  # checked now (as unpartitioned), routed once the count is known
+            self._core.plan(stream, payloads, job_keys, **timed)
+            msg._deferred = [*(msg._deferred or ()), (stream, payloads, job_keys, timed, given)]
+        else:
+            self._stage(msg, stream, payloads, job_keys, timed)
+        msg._sent += len(payloads)
+        msg._sent_to[stream] = msg._sent_to.get(stream, 0) + len(payloads)
+        return job_keys
+
+    async def resolve(self, msg: Message[Any], client: Any) -> None:
+        """Route and stage ``msg``'s deferred sends, asking Redis (``client``) for the
+        partition counts not known yet."""
+        for stream, _, _, _, given in msg._deferred or ():
+            await self.counts.of_async(client, stream, given)
+        for stream, payloads, job_keys, timed, _ in msg._deferred or ():
+            self._stage(msg, stream, payloads, job_keys, timed)
+        msg._deferred = None
+
+    def _stage(self, msg: Message[Any], stream: str, payloads: Sequence[Any],
+               job_keys: list[str], timed: dict[str, Any]) -> None:
+        """Encode the jobs for their target (its partition count known) and stage their
+        writes on ``msg``."""
+        batches = self._core.plan(stream, payloads, job_keys, **timed)
         ops: list[tuple[str, tuple[bytes, ...], tuple[bytes, ...]]] = []
         for batch in batches:
             target = self._target(msg.stream, batch.stream, True)  # a partition's, a level's
@@ -208,9 +275,6 @@ class ChainSender:
                 else:
                     ops.append(("XADD", (target.stream,), (b"*", BODY_FIELD, body)))
         msg.staged.extend(ops)
-        msg._sent += len(payloads)
-        msg._sent_to[stream] = msg._sent_to.get(stream, 0) + len(payloads)
-        return job_keys
 
 
 def count_produced(tally: Any, msg: Message[Any]) -> None:
@@ -249,15 +313,40 @@ class Chains(Feature):
     @classmethod
     def build(cls, parts: Parts) -> Chains:
         ctx = parts.ctx
-        return cls(ctx.tally, sender(ctx.cfg, parts.codec, ctx.redis, parts.url))
+        return cls(ctx.tally, sender(ctx.cfg, parts.codec, ctx.redis, parts.url), ctx.redis)
 
-    def __init__(self, tally: Any, chain_sender: ChainSender) -> None:
+    def __init__(self, tally: Any, chain_sender: ChainSender, client: Any = None) -> None:
         self._tally = tally
         self._sender = chain_sender
+        self._client = client  # the worker's async client: the deferred sends' lookups
 
     def sender(self) -> ChainSender:
         return self._sender
 
+    async def before_done(self, ds: list[Delivery]) -> list[tuple[Delivery, Exception]]:
+        """Route the sends of ``ds`` whose target's partition count was not known when the
+        handler sent (one lookup per new target); a target whose recorded count does not
+        fit fails its job (ConfigError, retried). Redis unreachable: raised, so the flusher
+        writes the outcome later."""
+        refused: list[tuple[Delivery, Exception]] = []
+        for d in ds:
+            if d.msg._deferred:
+                try:
+                    await self._sender.resolve(d.msg, self._client)
+                except ConfigError as exc:
+                    d.msg._deferred = None
+                    refused.append((d, exc))
+        return refused
+
     def on_done(self, d: Delivery) -> None:
         if d.msg._sent_to:  # it sent jobs
             count_produced(self._tally, d.msg)
+
+
+def _on_a_loop() -> bool:
+    """Whether this thread runs an event loop (an ``async def`` handler's ``msg.send``)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
