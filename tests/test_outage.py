@@ -225,3 +225,35 @@ def test_sigterm_while_redis_is_down_and_outcomes_wait_exits(
     os.kill(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
     assert [e for e in events(log) if e["event"] == "worker stopped"], "no clean stop logged"
+
+
+def test_one_line_per_outage_not_one_per_held_job(make_server: Callable[..., RedisServer],
+                                                  spawn_worker: Spawn, tmp_path: Path) -> None:
+    """A 5 s outage while 50 handlers run, each lease of 1.5 s lapsing meanwhile: the log
+    says once that Redis was lost, once that it is back, once that leases lapse in the
+    outage and once what it cost; not a line per held job (at WARNING or above)."""
+    server = make_server(appendfsync="everysec")
+    log = tmp_path / "worker.log"
+    proc = spawn_logged(spawn_worker, log, [OPS], server.url, "--concurrency", "50",
+                        "--visibility-timeout", "1.5")
+    client = redis.Redis.from_url(server.url)
+    with sw.Producer.from_url(server.url) as producer:
+        producer.send_many(STREAM, [{"sleep": 1.0}] * 300)
+        wait_for(lambda: client.hlen(ledger_key(STREAM)) >= 50, 60, message="jobs running")
+        server.kill()
+        time.sleep(5.0)  # the outage: every lease (1.5 s) lapses meanwhile
+        server.start()
+        wait_for(lambda: client.hlen(ledger_key(STREAM)) >= 300, 120,
+                 message="every job done after the outage")
+        wait_for(lambda: lines(log, "the Redis outage cost"), 30,
+                 message="the outage's cost summed up")
+    client.close()
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    loud = [e for e in events(log) if e["level"] in ("warning", "error", "critical")]
+    per_job = [e["event"] for e in loud if e.get("key")]
+    assert len(per_job) <= 1, per_job
+    assert len(lines(log, LOST)) == 1 and len(lines(log, BACK)) == 1
+    [cost] = lines(log, "the Redis outage cost")
+    assert cost["count"] >= 20, cost
+    assert len(loud) <= 6, [e["event"] for e in loud]

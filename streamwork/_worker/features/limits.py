@@ -182,10 +182,13 @@ class Limits(Feature):
         except KeyFailed as failed:
             return Fail(failed.error)
         except Exception as exc:
-            if classify(exc) is Fault.FATAL:
+            fault = classify(exc)
+            if fault is Fault.FATAL:
                 raise
-            log.warning("limits unavailable (%s); the job waits", exc, extra=fields(
-                stream=d.msg.stream, group=self._gkeys.name, key=d.msg.key))
+            # an outage is reported once by the worker, not once per job that waits in it
+            log.log(logging.DEBUG if fault is Fault.TRANSIENT else logging.WARNING,
+                    "limits unavailable (%s); the job waits", exc, extra=fields(
+                        stream=d.msg.stream, group=self._gkeys.name, key=d.msg.key))
             return Wait(LIMITS_DOWN)
 
     async def after_run(self, d: Delivery) -> None:

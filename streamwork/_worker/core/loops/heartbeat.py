@@ -35,6 +35,7 @@ async def beat(ctx: Context, h: Holdings) -> bool:
     """One heartbeat over everything ``h`` holds; False when it holds nothing (Redis is
     not asked)."""
     lease = ctx.leases
+    h.outage_report()  # what an outage cost, summed up once Redis has been back a while
     now = time.monotonic()
     alive: list[Delivery] = []
     for d in list(h.inflight.values()):
