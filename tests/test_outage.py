@@ -229,19 +229,19 @@ def test_sigterm_while_redis_is_down_and_outcomes_wait_exits(
 
 def test_one_line_per_outage_not_one_per_held_job(make_server: Callable[..., RedisServer],
                                                   spawn_worker: Spawn, tmp_path: Path) -> None:
-    """A 5 s outage while 50 handlers run, each lease of 1.5 s lapsing meanwhile: the log
+    """A 6 s outage while 50 handlers run, each lease of 3 s lapsing meanwhile: the log
     says once that Redis was lost, once that it is back, once that leases lapse in the
     outage and once what it cost; not a line per held job (at WARNING or above)."""
     server = make_server(appendfsync="everysec")
     log = tmp_path / "worker.log"
     proc = spawn_logged(spawn_worker, log, [OPS], server.url, "--concurrency", "50",
-                        "--visibility-timeout", "1.5")
+                        "--visibility-timeout", "3")
     client = redis.Redis.from_url(server.url)
     with sw.Producer.from_url(server.url) as producer:
         producer.send_many(STREAM, [{"sleep": 1.0}] * 300)
         wait_for(lambda: client.hlen(ledger_key(STREAM)) >= 50, 60, message="jobs running")
         server.kill()
-        time.sleep(5.0)  # the outage: every lease (1.5 s) lapses meanwhile
+        time.sleep(6.0)  # the outage: every lease (3 s) lapses meanwhile
         server.start()
         wait_for(lambda: client.hlen(ledger_key(STREAM)) >= 300, 120,
                  message="every job done after the outage")

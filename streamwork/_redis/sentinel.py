@@ -184,7 +184,7 @@ class _SyncSentinel(redis.sentinel.Sentinel):
 
     def discover_master(self, service_name: str) -> Any:
         try:
-            return super().discover_master(service_name)  # type: ignore[no-untyped-call]
+            return super().discover_master(service_name)  # type: ignore[no-untyped-call,unused-ignore]
         except redis.sentinel.MasterNotFoundError:
             answers: list[Any] = []
             for node in self.sentinels:
@@ -249,11 +249,11 @@ def sync_client(url: str, **options: Any) -> SentinelRedis:
     spec = parse(url)
     sentinel_options = spec.sentinel_options(options)
     sentinel_options["retry"] = redis.retry.Retry(NoBackoff(), 0)
-    manager = _SyncSentinel(  # type: ignore[no-untyped-call]
+    manager = _SyncSentinel(  # type: ignore[no-untyped-call,unused-ignore]
         list(spec.sentinels), sentinel_kwargs=sentinel_options,
         **{**options, **spec.primary_options()})
     manager.spec = spec
-    client: SentinelRedis = manager.master_for(  # type: ignore[no-untyped-call]
+    client: SentinelRedis = manager.master_for(  # type: ignore[no-untyped-call,unused-ignore]
         spec.service, redis_class=SentinelRedis)
     return client
 
@@ -265,7 +265,7 @@ def async_client(url: str, **options: Any) -> AsyncSentinelRedis:
     sentinel_options["retry"] = redis.asyncio.retry.Retry(NoBackoff(), 0)
     if "maint_notifications_config" in options:
         sentinel_options["maint_notifications_config"] = options["maint_notifications_config"]
-    manager = _AsyncSentinel(  # type: ignore[no-untyped-call]
+    manager = _AsyncSentinel(  # type: ignore[no-untyped-call,unused-ignore]
         list(spec.sentinels), sentinel_kwargs=sentinel_options,
         **{**options, **spec.primary_options()})
     manager.spec = spec

@@ -50,6 +50,7 @@ from streamwork._worker.core.loops import gauges, heartbeat, reclaim, upkeep
 from streamwork._worker.core.loops.claiming import Claimer
 from streamwork._worker.core.loops.filling import Fill
 from streamwork._worker.core.options import CoreConfig
+from streamwork._worker.core.outage import Fold
 from streamwork._worker.core.outcomes import Outcomes
 from streamwork._worker.core.runqueue import RunQueue
 from streamwork._worker.core.seam import Feature, Hooks, Parts
@@ -124,6 +125,9 @@ class Consumer:
         self.capacity = cfg.concurrency * per_call(handle, cfg.batch_max) + cfg.batch_size
         self.outcomes = Outcomes(ctx, h, codec, hooks.done, hooks.before_done)
         h.let_go.redis_down = lambda: self.sup.link.down_lately(cfg.visibility_timeout)
+        h.fold = Fold(h.let_go.redis_down,
+                      lambda deadline: self.sup.link.in_outage(deadline, cfg.visibility_timeout),
+                      quiet=2 * cfg.visibility_timeout)
         self.joined = self.stopped = False
         self.tally.refresh()
         # one XREADGROUP reads the stream and the group's retry stream (both from ">")

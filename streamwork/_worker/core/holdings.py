@@ -21,6 +21,7 @@ from streamwork._worker.core.context import Context
 from streamwork._worker.core.delivery import Delivery, State, ref
 from streamwork._worker.core.failure import CANCELLED_QUEUED, Failure
 from streamwork._worker.core.letgo import LetGo
+from streamwork._worker.core.outage import Fold
 from streamwork._worker.core.outbox import Outbox
 from streamwork._worker.core.runqueue import RunQueue
 
@@ -48,7 +49,8 @@ class Holdings:
         self.empty = asyncio.Event()  # set when nothing is held any more
         #: told of every delivery that leaves (the features' ``on_leave`` hooks)
         self.on_leave: tuple[Callable[[Delivery], None], ...] = ()
-        self._folded: dict[str, int] = {}  # deliveries given up in an outage, by counter
+        #: deliveries given up in a Redis outage, logged as one (``redis_down`` set later)
+        self.fold = Fold(lambda: self.let_go.redis_down())
 
     def held(self) -> int:
         """Deliveries this process holds (the PEL entries it owns)."""
@@ -221,34 +223,15 @@ class Holdings:
 
     def _report(self, d: Delivery, counter: str, what: str,
                 error: BaseException | None) -> None:
-        """Count and log a delivery given up (its lease lost, or vanished). In a Redis
-        outage (or within a visibility timeout of one) these come by the dozen, one per
-        held job, and say nothing the outage's own lines do not: the first gets a WARNING,
-        the rest a DEBUG line each, and `outage_report` sums them up once Redis is back."""
+        """Count and log a delivery given up (its lease lost, or vanished): one ERROR, or,
+        in a Redis outage, folded into the outage's lines (`outage.Fold`)."""
         self.ctx.count(counter, 1)
         failed = "" if error is None else f"; its handler had failed: {describe(error)}"
         extra = self.ctx.fields(key=d.msg.key, entry_id=d.msg.id, attempt=d.msg.attempt,
                                 **error_fields(error))
-        if not self.let_go.redis_down():
+        if not self.fold.add(counter, f"{what}{failed}", extra, d.deadline):
             log.error("%s%s", what, failed, extra=extra)
-            return
-        folded = self._folded
-        folded[counter] = folded.get(counter, 0) + 1
-        if sum(folded.values()) == 1:
-            log.warning("%s%s (in a Redis outage: the other jobs this worker gives up "
-                        "meanwhile are counted, and summed up once Redis is back)", what,
-                        failed, extra=extra)
-        else:
-            log.debug("%s%s", what, failed, extra=extra)
 
     def outage_report(self) -> None:
-        """Redis has been back a while: one line for the deliveries given up in the
-        outage (`_report`), if any."""
-        if not self._folded or self.let_go.redis_down():
-            return
-        lost, vanished = self._folded.get("lock_lost", 0), self._folded.get("vanished", 0)
-        self._folded = {}
-        log.warning("the Redis outage cost %d held job%s: %d lease%s lapsed (their jobs run "
-                    "again here or elsewhere), %d vanished with Redis's data", lost + vanished,
-                    "" if lost + vanished == 1 else "s", lost, "" if lost == 1 else "s",
-                    vanished, extra=self.ctx.fields(count=lost + vanished))
+        """Redis has been back a while: one line for what an outage cost (`outage.Fold`)."""
+        self.fold.report(self.ctx.fields)

@@ -50,6 +50,7 @@ class Link:
         self.failures = 0  # failed calls of the current outage (0: Redis answers)
         self.down_since: float | None = None  # monotonic time of its first failure
         self.up_since = 0.0  # monotonic time the last outage ended
+        self.last_down = 0.0  # monotonic time the last outage began (0: there was none)
 
     @property
     def up(self) -> bool:
@@ -74,11 +75,19 @@ class Link:
         log.info("redis available again after %.1f s and %d failed calls", down_ms / 1000,
                  self.failures, extra=fields(**self._fields, duration_ms=down_ms,
                                              count=self.failures))
-        self.failures, self.down_since, self.up_since = 0, None, now
+        self.failures, self.last_down = 0, self.down_since
+        self.down_since, self.up_since = None, now
 
     def down_lately(self, within: float) -> bool:
         """Whether Redis is unreachable now, or was less than ``within`` seconds ago."""
         return not self.up or time.monotonic() - self.up_since < within
+
+    def in_outage(self, when: float, margin: float) -> bool:
+        """Whether monotonic time ``when`` (a lease's deadline) fell in an outage: the one
+        under way, or the last one (from ``margin`` s before it began until it ended)."""
+        if not self.up:
+            return True
+        return bool(self.last_down) and self.last_down - margin <= when <= self.up_since
 
     def delay(self) -> float:
         """Seconds a loop waits after a failure: grows with the outage's failed calls."""
