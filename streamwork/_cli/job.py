@@ -101,8 +101,10 @@ def job_command(stream: str, key: str, group: str | None, as_json: bool, url: st
             value = "none has a record" if where is None else f"{where[0]} ({where[1]})"
         if value in (None, "") and name not in ("state", "result"):
             continue
-        if name in ("updated_at", "due") and value is not None:
+        if name in ("updated_at", "due", "progress_at") and value is not None:
             value = f"{value:.3f} ({_ago(value)})"
+        if name == "progress" and value is not None:
+            value = f"{value:.0%}"
         shown = repr(value) if name == "result" else str(value)
         # a traceback's lines line up under the first one's value, not at the margin
         click.echo(f"{name:>15}: " + shown.rstrip("\n").replace("\n", "\n" + " " * 17))

@@ -13,7 +13,7 @@ from typing import Any, Final
 import redis
 
 from streamwork._producer.core import Core, keys_of
-from streamwork._producer.rounds import Get, Groups, Script, Sleep, Steps
+from streamwork._producer.rounds import Groups, MGet, Script, Sleep, Steps
 from streamwork._redis import scripts
 from streamwork._redis.replies import CancelAnswer
 from streamwork._wire import records
@@ -37,14 +37,14 @@ class Jobs(Core):
             group = _only_group(stream, (yield from self._groups(stream)))
         gets = self._plan_status(stream, key, group, order_key)
         what = f"status of {key!r} in {stream!r}"
-        raw = None
+        raw = progress = None
         for get in gets:
-            raw = yield from self._io(what, get)
+            raw, progress = yield from self._io(what, get)
             if raw:
                 break
         if not raw and named is not None:
             yield from self._check_group(stream, named)
-        return records.parse(stream, group, key, raw, self.codec)
+        return records.parse(stream, group, key, raw, self.codec, progress)
 
     def _cancel_steps(self, stream: str, key: str, group: str | None, reason: str,
                       order_key: str | None, ttl: float) -> Steps[str]:
@@ -94,9 +94,10 @@ class Jobs(Core):
                 f"group=... to wait for a group that does not exist yet")))
 
     def _plan_status(self, stream: str, key: str, group: str,
-                     order_key: str | None) -> list[Get]:
-        """The GETs that may find job ``key``'s record: its partition's first (by its order
-        key, which defaults to its key), then the other partitions'."""
+                     order_key: str | None) -> list[MGet]:
+        """The reads that may find job ``key``'s record (and its progress, in the same
+        MGET): its partition's first (by its order key, which defaults to its key), then
+        the other partitions'."""
         _check_key(key)
         if order_key is not None:
             check_order_key(order_key)
@@ -104,8 +105,8 @@ class Jobs(Core):
         home = self._target(stream, key, order_key)
         if order_key is not None:
             names = (home,)
-        return [Get(keys_of(name).group(group).job(key))
-                for name in (home, *(n for n in names if n != home))]
+        groups = [keys_of(name).group(group) for name in (home, *(n for n in names if n != home))]
+        return [MGet((g.job(key), g.progress(key))) for g in groups]
 
     def _plan_cancel(self, stream: str, key: str, group: str, reason: str,
                      order_key: str | None, ttl: float) -> list[scripts.Call]:

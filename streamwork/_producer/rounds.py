@@ -59,6 +59,16 @@ class Get:
 
 
 @dataclass(frozen=True, slots=True)
+class MGet:
+    """GET several keys of one slot in one command (a job record and its progress)."""
+
+    keys: tuple[str, ...]
+
+    def issue(self, client: Any, runner: Any) -> Any:
+        return client.mget(self.keys)
+
+
+@dataclass(frozen=True, slots=True)
 class SetIfMissing:
     """SET NX GET: store ``value`` unless the key exists; the reply is what was there."""
 
@@ -117,7 +127,8 @@ class Sleep:
     seconds: float
 
 
-Command: TypeAlias = Xadd | Script | Get | SetIfMissing | Groups | HashSet | HashGetAll | Delete
+Command: TypeAlias = (Xadd | Script | Get | MGet | SetIfMissing | Groups | HashSet | HashGetAll
+                     | Delete)
 Request: TypeAlias = "Command | Sleep"
 Steps: TypeAlias = Generator[Request, Any, T]
 

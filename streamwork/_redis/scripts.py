@@ -160,9 +160,10 @@ def fail(g: GroupKeys, consumer: str, worker: str, mode: int, dead_ttl_ms: int,
 
 def heartbeat(g: GroupKeys, consumer: str, ttl_ms: int, batch: list[list[Any]]) -> Call:
     """heartbeat.lua: reset idle times and extend leases of held deliveries;
-    ``batch`` is [[id...], [src...], [job key...], [lease...], [member...]]."""
+    ``batch`` is [[id...], [src...], [job key...], [lease...], [member...], [Redlock
+    mark...], [progress...]]."""
     return Call("heartbeat", [*_group_keys(g), *sibling_streams(g.stream)],
-                [g.name, consumer, ttl_ms, g.job_prefix, pack(batch)])
+                [g.name, consumer, ttl_ms, g.job_prefix, pack(batch), g.progress_prefix])
 
 
 def adopt(g: GroupKeys, consumer: str, ttl_ms: int, batch: list[list[Any]]) -> Call:

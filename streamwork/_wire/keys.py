@@ -212,6 +212,16 @@ class GroupKeys:
         done record (result), or its waiting / dead state."""
         return self.job_prefix + key
 
+    @property
+    def progress_prefix(self) -> str:
+        """What the progress records of this group start with (+ the job key)."""
+        return f"{self.stream.prefix}:progress:{_lp(self.name)}:"
+
+    def progress(self, key: str) -> str:
+        """The last progress job ``key``'s handler reported (``msg.progress``), written with
+        a heartbeat and kept a visibility timeout past the last one."""
+        return self.progress_prefix + key
+
     def tick(self, schedule: str) -> str:
         """Periodic jobs: the latest tick (Unix ms) of the group's schedule ``schedule``
         that is decided (enqueued, or skipped by ``catch_up``); tick.lua checks and moves

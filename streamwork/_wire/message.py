@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol
@@ -15,6 +16,7 @@ __all__ = ["Message", "revoke"]
 
 #: what ``Message.stage`` accepts as a key or argument (what redis-py accepts in a command)
 StageValue = str | int | float | bytes | bytearray | memoryview
+PROGRESS_NOTE_MAX = 200  #: longest ``Message.progress`` note, in characters
 
 
 def _show(value: object) -> str:
@@ -104,6 +106,8 @@ class Message(Generic[P]):
     #: sends whose target's partition count was not known yet: routed, and staged, by the
     #: worker before the completion is written (no round trip in the handler)
     _deferred: list[Any] | None = field(default=None, repr=False)
+    #: the last progress reported (fraction, note, Unix ms) not written to Redis yet
+    _progress: tuple[float, str, int] | None = field(default=None, repr=False)
 
     def stage(self, command: str, keys: Sequence[StageValue] = (),
               args: Sequence[StageValue] = ()) -> None:
@@ -126,6 +130,22 @@ class Message(Generic[P]):
                              f"got {_show(command)}")
         self.staged.append((str.__str__(command), _wire_all(keys, "key"),
                             _wire_all(args, "arg")))
+
+    def progress(self, fraction: float, note: str = "") -> None:
+        """Report how far the job got: ``fraction`` from 0.0 to 1.0 and a short ``note``
+        (at most 200 characters). Costs no round trip: the worker writes the last value
+        reported with its next heartbeat (so calling it often is cheap), beside the job
+        record, where `Producer.status` (``progress``, ``progress_note``), ``streamwork
+        job`` and the dashboard show it, kept a visibility timeout past the last write;
+        each write is an event on the job's span too."""
+        if (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
+                or not 0.0 <= fraction <= 1.0):
+            raise ValueError(f"progress(): fraction must be a number from 0.0 to 1.0, got "
+                             f"{_show(fraction)}")
+        if not isinstance(note, str) or len(note) > PROGRESS_NOTE_MAX:
+            raise ValueError(f"progress(): note must be a str of at most {PROGRESS_NOTE_MAX} "
+                             f"characters, got {_show(note)[:60]}")
+        self._progress = (float(fraction), note, int(time.time() * 1000))
 
     def send(self, stream: str, payload: Any, *, key: str | None = None,
              headers: Mapping[str, str] | None = None, maxlen: int | None = None,

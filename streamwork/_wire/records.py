@@ -28,6 +28,7 @@ No record: this group has not started the job, or its record expired (``unknown`
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,6 +101,11 @@ class JobStatus:
     due: float | None = None
     dead_letter_id: str | None = None
     fencing_token: int | None = None
+    #: how far its handler got (``msg.progress``): 0.0 to 1.0, None if never reported or
+    #: the report lapsed (kept a visibility timeout past its worker's last heartbeat)
+    progress: float | None = None
+    progress_note: str = ""
+    progress_at: float | None = None  #: when it was reported (Unix seconds)
 
     @property
     def finished(self) -> bool:
@@ -168,11 +174,30 @@ def _cut_line(lines: int) -> str:
 
 
 def parse(stream: str, group: str, key: str, raw: bytes | None,
-          codec: Codec | None = None) -> JobStatus:
+          codec: Codec | None = None, progress: bytes | None = None) -> JobStatus:
     """The status a job record says (None: unknown). A result's ext types are decoded by
     ``codec`` and the built-in hooks; one of a code neither knows stays a `msgpack.ExtType`
     (so a tool without the codec still shows the record), and one whose decoder fails
-    raises DecodeError ``result:invalid``."""
+    raises DecodeError ``result:invalid``. ``progress``: the job's progress record, if
+    read (`with_progress`)."""
+    status = _parse(stream, group, key, raw, codec)
+    return with_progress(status, progress) if progress else status
+
+
+def with_progress(status: JobStatus, raw: bytes) -> JobStatus:
+    """``status`` with the progress a progress record (MessagePack [fraction, note, Unix
+    ms]) says; unchanged if it does not decode."""
+    try:
+        fraction, note, at = msgpack.unpackb(raw, raw=False, unicode_errors="replace")
+        return dataclasses.replace(status, progress=float(fraction), progress_note=str(note),
+                                   progress_at=int(at) / 1000)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return status
+
+
+def _parse(stream: str, group: str, key: str, raw: bytes | None,
+           codec: Codec | None = None) -> JobStatus:
+    """`parse` without the progress."""
     if not raw:
         return JobStatus(stream, group, key, "unknown")
     state, rest = raw[:1].decode("latin-1"), raw[1:]

@@ -8,7 +8,10 @@
 -- KEYS[1] stream, KEYS[2] the group's retry stream, KEYS[3] the group's retry ZSET
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] lease TTL (ms), ARGV[4] job record prefix,
 -- ARGV[5] MessagePack [[entry id...], [src...], [job key...], [lease ("": none)...],
---         [member ("": not adopted)...], [Redlock lease the record names ("": none)...]]
+--         [member ("": not adopted)...], [Redlock lease the record names ("": none)...],
+--         [progress to record ("": none new)...]], ARGV[6] progress record prefix
+-- A kept delivery's new progress (msg.progress: MessagePack [fraction, note, Unix ms]) is
+-- written beside its job record and kept one lease TTL past this beat: the last one wins.
 -- Returns per entry: 1 kept, 5 kept and its job was cancelled meanwhile (the record's lease
 -- carries a cancel request: see cancel.lua; the lease deadline in it moves instead of the
 -- record's TTL, which stays the cancel's), 6 kept and the record says cancelled (a job
@@ -22,6 +25,7 @@ local retries, group, consumer = KEYS[3], ARGV[1], ARGV[2]
 local batch = cmsgpack.unpack(ARGV[5])
 local ids, srcs, jobs, leases, members = batch[1], batch[2], batch[3], batch[4], batch[5]
 local marks = batch[6] or {}
+local progress = batch[7] or {}
 local owned = owned_by_src(streams, group, consumer, ids, srcs)
 local due = now_ms() + tonumber(ARGV[3])
 
@@ -67,6 +71,9 @@ for i, id in ipairs(ids) do
     else
       redis.call('PEXPIRE', key, ARGV[3])
     end
+  end
+  if (res[i] == 1 or res[i] == 5) and (progress[i] or '') ~= '' and jobs[i] ~= '' then
+    redis.call('SET', ARGV[6] .. jobs[i], progress[i], 'PX', ARGV[3])
   end
 end
 return res

@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgpack
+
 from streamwork._redis import scripts
 from streamwork._wire.records import done_record
 from streamwork._worker.core.delivery import Delivery
@@ -24,7 +26,14 @@ def beat_columns(alive: list[Delivery], loose: list[tuple[bytes, int]],
             [d.msg.key for d in alive] + [""] * n,
             [leases.value(d) for d in alive] + [""] * n,
             [d.member for d in alive] + [b""] * n,
-            [leases.marked(d) for d in alive] + [""] * n]
+            [leases.marked(d) for d in alive] + [""] * n,
+            [_progress(d) for d in alive] + [""] * n]
+
+
+def _progress(d: Delivery) -> bytes | str:
+    """The progress a delivery's handler reported since its last beat, packed ("": none)."""
+    p = d.msg._progress
+    return "" if p is None else msgpack.packb(p)
 
 
 def done_columns(live: list[Delivery], cfg: CoreConfig, leases: LeaseStrategy,

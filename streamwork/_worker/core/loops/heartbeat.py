@@ -24,6 +24,18 @@ from streamwork._worker.core.holdings import Holdings
 log = logging.getLogger(WORKER_LOGGER)
 
 
+def _progress_written(d: Delivery, written: tuple[float, str, int] | None) -> None:
+    """The beat wrote ``written`` (a delivery's ``msg.progress``): not to be written again
+    unless the handler reports anew; an event on the job's span."""
+    if written is None:
+        return
+    if d.msg._progress is written:
+        d.msg._progress = None
+    if d.span is not None:
+        d.span.add_event("progress", {"streamwork.progress": written[0],
+                                      "streamwork.progress.note": written[1]})
+
+
 async def beat_once(ctx: Context, h: Holdings) -> bool:
     """Sleep one heartbeat interval, then beat (one turn of the heartbeat loop); returns
     whether Redis was asked."""
@@ -51,19 +63,20 @@ async def beat(ctx: Context, h: Holdings) -> bool:
     # a claim under way for a waiting delivery may acknowledge it (a duplicate) before this
     # beat runs in Redis: that claim, not the beat, says what became of it
     claiming = [d.leasing for d in alive]
+    reported = [d.msg._progress for d in alive]  # what this beat writes (msg.progress)
     sent = time.monotonic()
     res = await ctx.scripts.run(scripts.heartbeat(ctx.gkeys, ctx.name, ctx.cfg.visibility_ms,
                                                   beat_columns(alive, loose, lease)))
     still = set(h.inflight.values())
     kept, deleted = [], []
-    for d, was_claiming, code in zip(alive, claiming, res, strict=False):
+    for d, was_claiming, written, code in zip(alive, claiming, reported, res, strict=False):
         if d.dropped or d not in still:  # let go meanwhile: its outcome is settled
             continue
-        if code == Beat.KEPT:
+        if code in (Beat.KEPT, Beat.CANCELLED):
             kept.append(d)
-        elif code == Beat.CANCELLED:
-            kept.append(d)
-            h.cancel_running(d)
+            _progress_written(d, written)
+            if code == Beat.CANCELLED:
+                h.cancel_running(d)
         elif code == Beat.CANCELLED_RECORD:
             if d.state == State.RUNNING:  # a Redlock lease: the record lapsed while it ran
                 kept.append(d)
