@@ -265,6 +265,50 @@ def test_job_lookup_shows_state_and_result(redis_url: str, r: redis.Redis, page:
     expect(row.locator('[data-metric="state"]')).to_have_text("unknown")
 
 
+class Halfway(sw.StreamWorker):
+    """Reports half way (``msg.progress``), then holds the job until ``release`` is set."""
+
+    stream = "exports"
+    group = "exporter"
+    read_block = 0.05
+    visibility_timeout = 1.5
+
+    release = threading.Event()
+
+    async def handle(self, msg: sw.Message) -> None:
+        msg.progress(0.5, note="100 of 200 rows")
+        await asyncio.to_thread(self.release.wait, 30)
+
+
+def test_job_lookup_shows_a_running_jobs_progress(redis_url: str, page: Any,
+                                                  dashboard: Callable[..., str]) -> None:
+    """A running job's last ``msg.progress`` shows in the lookup (bar, percent and note)."""
+    from playwright.sync_api import expect
+
+    worker = Halfway.from_url(redis_url)
+    thread = threading.Thread(target=lambda: asyncio.run(worker.serve()))
+    thread.start()
+    try:
+        with sw.Producer.from_url(redis_url) as p:
+            p.send("exports", {}, key="export-1")
+            wait_for(lambda: p.status("exports", "export-1", group="exporter").progress,
+                     timeout=30, message="the progress reached Redis")
+        base = dashboard(redis_url)
+        page.goto(base + "/")
+        page.select_option('select[name="job_stream"]', "exports")
+        page.fill('input[name="job_key"]', "export-1")
+        page.click('#job button[type="submit"]')
+        row = page.locator('#job-result tr[data-group="exporter"]')
+        expect(row.locator('[data-metric="state"]')).to_have_text("running")
+        expect(row.locator('[data-metric="progress"]')).to_contain_text("50%")
+        expect(row.locator('[data-metric="progress"]')).to_contain_text("100 of 200 rows")
+        assert row.locator('[data-metric="progress"] progress').get_attribute("value") == "0.5"
+    finally:
+        Halfway.release.set()
+        worker.stop()
+        thread.join(30)
+
+
 def test_replay_by_click_runs_the_job(redis_url: str, r: redis.Redis, page: Any,
                                       dashboard: Callable[..., str]) -> None:
     """Clicking a dead letter's replay button hands it back to its group: a worker then
