@@ -1,8 +1,9 @@
 """``streamwork demo``: runs the billing demo of ``examples/demo.py``.
 
 The scenario lives in the examples, written with the public API only, so that what the
-demo shows is also code to read; this module finds that file next to the package (a source
-checkout, as ``make demo`` installs it) and runs it.
+demo shows is also code to read. A wheel carries a copy of it inside the package
+(``demo_scenario.py`` here, put there by the build hook in hatch_build.py); a source
+checkout (an editable install, as ``make demo`` makes) has it next to the package.
 """
 
 from __future__ import annotations
@@ -17,21 +18,26 @@ import click
 
 from streamwork.errors import StreamworkError
 
+#: where an installed wheel has the scenario
+PACKAGED = Path(__file__).resolve().with_name("demo_scenario.py")
 #: where the scenario is in a source checkout
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "demo.py"
+CHECKOUT = Path(__file__).resolve().parents[2] / "examples" / "demo.py"
+#: the scenario this installation runs
+EXAMPLE = PACKAGED if PACKAGED.is_file() else CHECKOUT
 _MODULE = "streamwork_examples_demo"
 
 
 def load_example() -> ModuleType:
-    """The module of ``examples/demo.py``, loaded once; StreamworkError when this
-    installation has no examples directory (installed from a wheel)."""
+    """The module of the demo's scenario, loaded once; StreamworkError when this
+    installation has none (neither a wheel's copy nor a checkout's examples/demo.py)."""
     loaded = sys.modules.get(_MODULE)
     if loaded is not None:
         return loaded
     if not EXAMPLE.is_file():
         raise StreamworkError(
-            f"the demo's scenario {EXAMPLE} is missing (streamwork was not installed from a "
-            "source checkout): run `make demo` in a clone of the repository")
+            f"the demo's scenario {EXAMPLE} is missing (this installation of streamwork is "
+            "incomplete): reinstall it (pip install --force-reinstall streamwork), or run "
+            "`make demo` in a clone of the repository")
     spec = importlib.util.spec_from_file_location(_MODULE, EXAMPLE)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -220,7 +220,7 @@ def _workers_in(module: types.ModuleType) -> list[str]:
 
 
 @click.group()
-@click.version_option(package_name="streamwork")
+@click.version_option(package_name="streamwork", message="%(package)s %(version)s")
 def main() -> None:
     """streamwork: distributed job workers on Redis Streams."""
 
