@@ -15,6 +15,7 @@ import sys
 import traceback
 import types
 import typing
+from pathlib import Path
 from typing import Any, Final
 
 import click
@@ -30,6 +31,7 @@ from streamwork._cli.common import fail, url_option
 from streamwork._hosting import processes as processes_mod
 from streamwork._hosting.health import DEFAULT_HEALTH_HOST
 from streamwork._hosting.multi import serve_all
+from streamwork._hosting.reload import Reloader, app_dirs
 from streamwork._redis import connection
 from streamwork._telemetry import logs
 from streamwork._telemetry import sdk as otel
@@ -235,15 +237,17 @@ def _run_options(fn: Any) -> Any:
 #: options the --processes supervisor sets per child instead of passing them through
 _PER_CHILD: Final = frozenset({"targets", "processes", "health_port", "health_host",
                                "metrics_port"})
+#: options the --reload reloader keeps to itself
+_RELOADER: Final = frozenset({"targets", "reload", "reload_dirs"})
 
 
-def _child_args(ctx: click.Context) -> list[str]:
-    """The `run` command line of one `--processes` child: the targets and options as this
-    command parsed them (so the child accepts them as this one did), minus those the
-    supervisor sets per child."""
+def _child_args(ctx: click.Context, skip: frozenset[str] = _PER_CHILD | _RELOADER) -> list[str]:
+    """The `run` command line of one `--processes` child (or of the `--reload` reloader's
+    child): the targets and options as this command parsed them (so the child accepts them
+    as this one did), minus ``skip``, those the supervisor (or reloader) sets itself."""
     args: list[str] = list(ctx.params["targets"])
     for param in ctx.command.params:
-        if not isinstance(param, click.Option) or param.name in _PER_CHILD:
+        if not isinstance(param, click.Option) or param.name in skip:
             continue
         value = ctx.params.get(param.name or "")
         if value is None or value == ():
@@ -299,10 +303,17 @@ def _check_distinct(workers: list[StreamWorker]) -> None:
               help="serve GET /livez and /readyz (JSON; 200 or 503) on PORT of --health-host")
 @click.option("--health-host", default=DEFAULT_HEALTH_HOST, show_default=True,
               help="address of the health probes (0.0.0.0: every interface)")
+@click.option("--reload", is_flag=True,
+              help="development: restart the workers (gracefully) when a Python file under "
+                   "the app's directory, or a --reload-dir, changes (extra 'reload')")
+@click.option("--reload-dir", "reload_dirs", multiple=True,
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="with --reload: a directory to watch instead of the app's (repeatable)")
 @click.pass_context
 def run(ctx: click.Context, /, targets: tuple[str, ...], url: str | None, log_level: str,
         log_format: str, otlp: bool, metrics_port: int | None, metrics_host: str,
-        processes: int, health_port: int | None, health_host: str, **options: Any) -> None:
+        processes: int, health_port: int | None, health_host: str, reload: bool,
+        reload_dirs: tuple[Path, ...], **options: Any) -> None:
     """Run the workers MODULE:Worker... until SIGINT/SIGTERM, then drain and exit 0.
 
     Several workers share one process and event loop, each with its own options and
@@ -314,6 +325,9 @@ def run(ctx: click.Context, /, targets: tuple[str, ...], url: str | None, log_le
     are streamwork's, for a class that does not set the option."""
     processes_mod.watch_parent()  # in a --processes child: never outlive the supervisor
     logs.configure(log_level, log_format)
+    if reload or reload_dirs:
+        _reload(ctx, targets, reload, reload_dirs)
+        return
     classes = [load_worker(target) for target in targets]
     overrides = _overrides(options)
     try:
@@ -342,6 +356,25 @@ def _supervise(ctx: click.Context, processes: int, metrics_port: int | None,
         fail(str(exc))
     if status:
         fail("a worker process failed (its error is logged above); every process was stopped")
+
+
+def _reload(ctx: click.Context, targets: tuple[str, ...], reload: bool,
+            reload_dirs: tuple[Path, ...]) -> None:
+    """`run --reload`: a reloader runs this command line, less --reload, as a child and
+    restarts it when the code changes; it imports no worker itself."""
+    if not reload:
+        fail("--reload-dir is an option of --reload: add --reload, or leave --reload-dir out")
+    for target in targets:
+        module_name, _, attr = target.partition(":")
+        if not module_name or not attr:
+            load_worker(target)  # refuses it with the message it has without --reload
+    dirs = [d.resolve() for d in reload_dirs] or app_dirs(targets)
+    try:
+        status = Reloader(_child_args(ctx, _RELOADER), dirs).run()
+    except StreamworkError as exc:
+        fail(str(exc))
+    if status:
+        sys.exit(status)
 
 
 def _serve_here(workers: list[StreamWorker], otlp: bool, metrics_port: int | None,
