@@ -55,8 +55,16 @@ class App(sw.StreamWorker):
 '''
 
 
+def write(path: Path, text: str) -> None:
+    """Replace ``path`` in one step, as editors save (one change event, however slow the
+    machine: a write in parts could be seen as two edits)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def write_app(path: Path, version: str) -> None:
-    path.write_text(APP.format(version=version, stream=STREAM, group=GROUP, release=RELEASE))
+    write(path, APP.format(version=version, stream=STREAM, group=GROUP, release=RELEASE))
 
 
 def _ppid(pid: int) -> int | None:
@@ -160,7 +168,7 @@ def test_an_edit_restarts_the_worker_gracefully_and_loses_nothing(
         wait_for(lambda: _ppid(old) is None, 30, message="the old process gone")
         assert _result(producer, "during")["version"] in ("v1", "v2 edited")
 
-        app.write_text("this is not Python\n")  # a broken edit: the child cannot start
+        write(app, "this is not Python\n")  # a broken edit: the child cannot start
         wait_for(lambda: _lines(tmp_path, "it starts again on the next change"), 60,
                  message="the broken child's exit logged")
         assert "exit_code=1" in _lines(tmp_path, "it starts again on the next change")[0]
@@ -205,7 +213,7 @@ def test_reload_dir_and_processes(redis_url: str, start_reloader: Start,
                           message="two worker processes")
 
         (tmp_path / "notes.py").write_text("# outside --reload-dir\n")
-        (tmp_path / "lib" / "version.py").write_text("VERSION = 'lib-2, edited'\n")
+        write(tmp_path / "lib" / "version.py", "VERSION = 'lib-2, edited'\n")
         wait_for(lambda: _lines(tmp_path, "reloading: lib/version.py changed"), 60,
                  message="the reload line")
         keys = [f"two-{i}" for i in range(6)]
