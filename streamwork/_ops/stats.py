@@ -10,7 +10,9 @@ per thousand streams, never one per stream: first, per stream ``S``, ``XINFO STR
 ``XPENDING S G - + 1`` (the oldest pending entry and its idle time; only when the group
 holds deliveries), ``XINFO CONSUMERS S G`` (only when it has consumers), ``XINFO GROUPS``
 of its retry stream, ``ZCARD`` of its retry ZSET and ``HGETALL`` of its pause hash, and
-``XINFO GROUPS`` and ``XLEN`` of the level streams of a stream that has them; last, only
+``XINFO GROUPS``, ``XLEN`` and ``XINFO STREAM`` of the level streams of a stream that has
+them (a stream's length and entries-added, and a group's lag, pending and entries-read,
+count every level; entries-read its retry stream too, as lag does); last, only
 where they are needed, the due counts (``ZCOUNT -inf now`` of a ZSET that is not empty)
 and ``XLEN`` of a retry stream whose group cannot tell its lag. Each command is O(1) or
 O(groups/consumers) on the server (no script, nothing that walks the keyspace but the
@@ -39,8 +41,16 @@ from typing import Any, Final
 
 import redis
 
-from streamwork._ops.replies import entry_id, norm, opt_int, text
-from streamwork._ops.sides import RetrySide, level_side, named, retry_side
+from streamwork._ops.replies import entry_id, norm, opt_int, sum_known, text
+from streamwork._ops.sides import (
+    RetrySide,
+    level_read,
+    level_side,
+    level_streams,
+    named,
+    read_count,
+    retry_side,
+)
 from streamwork._wire.keys import StreamKeys, is_dead_letter_stream, is_owned_key
 from streamwork._wire.pausing import PauseState, parse_pause
 from streamwork._wire.priorities import sibling_streams
@@ -136,6 +146,9 @@ class StreamStats:
     partitions: tuple[PartitionStats, ...] = ()
     #: how many partitions the stream is split into (1: not partitioned)
     partition_count: int = 1
+    #: of ``length``, the entries of each priority level stream (``high``, ``low``: those
+    #: jobs were sent at); ``length`` and ``entries_added`` count every level
+    level_length: dict[str, int] = field(default_factory=dict)
     #: jobs its handlers sent to other slots (Redis Cluster) not yet moved to their targets
     outbox: int = 0
 
@@ -264,7 +277,8 @@ class _Group:
             pending=int(info.get("pending") or 0) + side.pending,
             oldest_pending_age_s=oldest_age,
             lag=side.total_lag(opt_int(info.get("lag"))),
-            entries_read=opt_int(info.get("entries-read")),
+            entries_read=_plus(opt_int(info.get("entries-read")), read_count(info),
+                               side.entries_read),
             last_delivered_id=text(info.get("last-delivered-id") or b"0-0"),
             top_consumers=[(c.name, c.pending) for c in consumer_list if c.pending > 0
                            ][:TOP_CONSUMERS],
@@ -310,15 +324,17 @@ class _Stream:
     outbox: Any = 0
     groups: list[_Group] = field(default_factory=list)
     levels: list[Any] = field(default_factory=list)  #: XINFO GROUPS, XLEN of each level
+    level_info: list[Any] = field(default_factory=list)  #: XINFO STREAM of each level
 
     def stats(self, now_ms: int) -> StreamStats:
         read = [_with_levels(g, self.levels) for g in (g.stats() for g in self.groups)]
         groups = sorted((g for g in read if g is not None), key=lambda g: g.name)
         info = norm(self.info)
         last = info.get("last-generated-id") or entry_id(info.get("last-entry")) or "0-0"
+        levels = level_streams(self.level_info)
         return StreamStats(
             stream=self.name,
-            length=int(info.get("length") or 0),
+            length=int(info.get("length") or 0) + sum(n for n, _ in levels.values()),
             first_id=entry_id(info.get("first-entry")),
             last_id=text(last),
             groups=groups,
@@ -326,8 +342,10 @@ class _Stream:
             delayed_due=int(_checked(self.due)) + sum(g.retries_due for g in groups),
             dead=int(_checked(self.dead)),
             outbox=int(_checked(self.outbox)),
-            entries_added=opt_int(info.get("entries-added")),
+            entries_added=sum_known([opt_int(info.get("entries-added")),
+                                     *(added for _, added in levels.values())]),
             taken_at_ms=now_ms,
+            level_length={level: n for level, (n, _) in levels.items()},
         )
 
 
@@ -367,13 +385,24 @@ def _read_chunk(client: Any, names: Sequence[str]) -> list[StreamStats | StreamN
 
 
 def _with_levels(g: GroupStats | None, replies: list[Any]) -> GroupStats | None:
-    """``g`` with the lag and pending deliveries of the stream's priority levels added."""
-    lags, pending = level_side(g.name, replies) if g is not None else ({}, 0)
-    if g is None or not lags:
+    """``g`` with the lag, the pending deliveries and the entries read of the stream's
+    priority levels added (``replies``: :func:`_levels`'; none when it has no level)."""
+    if g is None or not replies:
         return g
+    lags, pending = level_side(g.name, replies)
     lag = None if g.lag is None or None in lags.values() else g.lag + sum(
         v or 0 for v in lags.values())
-    return dataclasses.replace(g, pending=g.pending + pending, priority_lag=lags, lag=lag)
+    fresh = 0 if g.entries_read is None and g.last_delivered_id == "0-0" else g.entries_read
+    read = _plus(g.entries_read, fresh, level_read(g.name, replies))
+    return dataclasses.replace(g, pending=g.pending + pending, priority_lag=lags, lag=lag,
+                               entries_read=read)
+
+
+def _plus(read: int | None, counted: int | None, more: int | None) -> int | None:
+    """A group's entries-read on the stream (``read``, as Redis says it: null before its
+    first read) plus what it read elsewhere (``more``: its retry stream, the levels),
+    ``counted`` being ``read`` with that null as 0; Redis's own figure when ``more`` is 0."""
+    return read if more == 0 else sum_known([counted, more])
 
 
 def _levels(later: _Later, st: _Stream, reply: Any) -> None:
@@ -382,6 +411,7 @@ def _levels(later: _Later, st: _Stream, reply: Any) -> None:
         for level in sibling_streams(st.keys):
             later.ask(st.levels.append).xinfo_groups(level)
             later.ask(st.levels.append).xlen(level)
+            later.ask(st.level_info.append).xinfo_stream(level)
 
 
 def _delayed(later: _Later, st: _Stream, now_ms: int, reply: Any) -> None:
