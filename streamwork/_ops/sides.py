@@ -77,6 +77,16 @@ def named(groups_reply: Any, name: str) -> dict[str, Any] | None:
 
 
 
+def add_read(read: int | None, last_id: str, more: int | None) -> int | None:
+    """A group's entries-read on the stream (``read``, as Redis says it: null before its
+    first read from id 0, ``last_id`` still ``0-0``) plus what it read elsewhere (``more``:
+    its retry stream, the levels); Redis's own figure when ``more`` is 0."""
+    if more == 0:
+        return read
+    counted = 0 if read is None and last_id == "0-0" else read
+    return None if counted is None or more is None else counted + more
+
+
 def level_read(group: str, replies: list[Any]) -> int | None:
     """The entries ``group`` has read from the stream's level streams (XINFO GROUPS
     entries-read), from the replies :func:`level_side` takes: 0 for a level without the

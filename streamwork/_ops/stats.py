@@ -11,19 +11,17 @@ per thousand streams, never one per stream: first, per stream ``S``, ``XINFO STR
 holds deliveries), ``XINFO CONSUMERS S G`` (only when it has consumers), ``XINFO GROUPS``
 of its retry stream, ``ZCARD`` of its retry ZSET and ``HGETALL`` of its pause hash, and
 ``XINFO GROUPS``, ``XLEN`` and ``XINFO STREAM`` of the level streams of a stream that has
-them (a stream's length and entries-added, and a group's lag, pending and entries-read,
-count every level; entries-read its retry stream too, as lag does); last, only
-where they are needed, the due counts (``ZCOUNT -inf now`` of a ZSET that is not empty)
-and ``XLEN`` of a retry stream whose group cannot tell its lag. Each command is O(1) or
-O(groups/consumers) on the server (no script, nothing that walks the keyspace but the
+them; last, only where needed, the due counts (``ZCOUNT -inf now`` of a ZSET that is not
+empty) and ``XLEN`` of a retry stream whose group cannot tell its lag. Each command is O(1)
+or O(groups/consumers) on the server (no script, nothing that walks the keyspace but the
 ``SCAN`` of :func:`discover_streams`), so Redis is never blocked for long. Nothing is
 written. The commands are not one snapshot: figures of a busy stream can disagree by the
 few jobs that moved between two reads.
 
-A group's ``lag`` is what will reach it without any new send: the stream's entries not yet
-delivered to it, plus its retry stream's (replayed dead letters, promoted retries), plus its
-retries whose backoff is over but that no worker has promoted yet. Its ``pending`` counts
-the deliveries it holds from both streams.
+Every figure counts the priority levels' streams too. A group's ``lag`` is what will reach
+it without any new send: the entries not yet delivered to it, plus its retry stream's
+(replays, promoted retries), plus its retries whose backoff is over but not yet promoted;
+its ``pending`` and ``entries_read`` count its retry stream too.
 
 Fields Redis cannot report (``lag`` when the group's position is unknown, ``entries-read``
 and ``entries-added`` before Redis 7.0) are ``None``. Rates between two samples are
@@ -44,11 +42,11 @@ import redis
 from streamwork._ops.replies import entry_id, norm, opt_int, sum_known, text
 from streamwork._ops.sides import (
     RetrySide,
+    add_read,
     level_read,
     level_side,
     level_streams,
     named,
-    read_count,
     retry_side,
 )
 from streamwork._wire.keys import StreamKeys, is_dead_letter_stream, is_owned_key
@@ -271,15 +269,15 @@ class _Group:
             key=lambda c: (-c.pending, c.name))
         side = (retry_side(self.name, self.retry_groups, self.length, self.waiting,
                            _checked(self.due)) if self.side else RetrySide())
+        last = text(info.get("last-delivered-id") or b"0-0")
         return GroupStats(
             name=self.name,
             consumers=int(info.get("consumers") or 0),
             pending=int(info.get("pending") or 0) + side.pending,
             oldest_pending_age_s=oldest_age,
             lag=side.total_lag(opt_int(info.get("lag"))),
-            entries_read=_plus(opt_int(info.get("entries-read")), read_count(info),
-                               side.entries_read),
-            last_delivered_id=text(info.get("last-delivered-id") or b"0-0"),
+            entries_read=add_read(opt_int(info.get("entries-read")), last, side.entries_read),
+            last_delivered_id=last,
             top_consumers=[(c.name, c.pending) for c in consumer_list if c.pending > 0
                            ][:TOP_CONSUMERS],
             consumer_list=consumer_list,
@@ -392,17 +390,9 @@ def _with_levels(g: GroupStats | None, replies: list[Any]) -> GroupStats | None:
     lags, pending = level_side(g.name, replies)
     lag = None if g.lag is None or None in lags.values() else g.lag + sum(
         v or 0 for v in lags.values())
-    fresh = 0 if g.entries_read is None and g.last_delivered_id == "0-0" else g.entries_read
-    read = _plus(g.entries_read, fresh, level_read(g.name, replies))
+    read = add_read(g.entries_read, g.last_delivered_id, level_read(g.name, replies))
     return dataclasses.replace(g, pending=g.pending + pending, priority_lag=lags, lag=lag,
                                entries_read=read)
-
-
-def _plus(read: int | None, counted: int | None, more: int | None) -> int | None:
-    """A group's entries-read on the stream (``read``, as Redis says it: null before its
-    first read) plus what it read elsewhere (``more``: its retry stream, the levels),
-    ``counted`` being ``read`` with that null as 0; Redis's own figure when ``more`` is 0."""
-    return read if more == 0 else sum_known([counted, more])
 
 
 def _levels(later: _Later, st: _Stream, reply: Any) -> None:
