@@ -172,8 +172,15 @@ async def test_inspect_the_dashboard_and_the_gauges_count_every_level(
     assert page.status_code == 200, page.text
     section = page.text[page.text.index(f"<h2>stream {MIXED}"):]
     assert re.search(r'data-metric="length">([^<]*)<', section)[1] == str(want["length"])
-    cells = dict(re.findall(r'data-metric="(lag|pending)"[^>]*>([^<]*)<', section[:4000]))
+    assert re.search(r"<dt>entries added</dt><dd>([^<]*)<", section)[1] == str(
+        want["entries_added"])
+    group = section[section.index(f'<tr data-group="{GROUP}">'):]
+    group = group[:group.index("</tr>")]
+    cells = dict(re.findall(r'data-metric="(lag|pending)"[^>]*>([^<]*)<', group))
     assert cells == {"lag": str(want["lag"]), "pending": str(want["pending"])}
+    read = re.search(r'data-metric="retries_waiting">[^<]*</td>\s*<td class="num">([^<]*)<',
+                     group)
+    assert read is not None and read[1] == str(want["entries_read"])
 
 
 async def test_rates_count_every_level_and_the_retry_stream(redis_url: str,

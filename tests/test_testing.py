@@ -309,6 +309,7 @@ def test_worker_runner_serves_until_idle_and_says_what_happened(redis_url: str,
         4, 1, 1)
     assert run.status("twice").state == "done" and run.status("poison").state == "dead"
     assert Ledger(r).report(["a", "b", "c", "twice"]).exactly_once
+    assert run.counts["cancelled"] == 0  # what did not happen counts 0
     with pytest.raises(sw.ConfigError, match="pass its class"):
         WorkerRunner(redis_url, r)(Flaky.from_url(redis_url), concurrency=2)
     with pytest.raises(sw.ConfigError, match="StreamWorker subclass"):

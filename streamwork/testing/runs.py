@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -29,8 +30,9 @@ class WorkerRun:
 
     worker: StreamWorker[Any]  #: the worker, stopped
     #: its counters when it stopped: ``acked``, ``retried``, ``dead_lettered``,
-    #: ``deduplicated``, ``cancelled``, ``produced`` (jobs its handlers sent), ...
-    counts: dict[str, int]
+    #: ``deduplicated``, ``cancelled``, ``produced`` (jobs its handlers sent), ...; 0 for
+    #: what did not happen
+    counts: Counter[str]
     seconds: float  #: how long it served
     url: str  #: the server it ran against
 
@@ -72,7 +74,7 @@ class WorkerRunner:
         finally:
             if client is not self.client:
                 client.close()
-        return WorkerRun(made, dict(made.counts), time.monotonic() - started, self.url)
+        return WorkerRun(made, Counter(made.counts), time.monotonic() - started, self.url)
 
 
 def _made(worker: type[StreamWorker[Any]] | StreamWorker[Any], url: str,
