@@ -144,11 +144,11 @@ class StreamStats:
     partitions: tuple[PartitionStats, ...] = ()
     #: how many partitions the stream is split into (1: not partitioned)
     partition_count: int = 1
+    #: jobs its handlers sent to other slots (Redis Cluster) not yet moved to their targets
+    outbox: int = 0
     #: of ``length``, the entries of each priority level stream (``high``, ``low``: those
     #: jobs were sent at); ``length`` and ``entries_added`` count every level
     level_length: dict[str, int] = field(default_factory=dict)
-    #: jobs its handlers sent to other slots (Redis Cluster) not yet moved to their targets
-    outbox: int = 0
 
     def group(self, name: str) -> GroupStats | None:
         return next((g for g in self.groups if g.name == name), None)
