@@ -241,6 +241,12 @@ def test_message_lease_and_cancel_flags_can_be_set() -> None:
     stopped.cancelled = False
     assert not stopped.cancelled
     assert message(options={"priority": "high"}).priority == "high"
+    going = message({})
+    going.progress(0.5, "half")
+    going.progress(1)
+    assert going.progressed == [(0.5, "half"), (1.0, "")]
+    with pytest.raises(ValueError, match="fraction"):
+        going.progress(2.0)
 
 
 def test_message_checks_sends_as_a_worker_does() -> None:

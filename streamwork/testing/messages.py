@@ -76,12 +76,19 @@ class _Recorder:
 @dataclass(slots=True, eq=False)
 class MessageDouble(Message[Any]):
     """A `Message` made by :func:`message`: ``sent`` lists the jobs sent, ``staged`` the
-    writes staged (``(command, keys, args)``, as the bytes sent to Redis), and
-    ``lock_lost`` and ``cancelled`` can be set (then ``check()`` raises LockLost)."""
+    writes staged (``(command, keys, args)``, as the bytes sent to Redis), ``progressed``
+    every ``progress(fraction, note)`` reported, and ``lock_lost`` and ``cancelled`` can be
+    set (``check()`` raises LockLost once the lease is lost)."""
 
     __test__ = False  # not a test class, whatever name pytest finds it under
 
     sent: list[SentJob] = field(default_factory=list)
+    progressed: list[tuple[float, str]] = field(default_factory=list)
+
+    def progress(self, fraction: float, note: str = "") -> None:
+        """`Message.progress` (checked the same way), each report kept in ``progressed``."""
+        Message.progress(self, fraction, note)
+        self.progressed.append((float(fraction), note))
 
     @property
     def lock_lost(self) -> bool:
