@@ -171,3 +171,166 @@ def test_stream_idle_sees_a_job_moving_while_it_looks(r: redis.Redis) -> None:
     if r.zcard(gkeys.retries):  # the look made no zcard call of its own: promote now
         promote()
     assert stream_idle(r, stream, group) is False  # the retry is unread on the retry stream
+
+
+# ---- message(): a handler's message in a unit test ---------------------------------------
+
+
+class Orders(sw.StreamWorker):
+    """Stages a total, sends a receipt (key derived) and a high-priority mail, checks its
+    lease before the mail; a "stop" payload ends early when the job was cancelled."""
+
+    stream = "orders"
+    group = "billing"
+    read_block = 0.05
+
+    async def handle(self, msg: sw.Message) -> str:
+        if msg.cancelled:
+            return "cancelled"
+        msg.stage("HINCRBY", ["{orders}:totals"], ["eur", msg.payload["cents"]])
+        receipt = msg.send("receipts", {"order": msg.key})
+        msg.check()
+        msg.send_many("mails", [{"to": "ada"}, {"to": "kim"}], order_keys=["ada", "kim"],
+                      priority="high", headers={"trace": "t-1"})
+        return receipt
+
+
+def test_message_records_what_a_handler_stages_and_sends() -> None:
+    """The message of ``message()`` lets a handler send: each job is recorded in ``sent``
+    with its stream, payload, key (given, else the one a worker derives) and the options
+    given (per-job ones for their job); ``staged`` holds only the handler's own writes."""
+    from streamwork.testing import SentJob, message
+
+    msg = message({"cents": 250}, key="order-7", stream="orders", group="billing")
+    receipt = asyncio.run(Orders.from_url("redis://127.0.0.1:1/0").handle(msg))
+    assert receipt.startswith("chain-")
+    assert msg.sent == [
+        SentJob("receipts", {"order": "order-7"}, receipt, {}),
+        SentJob("mails", {"to": "ada"}, msg.sent[1].key,
+                {"priority": "high", "order_key": "ada", "headers": {"trace": "t-1"}}),
+        SentJob("mails", {"to": "kim"}, msg.sent[2].key,
+                {"priority": "high", "order_key": "kim", "headers": {"trace": "t-1"}}),
+    ]
+    assert len({s.key for s in msg.sent}) == 3
+    assert msg.staged == [("HINCRBY", (b"{orders}:totals",), (b"eur", b"250"))]
+    assert msg.staged_commands() == [("HINCRBY", ["{orders}:totals"], ["eur", "250"])]
+    again = message({"cents": 250}, key="order-7", stream="orders", group="billing")
+    asyncio.run(Orders.from_url("redis://127.0.0.1:1/0").handle(again))
+    assert [s.key for s in again.sent] == [s.key for s in msg.sent], "same keys every attempt"
+
+
+def test_message_lease_and_cancel_flags_can_be_set() -> None:
+    """``lock_lost`` and ``cancelled`` start as given and can be set; with the lease lost
+    ``check()`` raises LockLost, as in a worker."""
+    from streamwork.testing import message
+
+    worker = Orders.from_url("redis://127.0.0.1:1/0")
+    lost = message({"cents": 1}, lock_lost=True)
+    with pytest.raises(sw.LockLost, match="lost its lease"):
+        asyncio.run(worker.handle(lost))
+    assert [s.stream for s in lost.sent] == ["receipts"], "sent before the check"
+    later = message({"cents": 1})
+    assert not later.lock_lost and not later.cancelled
+    later.lock_lost = True
+    with pytest.raises(sw.LockLost):
+        later.check()
+    later.lock_lost = False
+    later.check()
+    stopped = message({"cents": 1}, cancelled=True)
+    assert asyncio.run(worker.handle(stopped)) == "cancelled" and stopped.sent == []
+    stopped.cancelled = False
+    assert not stopped.cancelled
+    assert message(options={"priority": "high"}).priority == "high"
+    going = message({})
+    going.progress(0.5, "half")
+    going.progress(1)
+    assert going.progressed == [(0.5, "half"), (1.0, "")]
+    with pytest.raises(ValueError, match="fraction"):
+        going.progress(2.0)
+
+
+def test_message_checks_sends_as_a_worker_does() -> None:
+    """Bad sends raise the worker's ConfigError at once; a Message built by hand still
+    refuses to send (there is no worker behind it), naming the helper to use."""
+    from streamwork.testing import message
+
+    msg = message({})
+    with pytest.raises(sw.ConfigError, match="whitespace"):
+        msg.send("bad name", {})
+    with pytest.raises(sw.ConfigError, match="not a job option"):
+        msg.send("mails", {}, prio="high")  # type: ignore[call-arg]
+    with pytest.raises(sw.ConfigError, match="MessagePack"):
+        msg.send("mails", object())
+    with pytest.raises(sw.ConfigError, match="normal level only"):
+        msg.send("mails", {}, priority="high", delay=5)
+    with pytest.raises(sw.PayloadTooLarge):
+        message({}, max_payload_bytes=100).send("mails", "x" * 200)
+    with pytest.raises(sw.ConfigError, match="priority"):
+        message(options={"priority": "urgent"})
+    assert msg.sent == []
+    by_hand = sw.Message(id="0-1", stream="test", key="k", payload={}, attempt=1,
+                         enqueued_at=0.0, headers={})
+    with pytest.raises(sw.ConfigError, match="did not come from a worker"):
+        by_hand.send("mails", {})
+
+
+async def test_message_derives_the_keys_a_worker_derives(redis_url: str,
+                                                         r: redis.Redis) -> None:
+    """The key ``message()`` gives a job sent without one is the key a real worker gives
+    it: the receipt a real run sends is found under the key the unit test saw."""
+    from streamwork.testing import message
+
+    with sw.Producer.from_url(redis_url) as p:
+        p.send("orders", {"cents": 250}, key="order-7")
+    await run_until_idle(Orders.from_url(redis_url), r, timeout=60)
+    with sw.Producer.from_url(redis_url) as p:
+        real = p.status("orders", "order-7", group="billing").result
+    unit = message({"cents": 250}, key="order-7", stream="orders", group="billing")
+    assert await Orders.from_url(redis_url).handle(unit) == real
+    assert int(r.hget("{orders}:totals", "eur") or 0) == 250
+
+
+# ---- WorkerRunner: the plugin's streamwork_run, without pytest ----------------------------
+
+
+class Flaky(LedgerWorker):
+    """LedgerWorker (payloads say what happens: fail_until, dead) with job records."""
+
+    dedup = True
+
+
+def test_worker_runner_serves_until_idle_and_says_what_happened(redis_url: str,
+                                                               r: redis.Redis) -> None:
+    """WorkerRunner runs a worker class (made with the options given) until its stream is
+    drained and returns its counters and the job statuses; from a plain test."""
+    from streamwork.testing import WorkerRunner
+
+    with sw.Producer.from_url(redis_url) as p:
+        p.send_many(STREAM, [{}] * 3, keys=["a", "b", "c"])
+        p.send(STREAM, {"fail_until": 2}, key="twice")
+        p.send(STREAM, {"dead": True}, key="poison")
+    run = WorkerRunner(redis_url)(Flaky, timeout=60, concurrency=2)
+    assert run.worker.config.concurrency == 2 and not run.worker.health().alive
+    assert (run.counts["acked"], run.counts["retried"], run.counts["dead_lettered"]) == (
+        4, 1, 1)
+    assert run.status("twice").state == "done" and run.status("poison").state == "dead"
+    assert Ledger(r).report(["a", "b", "c", "twice"]).exactly_once
+    assert run.counts["cancelled"] == 0  # what did not happen counts 0
+    with pytest.raises(sw.ConfigError, match="pass its class"):
+        WorkerRunner(redis_url, r)(Flaky.from_url(redis_url), concurrency=2)
+    with pytest.raises(sw.ConfigError, match="StreamWorker subclass"):
+        WorkerRunner(redis_url, r)(object)  # type: ignore[arg-type]
+
+
+async def test_worker_runner_in_an_async_test(redis_url: str, r: redis.Redis) -> None:
+    """Called inside a running loop, WorkerRunner serves on a loop of its own in a thread;
+    ``run_async`` serves on the running one."""
+    from streamwork.testing import WorkerRunner
+
+    runner = WorkerRunner(redis_url, r)
+    with sw.Producer.from_url(redis_url) as p:
+        p.send(STREAM, {}, key="one")
+        assert runner(Flaky).counts["acked"] == 1
+        p.send(STREAM, {}, key="two")
+        assert (await runner.run_async(Flaky)).counts["acked"] == 1
+    assert set(Ledger(r).counts()) == {"one", "two"}

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from streamwork._ops.replies import id_order, text
+from streamwork._ops.replies import sum_known as _sum_known
 from streamwork._ops.stats import (
     TOP_CONSUMERS,
     ConsumerStats,
@@ -28,16 +29,6 @@ from streamwork.errors import ConfigError, StreamNotFound
 __all__ = ["merge_stats", "partition_base", "partitioned_many", "partitioned_stats",
            "recorded_partitions", "recorded_partitions_many", "sample_partitioned",
            "sample_streams"]
-
-
-def _sum_known(values: Iterable[int | None]) -> int | None:
-    """The sum, or None when any value is unknown."""
-    total = 0
-    for v in values:
-        if v is None:
-            return None
-        total += v
-    return total
 
 
 def _merge_group(parts: Sequence[GroupStats]) -> GroupStats:
@@ -94,7 +85,17 @@ def merge_stats(stream: str, parts: Sequence[StreamStats]) -> StreamStats:
         outbox=sum(s.outbox for s in parts),
         entries_added=_sum_known(s.entries_added for s in parts),
         taken_at_ms=max((s.taken_at_ms for s in parts), default=0),
+        level_length=_level_lengths(parts),
     )
+
+
+def _level_lengths(parts: Sequence[StreamStats]) -> dict[str, int]:
+    """Each priority level's entries over ``parts`` (levels some partition has)."""
+    out: dict[str, int] = {}
+    for s in parts:
+        for level, n in s.level_length.items():
+            out[level] = out.get(level, 0) + n
+    return out
 
 
 def _node_of(client: Any, key: str) -> str | None:

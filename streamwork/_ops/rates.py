@@ -41,9 +41,11 @@ def compute_rates(before: StreamStats, after: StreamStats,
     """produced/s and acked/s per group between two samples of the same stream.
 
     produced/s is the growth of ``entries-added`` (Redis 7+); without it, the growth of the
-    length when the last id moved (trimming hides entries, so that one is a lower bound).
-    acked/s of a group is ``(entries-read growth - pending growth) / interval``: what the
-    group read and no longer holds. ``interval_s`` defaults to the server-time difference.
+    length when it grew or the last id moved (trimming hides entries, so that one is a
+    lower bound). acked/s of a group is ``(entries-read growth - pending growth) /
+    interval``: what the group read and no longer holds. Both count every priority level
+    (and acked/s the group's retry stream), as the samples' figures do. ``interval_s``
+    defaults to the server-time difference.
     """
     seconds = interval_s if interval_s is not None else (
         (after.taken_at_ms - before.taken_at_ms) / 1000)
@@ -52,8 +54,8 @@ def compute_rates(before: StreamStats, after: StreamStats,
     produced: float | None
     if before.entries_added is not None and after.entries_added is not None:
         produced = _per_s(after.entries_added - before.entries_added, seconds)
-    elif after.last_id == before.last_id:
-        produced = 0.0
+    elif after.last_id == before.last_id and after.length <= before.length:
+        produced = 0.0  # (the last id is the stream's own: a level may have grown)
     elif after.length >= before.length:
         produced = _per_s(after.length - before.length, seconds)
     else:

@@ -4,10 +4,10 @@ is time order across streams."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["entry_id", "id_order", "norm", "opt_int", "text"]
+__all__ = ["entry_id", "id_order", "norm", "opt_int", "sum_known", "text"]
 
 
 def text(value: Any) -> str:
@@ -25,6 +25,16 @@ def opt_int(value: Any) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None
+
+
+def sum_known(values: Iterable[int | None]) -> int | None:
+    """The sum, or None when any value is unknown."""
+    total = 0
+    for v in values:
+        if v is None:
+            return None
+        total += v
+    return total
 
 
 def norm(reply: Any) -> dict[str, Any]:

@@ -20,6 +20,9 @@ class RetrySide:
     pending: int = 0  #: deliveries from the retry stream not acknowledged yet
     waiting: int = 0  #: retries in the ZSET, due or not
     due: int = 0  #: of which due (score <= now): a worker of the group promotes them next
+    #: entries the group has read from the retry stream (XINFO GROUPS entries-read; 0
+    #: without the group there); None when Redis cannot tell
+    entries_read: int | None = 0
 
     def total_lag(self, stream_lag: int | None) -> int | None:
         """The group's whole lag given its lag on the stream itself: that, plus the retry
@@ -40,6 +43,7 @@ def retry_side(group: str, groups_reply: Any, length: Any, waiting: Any, due: An
     retry stream is empty."""
     entries = 0 if isinstance(length, Exception) else int(length or 0)
     found = None if isinstance(groups_reply, Exception) else named(groups_reply, group)
+    read: int | None = 0
     if found is None:
         lag: int | None = entries
         pending = 0
@@ -48,7 +52,19 @@ def retry_side(group: str, groups_reply: Any, length: Any, waiting: Any, due: An
         if lag is None and entries == 0:
             lag = 0
         pending = int(found.get("pending") or 0)
-    return RetrySide(lag=lag, pending=pending, waiting=int(waiting or 0), due=int(due or 0))
+        read = read_count(found)
+    return RetrySide(lag=lag, pending=pending, waiting=int(waiting or 0), due=int(due or 0),
+                     entries_read=read)
+
+
+def read_count(info: dict[str, Any]) -> int | None:
+    """A group's entries-read from its XINFO GROUPS entry: 0 for a group that has read
+    nothing yet (Redis says null until its first read from id 0), None when Redis cannot
+    tell (before 7.0, or a group created at another id that has not read since)."""
+    read = opt_int(info.get("entries-read"))
+    if read is None and text(info.get("last-delivered-id") or b"0-0") == "0-0":
+        return 0
+    return read
 
 
 def named(groups_reply: Any, name: str) -> dict[str, Any] | None:
@@ -59,6 +75,45 @@ def named(groups_reply: Any, name: str) -> dict[str, Any] | None:
             return info
     return None
 
+
+
+def add_read(read: int | None, last_id: str, more: int | None) -> int | None:
+    """A group's entries-read on the stream (``read``, as Redis says it: null before its
+    first read from id 0, ``last_id`` still ``0-0``) plus what it read elsewhere (``more``:
+    its retry stream, the levels); Redis's own figure when ``more`` is 0."""
+    if more == 0:
+        return read
+    counted = 0 if read is None and last_id == "0-0" else read
+    return None if counted is None or more is None else counted + more
+
+
+def level_read(group: str, replies: list[Any]) -> int | None:
+    """The entries ``group`` has read from the stream's level streams (XINFO GROUPS
+    entries-read), from the replies :func:`level_side` takes: 0 for a level without the
+    group (nothing delivered from it yet), None when Redis cannot tell."""
+    total = 0
+    for groups_reply in replies[::2]:
+        found = None if isinstance(groups_reply, Exception) else named(groups_reply, group)
+        if found is not None:
+            read = read_count(found)
+            if read is None:
+                return None
+            total += read
+    return total
+
+
+def level_streams(infos: list[Any]) -> dict[str, tuple[int, int | None]]:
+    """``(length, entries-added)`` of each level stream that exists (entries-added None
+    before Redis 7.0), from the replies to ``XINFO STREAM`` of each in SIBLINGS order (an
+    error: no such stream; none at all: the stream has no level). They count in the
+    stream's length and entries-added: a job sent at high or low is one of the stream's."""
+    out: dict[str, tuple[int, int | None]] = {}
+    for level, reply in zip(SIBLINGS, infos, strict=False):
+        if isinstance(reply, Exception):
+            continue
+        info = norm(reply)
+        out[level] = (int(info.get("length") or 0), opt_int(info.get("entries-added")))
+    return out
 
 
 def level_side(group: str, replies: list[Any]) -> tuple[dict[str, int | None], int]:

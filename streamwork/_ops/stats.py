@@ -10,18 +10,18 @@ per thousand streams, never one per stream: first, per stream ``S``, ``XINFO STR
 ``XPENDING S G - + 1`` (the oldest pending entry and its idle time; only when the group
 holds deliveries), ``XINFO CONSUMERS S G`` (only when it has consumers), ``XINFO GROUPS``
 of its retry stream, ``ZCARD`` of its retry ZSET and ``HGETALL`` of its pause hash, and
-``XINFO GROUPS`` and ``XLEN`` of the level streams of a stream that has them; last, only
-where they are needed, the due counts (``ZCOUNT -inf now`` of a ZSET that is not empty)
-and ``XLEN`` of a retry stream whose group cannot tell its lag. Each command is O(1) or
-O(groups/consumers) on the server (no script, nothing that walks the keyspace but the
+``XINFO GROUPS``, ``XLEN`` and ``XINFO STREAM`` of the level streams of a stream that has
+them; last, only where needed, the due counts (``ZCOUNT -inf now`` of a ZSET that is not
+empty) and ``XLEN`` of a retry stream whose group cannot tell its lag. Each command is O(1)
+or O(groups/consumers) on the server (no script, nothing that walks the keyspace but the
 ``SCAN`` of :func:`discover_streams`), so Redis is never blocked for long. Nothing is
 written. The commands are not one snapshot: figures of a busy stream can disagree by the
 few jobs that moved between two reads.
 
-A group's ``lag`` is what will reach it without any new send: the stream's entries not yet
-delivered to it, plus its retry stream's (replayed dead letters, promoted retries), plus its
-retries whose backoff is over but that no worker has promoted yet. Its ``pending`` counts
-the deliveries it holds from both streams.
+Every figure counts the priority levels' streams too. A group's ``lag`` is what will reach
+it without any new send: the entries not yet delivered to it, plus its retry stream's
+(replays, promoted retries), plus its retries whose backoff is over but not yet promoted;
+its ``pending`` and ``entries_read`` count its retry stream too.
 
 Fields Redis cannot report (``lag`` when the group's position is unknown, ``entries-read``
 and ``entries-added`` before Redis 7.0) are ``None``. Rates between two samples are
@@ -39,8 +39,16 @@ from typing import Any, Final
 
 import redis
 
-from streamwork._ops.replies import entry_id, norm, opt_int, text
-from streamwork._ops.sides import RetrySide, level_side, named, retry_side
+from streamwork._ops.replies import entry_id, norm, opt_int, sum_known, text
+from streamwork._ops.sides import (
+    RetrySide,
+    add_read,
+    level_read,
+    level_side,
+    level_streams,
+    named,
+    retry_side,
+)
 from streamwork._wire.keys import StreamKeys, is_dead_letter_stream, is_owned_key
 from streamwork._wire.pausing import PauseState, parse_pause
 from streamwork._wire.priorities import sibling_streams
@@ -138,6 +146,9 @@ class StreamStats:
     partition_count: int = 1
     #: jobs its handlers sent to other slots (Redis Cluster) not yet moved to their targets
     outbox: int = 0
+    #: of ``length``, the entries of each priority level stream (``high``, ``low``: those
+    #: jobs were sent at); ``length`` and ``entries_added`` count every level
+    level_length: dict[str, int] = field(default_factory=dict)
 
     def group(self, name: str) -> GroupStats | None:
         return next((g for g in self.groups if g.name == name), None)
@@ -258,14 +269,15 @@ class _Group:
             key=lambda c: (-c.pending, c.name))
         side = (retry_side(self.name, self.retry_groups, self.length, self.waiting,
                            _checked(self.due)) if self.side else RetrySide())
+        last = text(info.get("last-delivered-id") or b"0-0")
         return GroupStats(
             name=self.name,
             consumers=int(info.get("consumers") or 0),
             pending=int(info.get("pending") or 0) + side.pending,
             oldest_pending_age_s=oldest_age,
             lag=side.total_lag(opt_int(info.get("lag"))),
-            entries_read=opt_int(info.get("entries-read")),
-            last_delivered_id=text(info.get("last-delivered-id") or b"0-0"),
+            entries_read=add_read(opt_int(info.get("entries-read")), last, side.entries_read),
+            last_delivered_id=last,
             top_consumers=[(c.name, c.pending) for c in consumer_list if c.pending > 0
                            ][:TOP_CONSUMERS],
             consumer_list=consumer_list,
@@ -310,15 +322,17 @@ class _Stream:
     outbox: Any = 0
     groups: list[_Group] = field(default_factory=list)
     levels: list[Any] = field(default_factory=list)  #: XINFO GROUPS, XLEN of each level
+    level_info: list[Any] = field(default_factory=list)  #: XINFO STREAM of each level
 
     def stats(self, now_ms: int) -> StreamStats:
         read = [_with_levels(g, self.levels) for g in (g.stats() for g in self.groups)]
         groups = sorted((g for g in read if g is not None), key=lambda g: g.name)
         info = norm(self.info)
         last = info.get("last-generated-id") or entry_id(info.get("last-entry")) or "0-0"
+        levels = level_streams(self.level_info)
         return StreamStats(
             stream=self.name,
-            length=int(info.get("length") or 0),
+            length=int(info.get("length") or 0) + sum(n for n, _ in levels.values()),
             first_id=entry_id(info.get("first-entry")),
             last_id=text(last),
             groups=groups,
@@ -326,8 +340,10 @@ class _Stream:
             delayed_due=int(_checked(self.due)) + sum(g.retries_due for g in groups),
             dead=int(_checked(self.dead)),
             outbox=int(_checked(self.outbox)),
-            entries_added=opt_int(info.get("entries-added")),
+            entries_added=sum_known([opt_int(info.get("entries-added")),
+                                     *(added for _, added in levels.values())]),
             taken_at_ms=now_ms,
+            level_length={level: n for level, (n, _) in levels.items()},
         )
 
 
@@ -367,13 +383,16 @@ def _read_chunk(client: Any, names: Sequence[str]) -> list[StreamStats | StreamN
 
 
 def _with_levels(g: GroupStats | None, replies: list[Any]) -> GroupStats | None:
-    """``g`` with the lag and pending deliveries of the stream's priority levels added."""
-    lags, pending = level_side(g.name, replies) if g is not None else ({}, 0)
-    if g is None or not lags:
+    """``g`` with the lag, the pending deliveries and the entries read of the stream's
+    priority levels added (``replies``: :func:`_levels`'; none when it has no level)."""
+    if g is None or not replies:
         return g
+    lags, pending = level_side(g.name, replies)
     lag = None if g.lag is None or None in lags.values() else g.lag + sum(
         v or 0 for v in lags.values())
-    return dataclasses.replace(g, pending=g.pending + pending, priority_lag=lags, lag=lag)
+    read = add_read(g.entries_read, g.last_delivered_id, level_read(g.name, replies))
+    return dataclasses.replace(g, pending=g.pending + pending, priority_lag=lags, lag=lag,
+                               entries_read=read)
 
 
 def _levels(later: _Later, st: _Stream, reply: Any) -> None:
@@ -382,6 +401,7 @@ def _levels(later: _Later, st: _Stream, reply: Any) -> None:
         for level in sibling_streams(st.keys):
             later.ask(st.levels.append).xinfo_groups(level)
             later.ask(st.levels.append).xlen(level)
+            later.ask(st.level_info.append).xinfo_stream(level)
 
 
 def _delayed(later: _Later, st: _Stream, now_ms: int, reply: Any) -> None:

@@ -79,6 +79,10 @@ class Message(Generic[P]):
     pass it to the system you write to so a stale holder's write can be rejected.
     ``options`` are the job options it was sent with (``timeout`` in seconds, ``order_key``,
     ``priority``, ...), read-only, by name; those it was not sent with are absent.
+    ``staged`` lists the writes staged so far, applied with the job's acknowledgement: each
+    ``(command, keys, args)``, keys and args as the bytes sent to Redis (what ``stage``
+    was given, and the writes of the jobs ``send`` staged). For a unit test of a handler,
+    ``streamwork.testing.message()`` makes a Message that records its sends instead.
     """
 
     id: str

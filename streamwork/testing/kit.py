@@ -1,9 +1,5 @@
-"""A small public test kit: private servers, waiting without sleeps-as-assertions, ledgers.
-
-Use it in your own tests of streamwork workers::
-
-    from streamwork.testing import Ledger, RedisServer, run_until_idle, wait_for
-"""
+"""The kit's first part: private servers, running a worker until idle, waiting without
+sleeps-as-assertions, ledgers (``streamwork.testing`` exports it)."""
 
 from __future__ import annotations
 
@@ -20,7 +16,7 @@ from streamwork._worker.worker import StreamWorker
 
 __all__ = [
     "Ledger", "LedgerReport", "RedisServer", "await_for", "free_port", "run_until_idle",
-    "wait_for",
+    "stream_idle", "wait_for",
 ]
 
 T = TypeVar("T")
