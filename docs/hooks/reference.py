@@ -246,6 +246,44 @@ def job_options() -> str:
     return "\n".join(rows)
 
 
+# --- summaries of the pages built by plugins (so they read on a code host too) ------------
+
+
+#: a first sentence: up to a full stop that is not part of an ellipsis ("MODULE:Worker...")
+_SENTENCE = re.compile(r"(.+?(?<!\.)[.!?](?!\.))(\s|$)")
+
+
+def _first_sentence(obj: Any) -> str:
+    """The first sentence of ``obj``'s docstring, in Markdown."""
+    text = " ".join((inspect.getdoc(obj) or "").split("\n\n")[0].split())
+    found = re.match(_SENTENCE, text)
+    return _cell(re.sub(r"``([^`]+)``", r"`\1`", found.group(1) if found else text))
+
+
+def api_summary() -> str:
+    """The public names of ``streamwork`` (``__all__``), each with its docstring's first
+    sentence."""
+    import streamwork
+
+    rows = ["| name | what |", "|---|---|"]
+    for name in sorted(streamwork.__all__, key=str.lower):
+        if not name.startswith("_"):
+            rows.append(f"| `sw.{name}` | {_first_sentence(getattr(streamwork, name))} |")
+    return "\n".join(rows)
+
+
+def cli_summary() -> str:
+    """The ``streamwork`` commands, each with the first sentence of its help."""
+    from streamwork._cli.main import main
+
+    rows = ["| command | what |", "|---|---|"]
+    for name, command in main.commands.items():
+        help_text = " ".join((command.help or "").split("\n\n")[0].split())
+        found = re.match(_SENTENCE, help_text)
+        rows.append(f"| `streamwork {name}` | {_cell(found.group(1) if found else help_text)} |")
+    return "\n".join(rows)
+
+
 #: what each ``<!-- streamwork: NAME -->`` line is replaced by
 TABLES: dict[str, Callable[[], str]] = {
     "job options": job_options,
@@ -253,6 +291,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "python options": python_options,
     "redis keys": redis_keys,
     "redlock keys": redlock_keys,
+    "api summary": api_summary,
+    "cli summary": cli_summary,
 }
 
 
