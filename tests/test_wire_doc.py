@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import math
 import re
 import time
 import uuid
+import zlib
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -37,6 +39,27 @@ def prefix(stream: str) -> str:
 def record_key(stream: str, group: str, key: str) -> str:
     """keys.md: ``<prefix>:job:<len>:G:K``, ``<len>`` the group's UTF-8 bytes."""
     return f"{prefix(stream)}:job:{len(group.encode())}:{group}:{key}"
+
+
+def _crc16(data: bytes) -> int:
+    """CRC16 as Redis Cluster computes key slots (XMODEM: polynomial 0x1021, start 0)."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021 if crc & 0x8000 else crc << 1) & 0xFFFF
+    return crc
+
+
+def partition_stream(stream: str, count: int, order_key: str) -> str:
+    """wire-format.md, "Partitioned streams": the stream ``S#i.n`` a job goes to."""
+    i = zlib.crc32(order_key.encode()) % count
+    width = 16384 / count
+    low, high = math.ceil(i * width + width / 4), math.floor((i + 1) * width - width / 4)
+    n = 0
+    while not low <= _crc16(f"{stream}#{i}.{n}".encode()) % 16384 < high:
+        n += 1
+    return f"{stream}#{i}.{n}"
 
 
 def _ext(code: int, data: bytes) -> Any:
@@ -199,6 +222,23 @@ def test_priority_jobs_are_on_the_level_streams(redis_url: str, r: redis.Redis) 
     assert [e["options"] for e in _entries(r, prefix("orders") + ":p:low")] == \
         [{"priority": "low"}]
     assert [e["key"] for e in _entries(r, "orders")] == ["c"]
+
+
+def test_partitioned_streams(redis_url: str, r: redis.Redis) -> None:
+    """A partitioned stream records its count in ``<prefix>:partitions``, and each job is
+    on the partition the page's rule picks from its order key (else its key)."""
+    keys = [f"user-{n}" for n in range(12)]
+    with sw.Producer.from_url(redis_url, partitions=4) as producer:
+        for key in keys:
+            producer.send("events", {}, key=key)
+        producer.send("events", {}, key="by-order", order_key="user-3")
+    assert r.get(prefix("events") + ":partitions") == b"4"
+    for key in keys:
+        on = [e["key"] for e in _entries(r, partition_stream("events", 4, key))]
+        assert key in on, (key, partition_stream("events", 4, key))
+    assert "by-order" in [e["key"] for e in _entries(r, partition_stream("events", 4, "user-3"))]
+    used = {partition_stream("events", 4, k) for k in keys}
+    assert sum(r.xlen(name) for name in used) == len(keys) + 1, "nowhere else"
 
 
 def test_delayed_members(redis_url: str, r: redis.Redis) -> None:
