@@ -41,6 +41,18 @@ def record_key(stream: str, group: str, key: str) -> str:
     return f"{prefix(stream)}:job:{len(group.encode())}:{group}:{key}"
 
 
+def progress_key(stream: str, group: str, key: str) -> str:
+    """keys.md: the progress record beside the job record, ``<prefix>:progress:...``."""
+    return f"{prefix(stream)}:progress:{len(group.encode())}:{group}:{key}"
+
+
+def decode_progress(raw: bytes) -> dict[str, Any]:
+    """keys.md: MessagePack ``[fraction, note, reported Unix ms]``."""
+    fraction, note, at = unpack(raw)
+    assert 0 <= fraction <= 1 and isinstance(note, str) and isinstance(at, int)
+    return {"fraction": fraction, "note": note, "at_ms": at}
+
+
 def _crc16(data: bytes) -> int:
     """CRC16 as Redis Cluster computes key slots (XMODEM: polynomial 0x1021, start 0)."""
     crc = 0
@@ -274,6 +286,7 @@ class _Jobs(sw.StreamWorker):
     concurrency = 1
     read_block = 0.05
     retry_delay = 60.0
+    visibility_timeout = 1.5  # a heartbeat (which writes the progress) every 0.5 s
 
     async def handle(self, msg: sw.Message) -> Any:
         if msg.key.startswith("retry"):
@@ -282,6 +295,7 @@ class _Jobs(sw.StreamWorker):
             raise sw.DeadLetter("no such customer")
         if msg.key.startswith("hold"):
             assert _Gate.event is not None
+            msg.progress(0.5, "half way")
             await _Gate.event.wait()
         return {"total": Decimal("12.50"), "key": msg.key}
 
@@ -369,7 +383,12 @@ def test_job_records(redis_url: str, r: redis.Redis) -> None:
             seen["queued"] = decode_record(await _wait_any(
                 r, [record_key(stream, group, f"hold-{n}") for n in (2, 3)],
                 lambda v: v.startswith(b"H")))
+            raw = await _wait_record(r, progress_key(stream, group, "hold-1"), bool)
+            seen["progress"] = decode_progress(raw)
             with sw.Producer.from_url(redis_url) as producer:
+                st = await asyncio.to_thread(producer.status, stream, "hold-1", group=group)
+                assert (st.progress, st.progress_note) == (0.5, "half way")
+                assert st.progress_at == pytest.approx(seen["progress"]["at_ms"] / 1000)
                 assert producer.cancel(stream, "hold-1", group=group,
                                        reason="a|b") == "running"
             raw = await _wait_record(r, record_key(stream, group, "hold-1"),
@@ -385,6 +404,7 @@ def test_job_records(redis_url: str, r: redis.Redis) -> None:
     assert seen["running"]["owner"].startswith("host:7:a:"), seen["running"]
     assert seen["running"]["attempts"] == 1 and seen["running"]["token"] > 0
     assert seen["queued"]["attempts"] == 0
+    assert seen["progress"]["fraction"] == 0.5 and seen["progress"]["note"] == "half way"
     assert seen["cancel asked"]["state"] == "running"
     assert seen["cancel asked"]["reason"] == "a|b"
 
