@@ -51,7 +51,7 @@ SERVER_AGNOSTIC := tests/test_dashboard.py tests/test_processes.py tests/test_he
 	tests/test_bench_cluster.py tests/test_pause.py tests/faults/test_poison.py \
 	tests/test_redlock_leases.py tests/test_middleware.py tests/test_job_options.py \
 	tests/test_wire_v2.py tests/test_packaging.py tests/test_reload.py \
-	tests/test_pytest_plugin.py
+	tests/test_pytest_plugin.py tests/test_node_producer.py tests/test_wire_doc.py
 PARALLEL := -n 4 --dist loadfile --durations=15
 test: lint
 	$(BIN)/pytest -q $(PARALLEL)

@@ -5,7 +5,10 @@ the repository outside docs/.
   `TABLES`): the worker options from ``WorkerOptions``/``HELP`` and the ``streamwork run``
   command, the Python-only options from ``StreamWorker``'s attribute comments, the Redis keys
   from ``_keys.py``, the job options from ``_wire/job_options.py``. An unknown NAME fails
-  the build.
+  the build. A page may also keep a copy of the table in its Markdown, so that it reads on a
+  code host too: the marker line, the table, then ``<!-- /streamwork -->``. The build
+  checks the copy against what the code makes and fails when they differ; ``python
+  docs/hooks/reference.py`` rewrites every copy from the code.
 - A relative link from a page to a file of the repository outside docs/ (say
   ``../examples/demo.py``, as it works when the Markdown is read in the repository) is
   served from the site's ``_repo/`` folder, where the file is copied; a link to a file that
@@ -34,6 +37,9 @@ ROOT = Path(__file__).resolve().parents[2]
 REPO_DIR = "_repo"  # where the site keeps copies of repository files that pages link to
 
 _MARKER = re.compile(r"^[ \t]*<!--\s*streamwork:\s*(?P<name>[\w -]+?)\s*-->[ \t]*$", re.M)
+#: a marker followed by the page's own copy of its table, closed by ``<!-- /streamwork -->``
+_COPY = re.compile(r"^[ \t]*<!--\s*streamwork:\s*(?P<name>[\w -]+?)\s*-->[ \t]*\n"
+                   r"(?P<copy>.*?)^[ \t]*<!--\s*/streamwork\s*-->[ \t]*$", re.M | re.S)
 # inline links and images: [text](target "title") / ![alt](target)
 _LINK = re.compile(r"(?P<head>!?\[[^\]\n]*\]\()(?P<target>[^)\s#]+)(?P<tail>[^)\n]*\))")
 
@@ -176,8 +182,12 @@ def _key_rows(owner: type, instance: Any) -> list[str]:
         if isinstance(member, property):
             key = getattr(instance, name)
         elif inspect.isfunction(member):
-            params = list(inspect.signature(member).parameters)[1:]
-            key = member(instance, *(f"<{p.replace('_', ' ')}>" for p in params))
+            params = [f"<{p.replace('_', ' ')}>"
+                      for p in list(inspect.signature(member).parameters)[1:]]
+            key = member(instance, *params)
+            if isinstance(key, str):  # a length put in front of a placeholder is its own
+                for p in params:
+                    key = key.replace(f"{len(p.encode())}:{p}", f"<len>:{p}")
         else:
             continue
         if not isinstance(key, str):
@@ -236,6 +246,44 @@ def job_options() -> str:
     return "\n".join(rows)
 
 
+# --- summaries of the pages built by plugins (so they read on a code host too) ------------
+
+
+#: a first sentence: up to a full stop that is not part of an ellipsis ("MODULE:Worker...")
+_SENTENCE = re.compile(r"(.+?(?<!\.)[.!?](?!\.))(\s|$)")
+
+
+def _first_sentence(obj: Any) -> str:
+    """The first sentence of ``obj``'s docstring, in Markdown."""
+    text = " ".join((inspect.getdoc(obj) or "").split("\n\n")[0].split())
+    found = re.match(_SENTENCE, text)
+    return _cell(re.sub(r"``([^`]+)``", r"`\1`", found.group(1) if found else text))
+
+
+def api_summary() -> str:
+    """The public names of ``streamwork`` (``__all__``), each with its docstring's first
+    sentence."""
+    import streamwork
+
+    rows = ["| name | what |", "|---|---|"]
+    for name in sorted(streamwork.__all__, key=str.lower):
+        if not name.startswith("_"):
+            rows.append(f"| `sw.{name}` | {_first_sentence(getattr(streamwork, name))} |")
+    return "\n".join(rows)
+
+
+def cli_summary() -> str:
+    """The ``streamwork`` commands, each with the first sentence of its help."""
+    from streamwork._cli.main import main
+
+    rows = ["| command | what |", "|---|---|"]
+    for name, command in main.commands.items():
+        help_text = " ".join((command.help or "").split("\n\n")[0].split())
+        found = re.match(_SENTENCE, help_text)
+        rows.append(f"| `streamwork {name}` | {_cell(found.group(1) if found else help_text)} |")
+    return "\n".join(rows)
+
+
 #: what each ``<!-- streamwork: NAME -->`` line is replaced by
 TABLES: dict[str, Callable[[], str]] = {
     "job options": job_options,
@@ -243,7 +291,41 @@ TABLES: dict[str, Callable[[], str]] = {
     "python options": python_options,
     "redis keys": redis_keys,
     "redlock keys": redlock_keys,
+    "api summary": api_summary,
+    "cli summary": cli_summary,
 }
+
+
+def _made(name: str, where: str) -> str:
+    """The table ``name`` as the code makes it; PluginError for an unknown name."""
+    key = name.strip().lower()
+    if key not in TABLES:
+        raise PluginError(f"{where}: no table named {key!r} (known: {', '.join(TABLES)})")
+    return TABLES[key]()
+
+
+def stale_copies(text: str, where: str = "page") -> list[str]:
+    """The names of the tables whose copy in ``text`` differs from what the code makes."""
+    return [m["name"] for m in _COPY.finditer(text)
+            if m["copy"].strip() != _made(m["name"], where).strip()]
+
+
+def write_copies(text: str, where: str = "page") -> str:
+    """``text`` with every table copy rewritten from the code."""
+    return _COPY.sub(lambda m: (f"<!-- streamwork: {m['name']} -->\n"
+                                f"{_made(m['name'], where).strip()}\n<!-- /streamwork -->"),
+                     text)
+
+
+def _fill_copies(markdown: str, where: str) -> str:
+    """Each table copy checked against the code (PluginError when it differs), then left as
+    the table alone."""
+    stale = stale_copies(markdown, where)
+    if stale:
+        raise PluginError(f"{where}: the copy of the table(s) {', '.join(map(repr, stale))} "
+                          "differs from what the code makes; run `python "
+                          "docs/hooks/reference.py` to rewrite it")
+    return _COPY.sub(lambda m: _made(m["name"], where).strip(), markdown)
 
 
 # --- links to repository files --------------------------------------------------------------
@@ -290,12 +372,9 @@ def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Fil
     """Fill in the generated tables; point links to repository files at their copies."""
 
     def table(found: re.Match[str]) -> str:
-        name = found["name"].strip().lower()
-        if name not in TABLES:
-            raise PluginError(f"{page.file.src_uri}: no table named {name!r} "
-                              f"(known: {', '.join(TABLES)})")
-        return TABLES[name]()
+        return _made(found["name"], page.file.src_uri)
 
+    markdown = _fill_copies(markdown, page.file.src_uri)
     docs_dir = Path(config.docs_dir).resolve()
     lines = markdown.splitlines(keepends=True)
     for n, link in reversed(_links(markdown)):
@@ -313,3 +392,12 @@ def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Fil
     for n, line in enumerate(lines):
         out.append(line if n in skip else _MARKER.sub(table, line))
     return "".join(out)
+
+
+if __name__ == "__main__":  # python docs/hooks/reference.py: rewrite the pages' table copies
+    for path in sorted((ROOT / "docs").rglob("*.md")):
+        old = path.read_text(encoding="utf-8")
+        new = write_copies(old, str(path.relative_to(ROOT)))
+        if new != old:
+            path.write_text(new, encoding="utf-8")
+            print(f"rewrote the tables of {path.relative_to(ROOT)}")
