@@ -10,6 +10,7 @@ from typing import Any, Generic, Protocol
 from typing_extensions import TypeVar, Unpack
 
 from streamwork._wire.job_options import NO_OPTIONS, SendManyOptions, SendOptions, to_many
+from streamwork._wire.joins import JoinChild
 from streamwork.errors import ConfigError, LockLost
 
 __all__ = ["Message", "revoke"]
@@ -106,6 +107,8 @@ class Message(Generic[P]):
     #: sends whose target's partition count was not known yet: routed, and staged, by the
     #: worker before the completion is written (no round trip in the handler)
     _deferred: list[Any] | None = field(default=None, repr=False)
+    #: a join callback's results, fetched by the worker (``join_results``; None: not one)
+    _join: Any = field(default=None, repr=False)
     #: the last progress reported (fraction, note, Unix ms) not written to Redis yet
     _progress: tuple[float, str, int] | None = field(default=None, repr=False)
 
@@ -193,6 +196,24 @@ class Message(Generic[P]):
                                 [None] * len(payloads) if keys is None else list(keys),
                                 {"headers": headers, "maxlen": maxlen,
                                  "partitions": partitions, **options})
+
+    async def join_results(self) -> tuple[JoinChild, ...]:
+        """How each child of the join this job is the callback of ended (`JoinChild`: its
+        index, key, state, result or error), in the children's order; fetched by the
+        worker while it took the job (so this rarely waits). Raises ConfigError for a
+        job that is not a join's callback. A plain ``def`` handler calls
+        `join_results_sync` instead."""
+        return await self._joined().get()  # type: ignore[no-any-return]
+
+    def join_results_sync(self) -> tuple[JoinChild, ...]:
+        """`join_results` for a plain ``def`` handler (it runs in a thread of its own)."""
+        return self._joined().get_sync()  # type: ignore[no-any-return]
+
+    def _joined(self) -> Any:
+        if self._join is None:
+            raise ConfigError("join_results", "this job is not the callback of a join: "
+                              "only the job sent as then= of send_join has join results")
+        return self._join
 
     @property
     def order_key(self) -> str:

@@ -5,7 +5,7 @@
 -- record as this consumer's lease), "check" (only look: the lease is taken elsewhere, a
 -- Redlock), "mark" (the Redlock lease is held: write the held record unless done),
 -- ARGV[7] MessagePack [[entry id...], [src...], [job key...], [attempt...], [lease...],
--- [start...]] (leases: the Redlock leases held, in "mark" mode; start, optional, "lease"
+-- [start...], [report...]] (leases: the Redlock leases held, in "mark" mode; start, optional, "lease"
 -- mode: 1 when a runner is idle for it, so its record is taken as the running one at once,
 -- as start.lua would make it right after)
 -- Returns per entry: a fencing token (> 0) when the record was taken (its value is the held
@@ -13,7 +13,8 @@
 -- when the handler starts), -1 duplicate (the record says done: acknowledged, skip),
 -- -2 busy (another holder has it: keep waiting), -3 not ours (reclaimed by another),
 -- -4 cancelled (the record says cancelled, or cancel-requested while another copy runs:
--- acknowledged, skip), 0 go ahead ("check" mode).
+-- acknowledged, skip), -5 the same for a delivery whose end must be reported (batch[7]:
+-- not acknowledged: the worker ends it through fail.lua), 0 go ahead ("check" mode).
 -- Cost per entry in "lease" mode: ONE command (SET NX GET: it takes a free record and
 -- shows a taken one); a waiting or dead record, which never blocks a later copy, costs a
 -- second SET. Per batch: one XPENDING per stream read, one INCRBY, one XACK (duplicates).
@@ -23,6 +24,7 @@ local group, consumer, ttl, owner, prefix, mode = ARGV[1], ARGV[2], ARGV[3], ARG
 local batch = cmsgpack.unpack(ARGV[7])
 local ids, srcs, jobs, attempts, leases = batch[1], batch[2], batch[3], batch[4], batch[5]
 local starts = batch[6] or {}
+local reports = batch[7] or {}  -- 1: its end must be reported (join_lib.lua): not acked here
 local owned = owned_by_src(streams, group, consumer, ids, srcs)
 local now = now_ms()
 
@@ -50,7 +52,7 @@ for i, id in ipairs(ids) do
       add_ack(acks, srcs[i], id)
     elseif cancelled(prefix .. jobs[i], record, state) then
       res[i] = -4
-      add_ack(acks, srcs[i], id)
+      if reports[i] == 1 then res[i] = -5 else add_ack(acks, srcs[i], id) end
     else
       res[i] = 0
       if mode == 'mark' then
@@ -80,7 +82,7 @@ if #todo > 0 then
       add_ack(acks, srcs[i], ids[i])
     elseif cancelled(key, old, state) then
       res[i] = -4
-      add_ack(acks, srcs[i], ids[i])
+      if reports[i] == 1 then res[i] = -5 else add_ack(acks, srcs[i], ids[i]) end
     elseif state == 'R' or state == 'H' then
       res[i] = -2
     else  -- waiting or dead: a later copy may run

@@ -374,6 +374,8 @@ class Consumer:
                     h.lose(d, "the lease expired before the handler started")
                 d.state = queued  # queued below, with the others of the batch
                 ready.append(d)
+            elif token == Claim.CANCELLED_REPORT:
+                h.cancelled_unstarted(d)
             elif token == Claim.BUSY:
                 if not d.waiting_since:
                     d.waiting_since = now

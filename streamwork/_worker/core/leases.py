@@ -86,7 +86,8 @@ class LeaseStrategy:
             self.keys, self.consumer, self.cfg.visibility_ms, self.owner, mode,
             [[d.entry_id for d in batch], [d.src for d in batch], [d.msg.key for d in batch],
              [d.msg.attempt for d in batch], [d.lease_id for d in batch],
-             [0] * len(batch) if starts is None else list(starts)])))
+             [0] * len(batch) if starts is None else list(starts),
+             [0 if d.ends is None else 1 for d in batch]])))
 
 
 class RedisLease(LeaseStrategy):
