@@ -90,3 +90,74 @@ async def test_a_failed_child_is_handed_to_the_callback_or_dead_letters_it(
     assert "card declined for item 2" in results[1].error and not results[1].ok
     [letter] = r.xrange(StreamKeys.for_stream(CALLBACKS).dead)
     assert letter[1][b"reason"] == b"join_failed"
+
+
+class FlakyReceipts(Receipts):
+    """A callback that fails its first attempt: retried, its join results read again."""
+
+    stream = CALLBACKS
+    retry_delay = 0.01
+    retry_max_delay = 0.02
+
+    async def handle(self, msg: sw.Message) -> None:
+        results = await msg.join_results()
+        if msg.attempt == 1:
+            raise RuntimeError("mail server down")
+        self.seen.append((msg.key, msg.payload, results))
+
+
+async def test_cancelled_duplicate_expired_children_and_a_join_of_one(
+        redis_url: str, r: redis.Redis) -> None:
+    """A child cancelled before it ran, one whose key had run already (a duplicate: its
+    done record's result counts), one that expired, and a join of a single child: every
+    callback runs once with each child's outcome; a callback that fails is retried and
+    sees the same results."""
+    with sw.Producer.from_url(redis_url) as p:
+        p.send(CHILDREN, {"item": 0, "amount": 42}, key="ran-before")
+        await run_until_idle(Charges.from_url(redis_url), r)
+        p.pause(CHILDREN, "billing")
+        p.send_join([sw.Job(CHILDREN, {"item": 1, "amount": 1}, key="to-cancel"),
+                     sw.Job(CHILDREN, {"item": 2, "amount": 2}, key="ran-before"),
+                     sw.Job(CHILDREN, {"item": 3, "amount": 3}, key="late", expires=0.2),
+                     sw.Job(CHILDREN, {"item": 4, "amount": 4})],
+                    then=sw.Job(CALLBACKS, {"order": 10}), key="mixed")
+        p.send_join([sw.Job(CHILDREN, {"item": 5, "amount": 5})],
+                    then=sw.Job(CALLBACKS, {"order": 11}), key="single")
+        assert p.cancel(CHILDREN, "to-cancel", group="billing") == "unknown"
+        await asyncio.sleep(0.3)  # the expiry passes while the group is paused
+        p.resume(CHILDREN, "billing")
+        await run_until_idle(Charges.from_url(redis_url), r)
+        receipts = FlakyReceipts.from_url(redis_url)
+        await run_until_idle(receipts, r)
+        assert p.join_status(CALLBACKS, "mixed").state == "fired"
+    seen = {key: results for key, _, results in receipts.seen}
+    assert sorted(seen) == ["mixed", "single"] and len(receipts.seen) == 2
+    mixed = [(c.key, c.state, c.result) for c in seen["mixed"]]
+    assert mixed == [("to-cancel", "cancelled", None), ("ran-before", "done", 42),
+                     ("late", "expired", None), ("mixed:3", "done", 4)]
+    assert [(c.state, c.result) for c in seen["single"]] == [("done", 5)]
+
+
+async def test_bad_joins_are_refused_and_a_resend_runs_once(redis_url: str,
+                                                          r: redis.Redis) -> None:
+    with sw.Producer.from_url(redis_url) as p:
+        with pytest.raises(sw.ConfigError, match="non-empty list of sw.Job"):
+            p.send_join([], then=sw.Job(CALLBACKS, {}))
+        with pytest.raises(sw.ConfigError, match="on_failure"):
+            p.send_join([sw.Job(CHILDREN, {})], then=sw.Job(CALLBACKS, {}), on_failure="skip")
+        with pytest.raises(sw.ConfigError, match="cannot be delayed"):
+            p.send_join([sw.Job(CHILDREN, {})], then=sw.Job(CALLBACKS, {}, delay=5))
+        with pytest.raises(sw.ConfigError, match="not a job option|unknown|retries"):
+            p.send_join([sw.Job(CHILDREN, {}, retries=3)], then=sw.Job(CALLBACKS, {}))
+        p.send_join([sw.Job(CHILDREN, {})], then=sw.Job(CALLBACKS, {}), key="taken")
+        p.send_join([sw.Job(CHILDREN, {})], then=sw.Job(CALLBACKS, {}), key="taken")  # again
+        with pytest.raises(sw.ConfigError, match="in use by a join of 1 children"):
+            p.send_join([sw.Job(CHILDREN, {}), sw.Job(CHILDREN, {})],
+                        then=sw.Job(CALLBACKS, {}), key="taken")
+        assert r.xlen(CHILDREN) == 2  # the resend sent its child again, with the same key
+        await run_until_idle(Charges.from_url(redis_url), r)
+        receipts = Receipts.from_url(redis_url)
+        await run_until_idle(receipts, r)
+        st = p.join_status(CALLBACKS, "taken", results=True)
+    assert (st.state, st.done, len(st.results)) == ("fired", 1, 1)
+    assert [key for key, _, _ in receipts.seen] == ["taken"]  # once

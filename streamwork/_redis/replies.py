@@ -28,9 +28,6 @@ class Claim(enum.IntEnum):
     BUSY = -2  #: another holder has the lease: keep waiting
     NOT_OURS = -3  #: reclaimed by another consumer meanwhile
     CANCELLED = -4  #: its job record says cancelled: acknowledged, skip it
-    #: the same, for a delivery whose end must be reported: not acknowledged (ended as
-    #: a job cancelled before it started, through fail.lua)
-    CANCELLED_REPORT = -5
 
 
 class Start(enum.IntEnum):

@@ -38,7 +38,8 @@ _WORKER: Final = ("ack", "adopt", "cancel", "claim", "complete", "fail", "heartb
 #: shared Lua prepended to each script, in order
 PRELUDES: Final = {name: ("fields", "lib") for name in _WORKER} | {
     # the scripts that end jobs report a join child's end (join_lib.lua's end_report)
-    name: ("fields", "lib", "join_lib") for name in ("ack", "complete", "fail", "join")}
+    name: ("fields", "lib", "join_lib") for name in ("ack", "claim", "complete", "fail",
+                                                     "join")}
 #: script flags on servers that have them; scripts not named here get no ``#!lua`` line
 FLAGS: Final = {
     "cancel": "", "claim": "", "complete": "", "fail": "", "produce": "", "promote": "",
@@ -123,12 +124,14 @@ def _group_keys(g: GroupKeys) -> list[Arg]:
 
 
 def claim(g: GroupKeys, consumer: str, ttl_ms: int, owner: str, mode: str,
-          batch: list[list[Any]]) -> Call:
+          batch: list[list[Any]], report_keys: Sequence[str | bytes] = ()) -> Call:
     """claim.lua: take (``mode`` "lease"), check ("check") or mark ("mark") job records;
     ``batch`` is [[entry id...], [src...], [job key...], [attempt...], [lease...]], and in
-    "lease" mode optionally [start (1: taken as running at once)...]."""
+    "lease" mode optionally [start (1: taken as running at once)...], then optionally [end
+    report...] (their keys ``report_keys``)."""
     return Call("claim",
-                [g.stream.stream, g.retry, g.stream.fence, *sibling_streams(g.stream)],
+                [g.stream.stream, g.retry, g.stream.fence, *report_keys,
+                 *sibling_streams(g.stream)],
                 [g.name, consumer, ttl_ms, owner, g.job_prefix, mode, pack(batch)])
 
 

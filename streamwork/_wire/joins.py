@@ -14,8 +14,10 @@ from typing import Any, Final
 
 import msgpack
 
+from streamwork._wire import records
 from streamwork._wire.extensions import Codec, ext_hook
 from streamwork._wire.job_options import SendOptions
+from streamwork.errors import DecodeError
 
 POLICIES: Final = ("run", "dead")  #: what a join does when a child failed (``on_failure``)
 DEFAULT_TTL: Final = 7 * 86400.0  #: s a join's record and results are kept by default
@@ -94,14 +96,28 @@ def decode_results(raw: Mapping[bytes, bytes], codec: Codec | None = None
     hook = ext_hook(codec, keep=True)
     for index, blob in raw.items():
         try:
-            state, key, value = msgpack.unpackb(blob, raw=False, strict_map_key=False,
-                                                unicode_errors="replace", ext_hook=hook)
-        except (ValueError, TypeError, msgpack.UnpackException):
+            state, key, value = _child(blob, codec, hook)
+        except (ValueError, TypeError, msgpack.UnpackException, DecodeError):
             state, key, value = "unreadable", "", repr(blob[:80])
         done = state == DONE
         out.append(JoinChild(int(index), str(key), str(state), value if done else None,
                              "" if done else str(value)))
     return tuple(sorted(out, key=lambda c: c.index))
+
+
+def _child(blob: bytes, codec: Codec | None, hook: Any) -> tuple[str, str, Any]:
+    """One result: [state, key, value], or ["record", key] followed by a done record (a
+    duplicate of a child that had run: its record's result)."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, unicode_errors="replace",
+                                ext_hook=hook)
+    unpacker.feed(blob)
+    head = unpacker.unpack()
+    if head[0] == "record":
+        rest = blob[unpacker.tell():]
+        status = records.parse("", "", head[1], rest, codec)
+        return status.state, str(head[1]), status.result
+    state, key, value = head
+    return str(state), str(key), value
 
 
 def parse_status(stream: str, key: str, raw: Mapping[bytes, bytes],

@@ -39,12 +39,14 @@ end
 -- ttl ms, job key, done value} (the join is reachable here) or {2, outbox KEYS index,
 -- callback stream, join key, child index, job key, done value} (Redis Cluster, the join
 -- in another slot: the report waits in this stream's outbox for a drainer, join.lua);
--- ``state`` is how the job ended, ``detail`` the error or reason (the done value is the
--- worker's: the result packed with its codec)
-local function end_report(spec, state, detail)
+-- ``state`` is how the job ended, ``detail`` the error or reason; the done value is the
+-- worker's (the result packed with its codec), or ``record``: the done record of a
+-- duplicate: MessagePack ["record", job key] then the record as it is
+local function end_report(spec, state, detail, record)
   if not spec or spec == '' then return end
   local s = cmsgpack.unpack(spec)
   local value = s[#s]
+  if record then value = cmsgpack.pack({'record', s[#s - 1]}) .. record end
   if state ~= 'done' then value = cmsgpack.pack({state, s[#s - 1], detail or ''}) end
   if s[1] == 1 then
     join_report(KEYS[s[2]], KEYS[s[3]], KEYS[s[4]], s[5], state, value, s[6])

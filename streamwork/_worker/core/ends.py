@@ -29,21 +29,22 @@ class EndReport(Protocol):
         ...
 
 
-def end_specs(ds: Sequence[Delivery | None], keys: list[str | bytes], first_key: int,
+def end_specs(ds: Sequence[Delivery | Any], keys: list[str | bytes], first_key: int,
               pack: Callable[[Any], bytes] | None = None) -> list[bytes | str] | None:
-    """One report per delivery ("" for none) for a script whose KEYS[first_key..] are
-    ``keys``, which this extends with the reports' keys; None when none has one. With
-    ``pack`` the deliveries succeeded (their results are reported)."""
-    if not any(d is not None and d.ends is not None for d in ds):
+    """One report per delivery (or failure: its ``ends``; "" for none) for a script
+    whose KEYS[first_key..] are ``keys``, which this extends with the reports' keys; None
+    when none has one. With ``pack`` the deliveries succeeded (their results are
+    reported)."""
+    reports: list[EndReport | None] = [getattr(d, "ends", None) for d in ds]
+    if not any(r is not None for r in reports):
         return None
     specs: list[bytes | str] = []
-    for d in ds:
-        report: EndReport | None = None if d is None else d.ends
+    for d, report in zip(ds, reports, strict=True):
         if report is None:
             specs.append("")
             continue
         first = first_key + len(keys)
         keys.extend(report.keys)
-        done = b"" if pack is None or d is None else report.done_value(d.result, pack)
+        done = b"" if pack is None else report.done_value(d.result, pack)
         specs.append(report.spec(first, done))
     return specs

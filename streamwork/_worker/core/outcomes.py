@@ -188,7 +188,8 @@ class Outcomes:
         ctx = self.ctx
         rows = [fail_row(f) for f in failed]
         report_keys: list[str | bytes] = []  # KEYS[5..] (after the dead-letter stream)
-        reports = end_specs([f.delivery for f in failed], report_keys, 5)
+        reports = end_specs([f.delivery if f.delivery is not None else f for f in failed],
+                            report_keys, 5)
         if reports is not None:
             for row, spec in zip(rows, reports, strict=True):
                 row.append(spec)

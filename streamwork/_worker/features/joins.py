@@ -12,6 +12,7 @@ join.lua: a report moved twice counts once (one per child index)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 from redis.crc import key_slot
@@ -91,15 +92,18 @@ class Joins(Feature):
     def build(cls, parts: Parts) -> Joins:
         return cls(parts)
 
+    def end_report(self, options: Mapping[str, Any], job_key: str) -> ChildReport | None:
+        join = options.get("join")
+        if join is None:
+            return None
+        return ChildReport(self.ctx.keys, join, job_key, self.cluster,
+                           self.ctx.cfg.max_result_bytes)
+
     def on_admit(self, fresh: list[Delivery]) -> None:
         for d in fresh:
             options = d.msg.options
             if not options:  # most jobs carry no option at all
                 continue
-            join = options.get("join")
-            if join is not None:
-                d.ends = ChildReport(self.ctx.keys, join, d.msg.key, self.cluster,
-                                     self.ctx.cfg.max_result_bytes)
             of = options.get("join_of")
             if of is not None and d.msg._join is None:
                 d.msg._join = Results(self.ctx.redis, d.msg.stream, of, self.codec)
