@@ -149,8 +149,9 @@ async def test_bad_joins_are_refused_and_a_resend_runs_once(redis_url: str,
             p.send_join([sw.Job(CHILDREN, {})], then=sw.Job(CALLBACKS, {}, delay=5))
         with pytest.raises(sw.ConfigError, match="not a job option|unknown|retries"):
             p.send_join([sw.Job(CHILDREN, {}, retries=3)], then=sw.Job(CALLBACKS, {}))
-        p.send_join([sw.Job(CHILDREN, {})], then=sw.Job(CALLBACKS, {}), key="taken")
-        p.send_join([sw.Job(CHILDREN, {})], then=sw.Job(CALLBACKS, {}), key="taken")  # again
+        one = [sw.Job(CHILDREN, {"item": 0, "amount": 1})]
+        p.send_join(one, then=sw.Job(CALLBACKS, {}), key="taken")
+        p.send_join(one, then=sw.Job(CALLBACKS, {}), key="taken")  # again
         with pytest.raises(sw.ConfigError, match="in use by a join of 1 children"):
             p.send_join([sw.Job(CHILDREN, {}), sw.Job(CHILDREN, {})],
                         then=sw.Job(CALLBACKS, {}), key="taken")
