@@ -64,3 +64,15 @@ def staged_ops(live: list[Delivery], staged_keys: list[str | bytes], first_key: 
                 index.append(first_key + len(staged_keys) - 1)
             ops.setdefault(i, []).append([command, index, list(cmd_args)])
     return scripts.pack(ops) if ops else b""
+
+
+def progress_written(d: Delivery, written: tuple[float, str, int] | None) -> None:
+    """The beat wrote ``written`` (a delivery's ``msg.progress``): not to be written again
+    unless the handler reports anew; an event on the job's span."""
+    if written is None:
+        return
+    if d.msg._progress is written:
+        d.msg._progress = None
+    if d.span is not None:
+        d.span.add_event("progress", {"streamwork.progress": written[0],
+                                      "streamwork.progress.note": written[1]})

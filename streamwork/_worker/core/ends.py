@@ -48,3 +48,38 @@ def end_specs(ds: Sequence[Delivery | Any], keys: list[str | bytes], first_key: 
         done = b"" if pack is None else report.done_value(d.result, pack)
         specs.append(report.spec(first, done))
     return specs
+
+
+def with_reports(columns: list[list[Any]], ds: Sequence[Any], keys: list[str | bytes],
+                 first_key: int, at: int, pack: Callable[[Any], bytes] | None = None
+                 ) -> bool:
+    """Add ``ds``'s end reports to a script's MessagePack ``columns`` as column ``at`` (the
+    columns before it padded with empty ones), their keys to ``keys`` (KEYS[first_key..]);
+    whether there was any (`end_specs`)."""
+    reports = end_specs(ds, keys, first_key, pack)
+    if reports is None:
+        return False
+    columns += [[] for _ in range(at - len(columns))]
+    columns.append(reports)
+    return True
+
+
+def with_row_reports(rows: list[list[Any]], ds: Sequence[Any], keys: list[str | bytes],
+                     first_key: int) -> None:
+    """Append each end report to its failure's row (fail.lua's last field), if any."""
+    reports = end_specs(ds, keys, first_key)
+    if reports is not None:
+        for row, spec in zip(rows, reports, strict=True):
+            row.append(spec)
+
+
+def claim_columns(batch: Sequence[Delivery], starts: Sequence[int] | None,
+                  report_keys: list[str | bytes]) -> list[list[Any]]:
+    """claim.lua's: the deliveries, their starts (1: taken as running at once) and end
+    reports (their keys into ``report_keys``: KEYS[4..])."""
+    columns: list[list[Any]] = [
+        [d.entry_id for d in batch], [d.src for d in batch], [d.msg.key for d in batch],
+        [d.msg.attempt for d in batch], [d.lease_id for d in batch],
+        [0] * len(batch) if starts is None else list(starts)]
+    with_reports(columns, batch, report_keys, 4, 6)
+    return columns

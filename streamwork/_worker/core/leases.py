@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from streamwork._lock.core import drift_allowance
 from streamwork._redis import scripts
 from streamwork._redis.replies import Claim, LeaseMode
 from streamwork._wire.keys import GroupKeys
-from streamwork._worker.core.ends import end_specs
+from streamwork._worker.core.ends import claim_columns
 
 if TYPE_CHECKING:
     from streamwork._worker.core.delivery import Delivery
@@ -84,16 +84,9 @@ class LeaseStrategy:
                      starts: Sequence[int] | None = None) -> list[int]:
         """claim.lua over ``batch`` in ``mode`` (lease / check / mark; ``starts``: see take)."""
         report_keys: list[str | bytes] = []
-        reports = end_specs(batch, report_keys, 4)
-        columns: list[list[Any]] = [[d.entry_id for d in batch], [d.src for d in batch],
-                   [d.msg.key for d in batch], [d.msg.attempt for d in batch],
-                   [d.lease_id for d in batch],
-                   [0] * len(batch) if starts is None else list(starts)]
-        if reports is not None:
-            columns.append(reports)
         return list(await self._run.run(scripts.claim(
-            self.keys, self.consumer, self.cfg.visibility_ms, self.owner, mode, columns,
-            report_keys)))
+            self.keys, self.consumer, self.cfg.visibility_ms, self.owner, mode,
+            claim_columns(batch, starts, report_keys), report_keys)))
 
 
 class RedisLease(LeaseStrategy):

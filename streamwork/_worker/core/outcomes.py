@@ -25,7 +25,7 @@ from streamwork._wire.extensions import Codec, packer
 from streamwork._worker.core.batches import done_columns, staged_ops
 from streamwork._worker.core.context import Context
 from streamwork._worker.core.delivery import Delivery, ref
-from streamwork._worker.core.ends import end_specs
+from streamwork._worker.core.ends import with_reports, with_row_reports
 from streamwork._worker.core.failure import Failure, decide, fail_row, failure, report
 from streamwork._worker.core.holdings import Holdings
 from streamwork._worker.core.supervisor import uninterrupted
@@ -131,12 +131,10 @@ class Outcomes:
         staged_keys: list[str | bytes] = []
         staged = staged_ops(live, staged_keys, first_key=4)
         columns = done_columns(live, cfg, lease, self._pack)
-        reports = end_specs(live, staged_keys, 4, self._pack)
-        if reports is not None:  # in the column after the done records
-            columns += [[]] * (6 - len(columns)) + [reports]
+        reported = with_reports(columns, live, staged_keys, 4, 6, self._pack)
         res = await ctx.scripts.run(scripts.complete(
             ctx.gkeys, ctx.name, lease.mode, round(cfg.dedup_window * 1000), staged,
-            staged_keys, columns, oom_ok=not cfg.dedup and not staged and reports is None,
+            staged_keys, columns, oom_ok=not cfg.dedup and not staged and not reported,
             lease_ttl_ms=cfg.visibility_ms))
         acked, cache, told = 0, ctx.cache, self._on_done
         finished: list[Delivery] = []
@@ -187,12 +185,8 @@ class Outcomes:
     async def _send_failures(self, failed: list[Failure]) -> None:
         ctx = self.ctx
         rows = [fail_row(f) for f in failed]
-        report_keys: list[str | bytes] = []  # KEYS[5..] (after the dead-letter stream)
-        reports = end_specs([f.delivery if f.delivery is not None else f for f in failed],
-                            report_keys, 5)
-        if reports is not None:
-            for row, spec in zip(rows, reports, strict=True):
-                row.append(spec)
+        report_keys: list[str | bytes] = []  # KEYS[5..]: after the dead-letter stream
+        with_row_reports(rows, [f.delivery or f for f in failed], report_keys, 5)
         res = await ctx.scripts.run(scripts.fail(
             ctx.gkeys, ctx.name, ctx.worker_name, ctx.leases.mode,
             round(ctx.cfg.dedup_window * 1000), rows, report_keys)) if failed else []
