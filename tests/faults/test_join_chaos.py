@@ -62,17 +62,23 @@ def _settled(r: redis.Redis, fired: int, dead: int) -> bool:
             and stream_idle(r, ITEMS, GROUP) and stream_idle(r, ALBUMS, GROUP))
 
 
-def _join_chaos(server: Any, spawn_worker: Callable[..., subprocess.Popen[bytes]],
-                joins: int, kills: int, every: float, seed: int) -> dict[str, Any]:
+def join_chaos(url: str, spawn_worker: Callable[..., subprocess.Popen[bytes]],
+               joins: int, kills: int, every: float, seed: int,
+               crash: Callable[[], None] | None = None, r: Any = None,
+               env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Send ``joins`` joins, run two worker processes of both streams, SIGKILL one at
+    random every ``every`` s ``kills`` times (``crash`` the server halfway, if given),
+    then check every callback once with all its children's outcomes. ``r``: a client of
+    the server (a Cluster's), ``env``: the workers' environment (their stream names)."""
     rnd = random.Random(seed)
-    r = redis.Redis.from_url(server.url, socket_timeout=5)
+    r = redis.Redis.from_url(url, socket_timeout=5) if r is None else r
     plan = _plan(joins)
-    _send(server.url, plan, rnd)
+    _send(url, plan, rnd)
     fired = [key for key, policy, failing in plan if not (failing and policy == "dead")]
     dead = [key for key, policy, failing in plan if failing and policy == "dead"]
 
     def spawn() -> subprocess.Popen[bytes]:
-        return spawn_worker(TARGETS[0], server.url, TARGETS[1])
+        return spawn_worker(TARGETS[0], url, TARGETS[1], env=env)
 
     procs = [spawn(), spawn()]
     wait_for(lambda: r.hlen(effects(ITEMS)) > 0, 60, interval=0.05,
@@ -84,10 +90,8 @@ def _join_chaos(server: Any, spawn_worker: Callable[..., subprocess.Popen[bytes]
         victim = rnd.randrange(len(procs))
         os.kill(procs[victim].pid, signal.SIGKILL)
         procs[victim].wait()
-        if kill == kills // 2:
-            server.kill()  # appendfsync always: nothing acknowledged is lost
-            time.sleep(0.3)  # the outage (not a check)
-            server.start()
+        if kill == kills // 2 and crash is not None:
+            crash()
         procs[victim] = spawn()
     wait_for(lambda: _safe(lambda: _settled(r, len(fired), len(dead))), 180, interval=0.2,
              message="every join to fire (or be dead-lettered) after the faults")
@@ -111,7 +115,7 @@ def _join_chaos(server: Any, spawn_worker: Callable[..., subprocess.Popen[bytes]
     ran_twice = {k: n for k, n in item_runs.items() if n != 1}
     assert not ran_twice, f"children that took effect twice: {list(ran_twice.items())[:5]}"
     assert len(item_runs) == joins * CHILDREN - sum(f for _, _, f in plan)
-    with sw.Producer.from_url(server.url) as producer:
+    with sw.Producer.from_url(url) as producer:
         for key in dead:
             st = producer.join_status(ALBUMS, key)
             assert (st.state, st.failed, st.pending) == ("dead", 1, 0), (key, st)
@@ -123,8 +127,15 @@ def _join_chaos(server: Any, spawn_worker: Callable[..., subprocess.Popen[bytes]
     assert r.xlen(StreamKeys.for_stream(ITEMS).dead) == sum(f for _, _, f in plan)
     for proc in procs:
         assert proc.poll() is None, "a worker that was not killed died on its own"
-    r.close()
     return figures
+
+
+def _crash(server: Any) -> Callable[[], None]:
+    def crash() -> None:
+        server.kill()  # appendfsync always: nothing acknowledged is lost
+        time.sleep(0.3)  # the outage (not a check)
+        server.start()
+    return crash
 
 
 @pytest.mark.timeout(300)
@@ -133,8 +144,9 @@ def test_joins_survive_sigkills_and_a_redis_crash(
         spawn_worker: Callable[..., subprocess.Popen[bytes]]) -> None:
     """1,000 joins of 10 children, 6 worker SIGKILLs and one redis-server crash: every
     callback runs once, after all of its children, and sees each child's outcome."""
-    _join_chaos(make_server(appendfsync="always"), spawn_worker, joins=1000, kills=6,
-                every=1.0, seed=11)
+    server = make_server(appendfsync="always")
+    join_chaos(server.url, spawn_worker, joins=1000, kills=6, every=1.0, seed=11,
+               crash=_crash(server))
 
 
 @pytest.mark.slow
@@ -143,5 +155,6 @@ def test_joins_soak(make_server: Callable[..., Any],
                     spawn_worker: Callable[..., subprocess.Popen[bytes]]) -> None:
     if not os.environ.get("STREAMWORK_SOAK"):
         pytest.skip("set STREAMWORK_SOAK=1")
-    _join_chaos(make_server(appendfsync="always"), spawn_worker, joins=5000, kills=20,
-                every=1.0, seed=12)
+    server = make_server(appendfsync="always")
+    join_chaos(server.url, spawn_worker, joins=5000, kills=20, every=1.0, seed=12,
+               crash=_crash(server))

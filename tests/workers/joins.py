@@ -1,4 +1,4 @@
-"""Join (fan-in) workers for the join fault tests: items (the children) -> albums (the
+"""Join (fan-in) workers for the join fault tests: items (the children) -> gallery (the
 callbacks). Both record their effects with staged writes (exactly once with their
 completion): an item HINCRBY of its key in ``{<items>}:effects``; an album HINCRBY of its
 join's key in ``{<albums>}:effects`` and what it saw of its join in ``{<albums>}:seen``
@@ -14,7 +14,7 @@ from typing import Final
 import streamwork as sw
 
 ITEMS: Final = os.environ.get("SW_JOIN_ITEMS", "items")
-ALBUMS: Final = os.environ.get("SW_JOIN_ALBUMS", "albums")
+ALBUMS: Final = os.environ.get("SW_JOIN_ALBUMS", "gallery")  # another master than items
 
 
 def effects(stream: str) -> str:

@@ -37,8 +37,10 @@ end
 -- a delivery's end report (its job is a join's child): ``spec`` is "" (none) or
 -- MessagePack {1, join KEYS index, results KEYS index, dead KEYS index, child index,
 -- ttl ms, job key, done value} (the join is reachable here) or {2, outbox KEYS index,
--- callback stream, join key, child index, job key, done value} (Redis Cluster, the join
--- in another slot: the report waits in this stream's outbox for a drainer, join.lua);
+-- callback stream, join key, child index, ttl ms, job key, done value} (Redis Cluster,
+-- the join in another slot: the report waits in this stream's outbox, fields k = "join",
+-- t callback stream, j join key, i index, s state, v value, l ttl, for a drainer that
+-- records it with join.lua);
 -- ``state`` is how the job ended, ``detail`` the error or reason; the done value is the
 -- worker's (the result packed with its codec), or ``record``: the done record of a
 -- duplicate: MessagePack ["record", job key] then the record as it is
@@ -51,7 +53,7 @@ local function end_report(spec, state, detail, record)
   if s[1] == 1 then
     join_report(KEYS[s[2]], KEYS[s[3]], KEYS[s[4]], s[5], state, value, s[6])
   else
-    redis.call('XADD', KEYS[s[2]], '*', 'kind', 'join', 'target', s[3], 'join', s[4],
-               'index', s[5], 'state', state, 'value', value)
+    redis.call('XADD', KEYS[s[2]], '*', 'k', 'join', 't', s[3], 'j', s[4], 'i', s[5],
+               's', state, 'v', value, 'l', s[6])
   end
 end

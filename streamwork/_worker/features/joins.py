@@ -47,7 +47,7 @@ class ChildReport:
             body: list[Any] = [1, first_key, first_key + 1, first_key + 2, self.index,
                                self.ttl_ms]
         else:
-            body = [2, first_key, self._via[0], self._via[1], self.index]
+            body = [2, first_key, self._via[0], self._via[1], self.index, self.ttl_ms]
         return scripts.pack([*body, self.job_key, done])
 
     def done_value(self, result: Any, pack: Any) -> bytes:
