@@ -162,3 +162,44 @@ async def test_bad_joins_are_refused_and_a_resend_runs_once(redis_url: str,
         st = p.join_status(CALLBACKS, "taken", results=True)
     assert (st.state, st.done, len(st.results)) == ("fired", 1, 1)
     assert [key for key, _, _ in receipts.seen] == ["taken"]  # once
+
+
+def _calls(r: redis.Redis) -> int:
+    """Every command the server ran so far, those scripts ran included."""
+    return sum(int(v["calls"]) for k, v in r.info("commandstats").items()
+               if k.startswith("cmdstat_"))
+
+
+async def _run_all(url: str, r: redis.Redis) -> None:
+    await run_until_idle(Charges.from_url(url), r)
+    await run_until_idle(Receipts.from_url(url), r)
+
+
+async def test_a_join_costs_a_constant_number_of_commands_per_child(
+        make_server: Any) -> None:
+    """Commands the server ran, per child, for 1,000 plain jobs, for 100 joins of 10 and
+    for one join of 1,000 (sent and run): a join adds a few commands a child, the same
+    however large it is."""
+    server = make_server()
+    r = redis.Redis.from_url(server.url)
+    per_child = {}
+    with sw.Producer.from_url(server.url) as p:
+        for name, send in (
+                ("plain", lambda: p.send_many(CHILDREN, [{"item": i, "amount": i}
+                                                         for i in range(1000)])),
+                ("joins of 10", lambda: [p.send_join(
+                    [sw.Job(CHILDREN, {"item": i, "amount": i}) for i in range(10)],
+                    then=sw.Job(CALLBACKS, {})) for _ in range(100)]),
+                ("a join of 1,000", lambda: p.send_join(
+                    [sw.Job(CHILDREN, {"item": i, "amount": i}) for i in range(1000)],
+                    then=sw.Job(CALLBACKS, {})))):
+            before = _calls(r)
+            send()
+            await _run_all(server.url, r)
+            per_child[name] = (_calls(r) - before) / 1000
+    print(f"\nRedis commands per child, sent and run: {per_child}")
+    added_10 = per_child["joins of 10"] - per_child["plain"]
+    added_1000 = per_child["a join of 1,000"] - per_child["plain"]
+    assert added_1000 <= 8, per_child  # HSETNX, HINCRBY, 2 PEXPIRE, HMGET, and the rest
+    assert added_1000 <= max(added_10, 1) * 1.5 + 1, per_child  # not growing with N
+    r.close()
