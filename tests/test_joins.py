@@ -203,3 +203,38 @@ async def test_a_join_costs_a_constant_number_of_commands_per_child(
     assert added_1000 <= 8, per_child  # HSETNX, HINCRBY, 2 PEXPIRE, HMGET, and the rest
     assert added_1000 <= max(added_10, 1) * 1.5 + 1, per_child  # not growing with N
     r.close()
+
+
+class Orders(sw.StreamWorker):
+    """Sends a join from a handler (its first attempt fails after sending: dropped)."""
+
+    stream = "orders"
+    group = "shop"
+    read_block = 0.05
+    retry_delay = 0.01
+    retry_max_delay = 0.02
+
+    async def handle(self, msg: sw.Message) -> str:
+        key = msg.send_join([sw.Job(CHILDREN, {"item": i, "amount": 10 + i})
+                             for i in range(3)], then=sw.Job(CALLBACKS, {"order": msg.key}))
+        if msg.attempt == 1:
+            raise RuntimeError("the shop database hiccupped")
+        return key
+
+
+async def test_a_join_sent_from_a_handler_goes_with_its_completion(
+        redis_url: str, r: redis.Redis) -> None:
+    """msg.send_join: nothing of a failed attempt's join is sent; the retry's join (the
+    same key, derived from the job's) runs its callback once."""
+    with sw.Producer.from_url(redis_url) as p:
+        p.send("orders", {}, key="o-1")
+        await run_until_idle(Orders.from_url(redis_url), r)
+        key = p.result("orders", "o-1", group="shop", timeout=10)
+        assert r.xlen(CHILDREN) == 3  # one attempt's children only
+        await run_until_idle(Charges.from_url(redis_url), r)
+        receipts = Receipts.from_url(redis_url)
+        await run_until_idle(receipts, r)
+        assert p.join_status(CALLBACKS, key).state == "fired"
+    [(ran, payload, results)] = receipts.seen
+    assert ran == key and payload == {"order": "o-1"}
+    assert [c.result for c in results] == [10, 11, 12]

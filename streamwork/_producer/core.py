@@ -308,12 +308,15 @@ class Core:
 
     def plan(self, stream: str, payloads: Sequence[Payload], keys: Sequence[str] | None,
              headers: Mapping[str, str] | None = None, maxlen: int | None = None,
+             internal: Sequence[Mapping[str, Any]] | None = None,
              **options: Any) -> list[Batch]:
         """What `send_many` would write, checked and encoded, without writing it: for
         senders that write the jobs themselves (a handler's ``msg.send``, whose jobs go
-        with its acknowledgement). ``options``: job options by send_many keyword. Raises
+        with its acknowledgement). ``options``: job options by send_many keyword;
+        ``internal``: each job's wire fields no option gives (a join's). Raises
         ConfigError (or PayloadTooLarge) on bad input."""
-        return self._plan_send_many(stream, payloads, keys, headers, maxlen, options)
+        return self._plan_send_many(stream, payloads, keys, headers, maxlen, options,
+                                    internal)
 
     def _plan_send_many(self, stream: str, payloads: Sequence[Payload],
                         keys: Sequence[str] | None, headers: Mapping[str, str] | None,

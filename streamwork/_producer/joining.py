@@ -3,7 +3,6 @@ the callback stream's slot, then send its children; and read a join's status."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,10 +15,9 @@ from streamwork._redis import scripts
 from streamwork._telemetry import api as telemetry
 from streamwork._wire.job_options import JOIN_OF_WIRE, JOIN_WIRE, to_many
 from streamwork._wire.joins import (
-    MAX_CHILDREN,
-    POLICIES,
     Job,
     JoinStatus,
+    check_join,
     decode_results,
     parse_status,
     with_results,
@@ -39,22 +37,7 @@ class Joining(Pausing):
     def _send_join_steps(self, jobs: Sequence[Job], then: Job, key: str | None,
                          on_failure: str, ttl: float) -> Steps[str]:
         """`send_join`: the join's key."""
-        if isinstance(jobs, Job) or not isinstance(jobs, Sequence) or not jobs:
-            raise ConfigError("jobs", "must be a non-empty list of sw.Job, one per child")
-        if len(jobs) > MAX_CHILDREN:
-            raise ConfigError("jobs", f"{len(jobs)} children: a join takes at most "
-                                      f"{MAX_CHILDREN:,}; split the work into several joins")
-        for j in (*jobs, then):
-            if not isinstance(j, Job):
-                raise ConfigError("jobs" if j is not then else "then",
-                                  f"must be sw.Job(stream, payload, ...), got {j!r}")
-        if on_failure not in POLICIES:
-            raise ConfigError("on_failure", f"must be 'run' (the callback runs and sees the "
-                                            f"failures) or 'dead' (it is dead-lettered), got "
-                                            f"{on_failure!r}")
-        if (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl)
-                or ttl <= 0):
-            raise ConfigError("ttl", f"must be a number of seconds > 0, got {ttl!r}")
+        check_join(jobs, then, on_failure, ttl)
         cb = keys_of(then.stream)
         if self.partitions_of(then.stream) > 1:
             raise ConfigError("then", f"{then.stream!r} is partitioned: a join's callback goes "

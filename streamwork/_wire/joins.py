@@ -8,7 +8,8 @@ hash tag (`StreamKeys.join`, `StreamKeys.join_results`)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -17,7 +18,7 @@ import msgpack
 from streamwork._wire import records
 from streamwork._wire.extensions import Codec, ext_hook
 from streamwork._wire.job_options import SendOptions
-from streamwork.errors import DecodeError
+from streamwork.errors import ConfigError, DecodeError
 
 POLICIES: Final = ("run", "dead")  #: what a join does when a child failed (``on_failure``)
 DEFAULT_TTL: Final = 7 * 86400.0  #: s a join's record and results are kept by default
@@ -87,6 +88,26 @@ class JoinStatus:
     def pending(self) -> int:
         """Children that have not ended yet."""
         return max(self.total - self.done - self.failed, 0)
+
+
+def check_join(jobs: Sequence[Job], then: Job, on_failure: str, ttl: float) -> None:
+    """Refuse a join that cannot be sent (ConfigError saying what to do)."""
+    if isinstance(jobs, Job) or not isinstance(jobs, Sequence) or not jobs:
+        raise ConfigError("jobs", "must be a non-empty list of sw.Job, one per child")
+    if len(jobs) > MAX_CHILDREN:
+        raise ConfigError("jobs", f"{len(jobs)} children: a join takes at most "
+                                  f"{MAX_CHILDREN:,}; split the work into several joins")
+    for j in (*jobs, then):
+        if not isinstance(j, Job):
+            raise ConfigError("then" if j is then else "jobs",
+                              f"must be sw.Job(stream, payload, ...), got {j!r}")
+    if on_failure not in POLICIES:
+        raise ConfigError("on_failure", f"must be 'run' (the callback runs and sees the "
+                                        f"failures) or 'dead' (it is dead-lettered), got "
+                                        f"{on_failure!r}")
+    if (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl)
+            or ttl <= 0):
+        raise ConfigError("ttl", f"must be a number of seconds > 0, got {ttl!r}")
 
 
 def decode_results(raw: Mapping[bytes, bytes], codec: Codec | None = None

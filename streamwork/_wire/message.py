@@ -69,6 +69,10 @@ class Sender(Protocol):
              keys: Sequence[str | None], options: dict[str, Any]) -> list[str]:
         """Check and encode the jobs, stage their writes on ``msg``; their keys."""
 
+    def send_join(self, msg: Message[Any], jobs: Sequence[Any], then: Any, key: str | None,
+                  on_failure: str, ttl: float) -> str:
+        """Check and encode a join, stage its writes on ``msg``; its key."""
+
 
 @dataclass(slots=True, eq=False)
 class Message(Generic[P]):
@@ -196,6 +200,18 @@ class Message(Generic[P]):
                                 [None] * len(payloads) if keys is None else list(keys),
                                 {"headers": headers, "maxlen": maxlen,
                                  "partitions": partitions, **options})
+
+    def send_join(self, jobs: Sequence[Any], then: Any, *, key: str | None = None,
+                  on_failure: str = "run", ttl: float = 7 * 86400.0) -> str:
+        """Send a join (`Producer.send_join`'s arguments: its children ``jobs``, `sw.Job`
+        each, and ``then``, the callback enqueued once when the last child ended) if and
+        only if this job completes, in the same atomic step as its acknowledgement, like
+        `send`. Without ``key`` (and ``then.key``) the join's key is derived from this
+        job's, so a retried handler sends the same join. Returns the join's key."""
+        if self._sender is None:
+            raise ConfigError("send_join", "this message did not come from a worker: "
+                              "msg.send_join() works inside a handler only")
+        return self._sender.send_join(self, jobs, then, key, on_failure, ttl)
 
     async def join_results(self) -> tuple[JoinChild, ...]:
         """How each child of the join this job is the callback of ended (`JoinChild`: its

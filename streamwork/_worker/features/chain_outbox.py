@@ -27,11 +27,10 @@ from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names
 from streamwork._worker.core.seam import Env, Feature
 from streamwork._worker.core.supervisor import Link, Supervisor, cancel
-from streamwork._worker.features.chains import BODY, DUE, MAXLEN, TARGET
+from streamwork._worker.features.chains import BODY, DUE, KIND, MAXLEN, TARGET
 
 log = logging.getLogger(WORKER_LOGGER)
 
-KIND: Final = b"k"  #: an outbox entry's kind: absent for a chained job, "join" for a report
 IDLE: Final = 0.1  #: s between two looks at an empty outbox (the latency of a chained job)
 CHUNK: Final = 500  #: outbox entries moved per look (one chain.lua call per target)
 FINAL_DRAIN: Final = 2.0  #: s a stopping worker spends moving what its last jobs sent
@@ -98,12 +97,18 @@ class Drainer:
             return 0
         targets: dict[bytes, list[list[Any]]] = {}
         joins: dict[tuple[bytes, bytes], list[list[Any]]] = {}  # by callback stream, key
+        opens: list[dict[bytes, bytes]] = []  # joins handlers sent
         done: list[bytes] = []
         for entry_id, values in entries:
             target, body = values.get(TARGET), values.get(BODY)
-            if values.get(KIND) == b"join" and target is not None and b"j" in values:
+            kind = values.get(KIND)
+            if kind == b"join" and target is not None and b"j" in values:
                 joins.setdefault((target, values[b"j"]), []).append(
                     [int(values[b"i"]), values[b"s"], values[b"v"], int(values[b"l"])])
+                done.append(entry_id)
+                continue
+            if kind == b"open" and target is not None and body is not None:
+                opens.append(values)
                 done.append(entry_id)
                 continue
             if target is None or body is None:  # not written by streamwork: nothing to move
@@ -126,6 +131,10 @@ class Drainer:
                 log.error("chained jobs dropped: their target is not a stream (%s)", exc,
                           extra=self._fields(key=name, count=len(rows)))
             done += [row[0] for row in rows]
+        for o in opens:  # before the reports: a report of an open join may fire it
+            await self.scripts.run(scripts.join_open(
+                StreamKeys.of_any(o[TARGET].decode()), o[b"j"].decode(), int(o[b"n"]),
+                o[b"p"].decode(), o[b"o"].decode(), o[BODY], int(o[b"l"])))
         for (target, key), reports in joins.items():  # a join child's end (joins feature)
             await self.scripts.run(scripts.join_report(
                 StreamKeys.of_any(target.decode()), key.decode(),
