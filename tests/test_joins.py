@@ -84,7 +84,7 @@ async def test_a_failed_child_is_handed_to_the_callback_or_dead_letters_it(
         await run_until_idle(receipts, r)
         dead = p.join_status(CALLBACKS, "dead-9")
         assert (dead.state, dead.failed) == ("dead", 1) and dead.dead_letter_id
-    [(key, payload, results)] = receipts.seen
+    [(key, _, results)] = receipts.seen
     assert key == "run-8"
     assert [c.state for c in results] == ["done", "dead"]
     assert "card declined for item 2" in results[1].error and not results[1].ok
@@ -141,18 +141,18 @@ async def test_cancelled_duplicate_expired_children_and_a_join_of_one(
 async def test_bad_joins_are_refused_and_a_resend_runs_once(redis_url: str,
                                                           r: redis.Redis) -> None:
     with sw.Producer.from_url(redis_url) as p:
-        with pytest.raises(sw.ConfigError, match="non-empty list of sw.Job"):
+        with pytest.raises(sw.ConfigError, match=r"non-empty list of sw\.Job"):
             p.send_join([], then=sw.Job(CALLBACKS, {}))
         with pytest.raises(sw.ConfigError, match="on_failure"):
             p.send_join([sw.Job(CHILDREN, {})], then=sw.Job(CALLBACKS, {}), on_failure="skip")
         with pytest.raises(sw.ConfigError, match="cannot be delayed"):
             p.send_join([sw.Job(CHILDREN, {})], then=sw.Job(CALLBACKS, {}, delay=5))
-        with pytest.raises(sw.ConfigError, match="not a job option|unknown|retries"):
+        with pytest.raises(sw.ConfigError, match=r"not a job option|unknown|retries"):
             p.send_join([sw.Job(CHILDREN, {}, retries=3)], then=sw.Job(CALLBACKS, {}))
         one = [sw.Job(CHILDREN, {"item": 0, "amount": 1})]
         p.send_join(one, then=sw.Job(CALLBACKS, {}), key="taken")
         p.send_join(one, then=sw.Job(CALLBACKS, {}), key="taken")  # again
-        with pytest.raises(sw.ConfigError, match="in use by a join of 1 children"):
+        with pytest.raises(sw.ConfigError, match=r"in use by a join of 1 children"):
             p.send_join([sw.Job(CHILDREN, {}), sw.Job(CHILDREN, {})],
                         then=sw.Job(CALLBACKS, {}), key="taken")
         assert r.xlen(CHILDREN) == 2  # the resend sent its child again, with the same key

@@ -16,7 +16,6 @@ from redis.crc import key_slot
 
 import streamwork as sw
 from streamwork.testing import await_for
-
 from tests.faults.test_join_chaos import join_chaos
 from tests.helpers.cluster_util import LocalCluster, local_cluster
 from tests.workers.joins import ALBUMS, ITEMS, Album, Item, effects, seen
