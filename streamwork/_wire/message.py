@@ -115,6 +115,8 @@ class Message(Generic[P]):
     _join: Any = field(default=None, repr=False)
     #: the last progress reported (fraction, note, Unix ms) not written to Redis yet
     _progress: tuple[float, str, int] | None = field(default=None, repr=False)
+    #: a progress record was written: each heartbeat keeps it while the job runs
+    _progress_kept: bool = field(default=False, repr=False)
 
     def stage(self, command: str, keys: Sequence[StageValue] = (),
               args: Sequence[StageValue] = ()) -> None:
@@ -143,7 +145,8 @@ class Message(Generic[P]):
         (at most 200 characters). Costs no round trip: the worker writes the last value
         reported with its next heartbeat (so calling it often is cheap), beside the job
         record, where `Producer.status` (``progress``, ``progress_note``), ``streamwork
-        job`` and the dashboard show it, kept a visibility timeout past the last write;
+        job`` and the dashboard show it, kept while the job runs (a visibility timeout
+        past its last heartbeat);
         each write is an event on the job's span too."""
         if (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
                 or not 0.0 <= fraction <= 1.0):

@@ -31,9 +31,13 @@ def beat_columns(alive: list[Delivery], loose: list[tuple[bytes, int]],
 
 
 def _progress(d: Delivery) -> bytes | str:
+    """What a beat does with a delivery's progress record: write the report made since
+    the last beat (packed), keep the one written before ("="), or nothing ("")."""
     """The progress a delivery's handler reported since its last beat, packed ("": none)."""
     p = d.msg._progress
-    return "" if p is None else msgpack.packb(p)
+    if p is None:
+        return "=" if d.msg._progress_kept else ""
+    return msgpack.packb(p)
 
 
 def done_columns(live: list[Delivery], cfg: CoreConfig, leases: LeaseStrategy,
@@ -71,6 +75,7 @@ def progress_written(d: Delivery, written: tuple[float, str, int] | None) -> Non
     unless the handler reports anew; an event on the job's span."""
     if written is None:
         return
+    d.msg._progress_kept = True
     if d.msg._progress is written:
         d.msg._progress = None
     if d.span is not None:
