@@ -37,7 +37,8 @@ def _progress(d: Delivery) -> bytes | str:
     p = d.msg._progress
     if p is None:
         return "=" if d.msg._progress_kept else ""
-    return msgpack.packb(p)
+    packed: bytes = msgpack.packb(p)
+    return packed
 
 
 def done_columns(live: list[Delivery], cfg: CoreConfig, leases: LeaseStrategy,
