@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     )
     from streamwork._producer.shells import AsyncProducer, Producer
     from streamwork._wire.extensions import Codec
+    from streamwork._wire.joins import Job, JoinChild, JoinStatus
     from streamwork._wire.message import Message
     from streamwork._wire.pausing import PauseState
     from streamwork._wire.records import JobStatus
@@ -63,6 +64,7 @@ _LAZY = {
     "batch_worker": "_worker.function",
     "Codec": "_wire.extensions", "PauseState": "_wire.pausing",
     "Middleware": "_worker.features.middleware", "Outcome": "_worker.features.middleware",
+    "Job": "_wire.joins", "JoinChild": "_wire.joins", "JoinStatus": "_wire.joins",
 }
 
 
@@ -98,8 +100,11 @@ __all__ = [
     "Every",
     "Health",
     "HeldLock",
+    "Job",
     "JobFailed",
     "JobStatus",
+    "JoinChild",
+    "JoinStatus",
     "LockError",
     "LockLost",
     "LockNotAcquired",

@@ -93,11 +93,14 @@ async def test_a_thousand_reports_a_second_cost_one_write_per_heartbeat(
             as_json = CliRunner().invoke(main, ["job", STREAM, "report", "--url", redis_url,
                                                 "--json"])
             assert json.loads(as_json.output)["progress"] == 1.0
-            # two more heartbeats (1 s) pass without a report: no write (an absence needs
-            # a window to be seen in)
+            # two more heartbeats (1 s) pass without a report: no write, the record only
+            # kept (an absence needs a window to be seen in)
             settled = len(writes)
             await asyncio.sleep(max(0.0, began + 1.2 - time.monotonic()))
             assert len(writes) == settled
+            # past two visibility timeouts without a report, the record is still kept
+            await asyncio.sleep(max(0.0, began + 3.2 - time.monotonic()))
+            assert p.status(STREAM, "report", group=GROUP).progress == 1.0
             w.release.set()
             await await_for(lambda: p.status(STREAM, "report", group=GROUP).state == "done",
                             timeout=10)

@@ -165,7 +165,7 @@ KEY_TYPES = {
     "retry": "stream", "retries": "zset", "settings": "hash", "owner": "string",
     "members": "zset", "rate": "hash", "semaphore": "zset", "job": "string",
     "tick": "string", "schedules": "hash", "outbox": "stream", "chained": "string",
-    "paused": "hash", "progress": "string",
+    "paused": "hash", "progress": "string", "join": "hash", "join_results": "hash",
 }
 
 

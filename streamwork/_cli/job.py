@@ -69,9 +69,11 @@ def job_command(stream: str, key: str, group: str | None, as_json: bool, url: st
             finally:
                 client.close()
     try:
+        joined = None
         if partitions == 1:
             with Producer.from_url(url) as producer:
                 st = producer.status(stream, key, group=group)
+                joined = producer.join_status(stream, key)  # a join of that key, if any
         else:
             # a mapping: the partitions' own names are plain streams to this producer
             with Producer.from_url(url, partitions={stream: partitions}) as producer:
@@ -90,6 +92,10 @@ def job_command(stream: str, key: str, group: str | None, as_json: bool, url: st
         if f.name == "stream" and partitions > 1:
             fields["partition"] = None if where is None else where[0]
             fields["partition_stream"] = None if where is None else where[1]
+    if joined is not None and joined.state != "unknown":
+        fields["join"] = {"state": joined.state, "total": joined.total, "done": joined.done,
+                          "failed": joined.failed, "pending": joined.pending,
+                          "policy": joined.policy}
     if as_json:
         fields["result"] = to_json(st.result)  # Decimal, datetime, ...: str, ISO 8601
         click.echo(json.dumps(fields, default=repr, ensure_ascii=False))
@@ -105,6 +111,10 @@ def job_command(stream: str, key: str, group: str | None, as_json: bool, url: st
             value = f"{value:.3f} ({_ago(value)})"
         if name == "progress" and value is not None:
             value = f"{value:.0%}"
+        if name == "join":
+            value = (f"{value['state']}: {value['total']} children, {value['done']} done, "
+                     f"{value['failed']} failed, {value['pending']} pending "
+                     f"(on_failure={value['policy']})")
         shown = repr(value) if name == "result" else str(value)
         # a traceback's lines line up under the first one's value, not at the margin
         click.echo(f"{name:>15}: " + shown.rstrip("\n").replace("\n", "\n" + " " * 17))

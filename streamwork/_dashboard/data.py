@@ -26,6 +26,7 @@ from streamwork._ops.replies import id_order
 from streamwork._ops.stats import StreamStats
 from streamwork._producer.shells import Producer
 from streamwork._text import redact_url
+from streamwork._wire.joins import JoinStatus
 from streamwork._wire.partitions import partition_names
 from streamwork._wire.records import JobStatus
 from streamwork.errors import ConfigError, StreamworkError
@@ -186,6 +187,7 @@ class JobLookup:
     group: str
     statuses: tuple[JobStatus, ...] = ()
     error: str = ""
+    join: JoinStatus | None = None  #: the join of that key whose callback is this stream's
 
 
 def lookup_job(client: Any, streams: Sequence[StreamStats], stream: str, key: str,
@@ -207,8 +209,11 @@ def lookup_job(client: Any, streams: Sequence[StreamStats], stream: str, key: st
     count = found.partition_count
     producer = Producer(client, partitions={stream: count} if count > 1 else 1)
     try:
-        return JobLookup(stream, key, group, tuple(producer.status(stream, key, group=g)
-                                                   for g in groups))
+        statuses = tuple(producer.status(stream, key, group=g) for g in groups)
+        joined = producer.join_status(stream, key) if count <= 1 else None
+        return JobLookup(stream, key, group, statuses,
+                         join=joined if joined is not None and joined.state != "unknown"
+                         else None)
     except StreamworkError as exc:
         return JobLookup(stream, key, group, error=str(exc))
 

@@ -308,17 +308,22 @@ class Core:
 
     def plan(self, stream: str, payloads: Sequence[Payload], keys: Sequence[str] | None,
              headers: Mapping[str, str] | None = None, maxlen: int | None = None,
+             internal: Sequence[Mapping[str, Any]] | None = None,
              **options: Any) -> list[Batch]:
         """What `send_many` would write, checked and encoded, without writing it: for
         senders that write the jobs themselves (a handler's ``msg.send``, whose jobs go
-        with its acknowledgement). ``options``: job options by send_many keyword. Raises
+        with its acknowledgement). ``options``: job options by send_many keyword;
+        ``internal``: each job's wire fields no option gives (a join's). Raises
         ConfigError (or PayloadTooLarge) on bad input."""
-        return self._plan_send_many(stream, payloads, keys, headers, maxlen, options)
+        return self._plan_send_many(stream, payloads, keys, headers, maxlen, options,
+                                    internal)
 
     def _plan_send_many(self, stream: str, payloads: Sequence[Payload],
                         keys: Sequence[str] | None, headers: Mapping[str, str] | None,
-                        maxlen: int | None, options: Mapping[str, Any]) -> list[Batch]:
-        """One batch per partition the jobs go to (one for an unpartitioned stream)."""
+                        maxlen: int | None, options: Mapping[str, Any],
+                        internal: Sequence[Mapping[str, Any]] | None = None) -> list[Batch]:
+        """One batch per partition the jobs go to (one for an unpartitioned stream).
+        ``internal``: wire fields of each job that no send option gives (a join's)."""
         keys_of(stream)
         shared, per_job = check_send_many(options, len(payloads))
         due = _due(shared)
@@ -330,10 +335,12 @@ class Core:
             payloads = [to_plain(p, self.codec) for p in payloads]
         count = self.partitions_of(stream)
         wire = wire_map(shared)
-        own = None
+        own: list[dict[str, Any]] | None = None
         if per_job:  # each job's own fields (an order key that is not its key)
             own = [wire_map({name: values[i] for name, values in per_job.items()}, k)
                    for i, k in enumerate(job_keys)]
+        if internal is not None:
+            own = [{**(own[i] if own else {}), **fields} for i, fields in enumerate(internal)]
         bodies = pack_bodies(job_keys, payloads, hdrs, now_ms, self.max_payload_bytes,
                              wire, self.codec, own)
         orders: list[str] | None = per_job.get("order_key")

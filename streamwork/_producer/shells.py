@@ -19,11 +19,12 @@ from typing import Any, TypeVar
 from typing_extensions import Unpack
 
 from streamwork._producer.jobs import CANCEL_TTL
-from streamwork._producer.pausing import Pausing
+from streamwork._producer.joining import Joining
 from streamwork._producer.rounds import Result, Sleep, Steps, advance
 from streamwork._redis import connection, scripts
 from streamwork._wire.codec import Payload
 from streamwork._wire.job_options import SendManyOptions, SendOptions
+from streamwork._wire.joins import DEFAULT_TTL, Job, JoinStatus
 from streamwork._wire.pausing import PauseState
 from streamwork._wire.records import JobStatus
 
@@ -32,7 +33,7 @@ __all__ = ["AsyncProducer", "Producer"]
 T = TypeVar("T")
 
 
-class Producer(Pausing):
+class Producer(Joining):
     """Enqueue jobs from synchronous code; one instance is safe to share between threads."""
 
     def __init__(self, client: Any, **options: Any) -> None:
@@ -96,6 +97,30 @@ class Producer(Pausing):
         partition: atomic per partition, in order within each."""
         return self._run(self._send_many_steps(stream, payloads, keys, headers, maxlen,
                                                  options))
+
+    def send_join(self, jobs: Sequence[Job], then: Job, *, key: str | None = None,
+                  on_failure: str = "run", ttl: float = DEFAULT_TTL) -> str:
+        """Send ``jobs`` (a join's children, `sw.Job` each, to one stream or several) and
+        ``then``, their callback, which is enqueued exactly once: in the step that records
+        the end of the last child to end (done, dead, cancelled or expired). Its handler
+        reads how each ended with ``await msg.join_results()``. ``on_failure``: "run" the
+        callback even if a child failed (it sees the failures), or "dead": dead-letter the
+        callback instead (its stream's dead letters, reason ``join_failed``; a replay runs
+        it). ``key`` names the join (default: ``then``'s key, else a new one) and is what
+        `join_status` reads; a child without a key gets ``<join key>:<index>``, so a
+        send_join that raised (an outage) may be sent again with the same key: nothing is
+        sent twice that dedup does not catch. The join is kept ``ttl`` seconds after its
+        last change. Returns the join's key. The callback's stream must not be partitioned
+        and the callback not delayed. Cost: one script call to open the join, then the
+        children as `send_many` sends them (one call per chunk of up to 1,000 alike)."""
+        return self._run(self._send_join_steps(jobs, then, key, on_failure, ttl))
+
+    def join_status(self, stream: str, key: str, *, results: bool = False) -> JoinStatus:
+        """What Redis knows of join ``key`` whose callback goes to ``stream``: its state
+        ("open", "fired", "dead", "unknown"), how many children it has and how many are
+        done, failed and pending; with ``results`` also how each child ended (one more
+        HGETALL)."""
+        return self._run(self._join_status_steps(stream, key, results))
 
     def status(self, stream: str, key: str, *, group: str | None = None,
                order_key: str | None = None) -> JobStatus:
@@ -186,7 +211,7 @@ class Producer(Pausing):
         return step.value
 
 
-class AsyncProducer(Pausing):
+class AsyncProducer(Joining):
     """Enqueue jobs from asyncio code (FastAPI, aiohttp, ...); use ``async with``."""
 
     def __init__(self, client: Any, **options: Any) -> None:
@@ -226,6 +251,16 @@ class AsyncProducer(Pausing):
         """As `Producer.send_many`, awaiting: one atomic script call per chunk of jobs."""
         return await self._run(self._send_many_steps(stream, payloads, keys, headers,
                                                      maxlen, options))
+
+    async def send_join(self, jobs: Sequence[Job], then: Job, *, key: str | None = None,
+                        on_failure: str = "run", ttl: float = DEFAULT_TTL) -> str:
+        """As `Producer.send_join`, awaiting."""
+        return await self._run(self._send_join_steps(jobs, then, key, on_failure, ttl))
+
+    async def join_status(self, stream: str, key: str, *,
+                          results: bool = False) -> JoinStatus:
+        """As `Producer.join_status`, awaiting."""
+        return await self._run(self._join_status_steps(stream, key, results))
 
     async def status(self, stream: str, key: str, *, group: str | None = None,
                      order_key: str | None = None) -> JobStatus:

@@ -36,7 +36,10 @@ _FILES: Final = {"ack": "complete"}
 _WORKER: Final = ("ack", "adopt", "cancel", "claim", "complete", "fail", "heartbeat",
                   "promote", "read", "reclaim", "schedule", "start", "tick")
 #: shared Lua prepended to each script, in order
-PRELUDES: Final = {name: ("fields", "lib") for name in _WORKER}
+PRELUDES: Final = {name: ("fields", "lib") for name in _WORKER} | {
+    # the scripts that end jobs report a join child's end (join_lib.lua's end_report)
+    name: ("fields", "lib", "join_lib") for name in ("ack", "claim", "complete", "fail",
+                                                     "join")}
 #: script flags on servers that have them; scripts not named here get no ``#!lua`` line
 FLAGS: Final = {
     "cancel": "", "claim": "", "complete": "", "fail": "", "produce": "", "promote": "",
@@ -47,6 +50,7 @@ FLAGS: Final = {
     "trim": "allow-oom",
     "tick": "",  # periodic jobs: adds jobs, so refused whole under OOM
     "chain": "",  # moves chained jobs onto their targets: refused whole under OOM
+    "join": "",  # opens joins, records their children's ends: may enqueue a callback
 }
 #: a script that compiles only where the server understands flags
 _PROBE: Final = "#!lua flags=no-writes\nreturn 1"
@@ -120,12 +124,14 @@ def _group_keys(g: GroupKeys) -> list[Arg]:
 
 
 def claim(g: GroupKeys, consumer: str, ttl_ms: int, owner: str, mode: str,
-          batch: list[list[Any]]) -> Call:
+          batch: list[list[Any]], report_keys: Sequence[str | bytes] = ()) -> Call:
     """claim.lua: take (``mode`` "lease"), check ("check") or mark ("mark") job records;
     ``batch`` is [[entry id...], [src...], [job key...], [attempt...], [lease...]], and in
-    "lease" mode optionally [start (1: taken as running at once)...]."""
+    "lease" mode optionally [start (1: taken as running at once)...], then optionally [end
+    report...] (their keys ``report_keys``)."""
     return Call("claim",
-                [g.stream.stream, g.retry, g.stream.fence, *sibling_streams(g.stream)],
+                [g.stream.stream, g.retry, g.stream.fence, *report_keys,
+                 *sibling_streams(g.stream)],
                 [g.name, consumer, ttl_ms, owner, g.job_prefix, mode, pack(batch)])
 
 
@@ -151,9 +157,11 @@ def complete(g: GroupKeys, consumer: str, mode: int, done_ttl_ms: int, staged: b
 
 
 def fail(g: GroupKeys, consumer: str, worker: str, mode: int, dead_ttl_ms: int,
-         entries: list[list[Any]]) -> Call:
-    """fail.lua: schedule retries (this group only) or dead-letter, one list per entry."""
-    return Call("fail", [*_group_keys(g), g.stream.dead, *sibling_streams(g.stream)],
+         entries: list[list[Any]], report_keys: Sequence[str | bytes] = ()) -> Call:
+    """fail.lua: schedule retries (this group only) or dead-letter, one list per entry;
+    ``report_keys``: the keys the entries' end reports write (KEYS[5..])."""
+    return Call("fail", [*_group_keys(g), g.stream.dead, *report_keys,
+                         *sibling_streams(g.stream)],
                 [g.name, consumer, worker, g.job_prefix, int(mode), dead_ttl_ms,
                  pack(entries)])
 
@@ -228,6 +236,22 @@ def chain(target: StreamKeys, source: str, entries: list[list[Any]]) -> Call:
     order. Returns [added, skipped]."""
     return Call("chain", [target.chained(source), target.stream, target.delayed],
                 [pack(entries)])
+
+
+def join_open(k: StreamKeys, key: str, n: int, policy: str, to: str, body: bytes,
+              ttl_ms: int) -> Call:
+    """join.lua "open": join ``key`` of callback stream ``k`` waits for ``n`` children,
+    then sends ``body`` to ``to`` (the stream or its level stream); 1 opened, 2 opened and
+    fired, 0 open already."""
+    return Call("join", [k.join(key), k.join_results(key), k.dead],
+                ["open", n, policy, to, body, ttl_ms])
+
+
+def join_report(k: StreamKeys, key: str, reports: list[list[Any]], ttl_ms: int) -> Call:
+    """join.lua "report": children's ends, [[child index, state, value], ...], drained
+    from an outbox; how many were new."""
+    return Call("join", [k.join(key), k.join_results(key), k.dead],
+                ["report", pack(reports), ttl_ms])
 
 
 def replay(k: StreamKeys, group: str, ids: Sequence[str]) -> Call:

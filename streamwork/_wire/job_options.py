@@ -224,6 +224,25 @@ BY_MANY: Final = {o.many: o for o in OPTIONS}  #: the options by send_many keywo
 BY_WIRE: Final = {o.wire: o for o in OPTIONS if o.wire is not None}  #: by wire field
 
 
+def _join_read(value: object) -> tuple[str, str, int, int]:
+    if (not isinstance(value, list) or len(value) != 4 or type(value[0]) is not str
+            or type(value[1]) is not str or type(value[2]) is not int
+            or type(value[3]) is not int or value[2] < 0 or value[3] <= 0):
+        raise ValueError(f"must be [callback stream, join key, child index, ttl ms], got "
+                         f"{value!r}")
+    return value[0], value[1], value[2], value[3]
+
+
+#: fields of the options map that no sender takes as an option: what a join writes
+#: (`Producer.send_join`): a child's membership ``join`` (its join's callback stream, key,
+#: its index among the children and how long the join is kept, ms) and a callback's
+#: ``join_of`` (the key of the join it is the callback of)
+JOIN_WIRE: Final = "jn"
+JOIN_OF_WIRE: Final = "jo"
+_INTERNAL: Final[dict[str, tuple[str, Callable[[object], Any]]]] = {
+    JOIN_WIRE: ("join", _join_read), JOIN_OF_WIRE: ("join_of", _text_read)}
+
+
 def _agree() -> None:
     """Refuse at import a declaration that `SendOptions` / `SendManyOptions` do not match
     (an option added to one but not the other, or of another type)."""
@@ -326,6 +345,13 @@ def read_wire(raw: Mapping[Any, Any]) -> Mapping[str, Any]:
             except ValueError as exc:
                 raise DecodeError(f"schema:type:o.{field}",
                                   f"'o.{field}' ({option.name}) {exc}") from None
+        elif type(field) is str and field in _INTERNAL:
+            name, read = _INTERNAL[field]
+            try:
+                out[name] = read(value)
+            except ValueError as exc:
+                raise DecodeError(f"schema:type:o.{field}",
+                                  f"'o.{field}' ({name}) {exc}") from None
     return MappingProxyType(out) if out else NO_OPTIONS
 
 

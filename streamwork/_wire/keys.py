@@ -36,7 +36,8 @@ _BAD_CHARS: Final = re.compile(r"[\s\x00]")
 #: names of keys derived from some stream (see StreamKeys); never a stream of its own
 _OWNED: Final = re.compile(
     r"^\{[^{}]+\}(~|:(dead|delayed|fence|partitions|outbox)$"
-    r"|:(retry|retries|job|owner|members|rate|sem|tick|schedules|settings|chained|p|paused):)")
+    r"|:(retry|retries|job|owner|members|rate|sem|tick|schedules|settings|chained|p|paused"
+    r"|progress|join|join-results):)")
 
 
 def check_name(option: str, name: object, *, allow_tag: bool = False) -> str:
@@ -138,6 +139,16 @@ class StreamKeys:
         """Redis Cluster, on a target stream: the last entry id of ``source``'s outbox
         moved here, so moving an entry again (after a crash) adds nothing."""
         return f"{self.prefix}:chained:{_lp(source)}"
+
+    def join(self, key: str) -> str:
+        """The record of join ``key`` whose callback goes to this stream: how many children
+        it waits for, how many ended, the callback's body, whether it fired."""
+        return f"{self.prefix}:join:{_lp(key)}"
+
+    def join_results(self, key: str) -> str:
+        """How each child of join ``key`` ended, by child index (what its callback reads
+        with ``msg.join_results``)."""
+        return f"{self.prefix}:join-results:{_lp(key)}"
 
     @property
     def retry_prefix(self) -> str:

@@ -10,6 +10,7 @@ from typing import Any, Generic, Protocol
 from typing_extensions import TypeVar, Unpack
 
 from streamwork._wire.job_options import NO_OPTIONS, SendManyOptions, SendOptions, to_many
+from streamwork._wire.joins import JoinChild
 from streamwork.errors import ConfigError, LockLost
 
 __all__ = ["Message", "revoke"]
@@ -68,6 +69,10 @@ class Sender(Protocol):
              keys: Sequence[str | None], options: dict[str, Any]) -> list[str]:
         """Check and encode the jobs, stage their writes on ``msg``; their keys."""
 
+    def send_join(self, msg: Message[Any], jobs: Sequence[Any], then: Any, key: str | None,
+                  on_failure: str, ttl: float) -> str:
+        """Check and encode a join, stage its writes on ``msg``; its key."""
+
 
 @dataclass(slots=True, eq=False)
 class Message(Generic[P]):
@@ -110,8 +115,12 @@ class Message(Generic[P]):
     #: sends whose target's partition count was not known yet: routed, and staged, by the
     #: worker before the completion is written (no round trip in the handler)
     _deferred: list[Any] | None = field(default=None, repr=False)
+    #: a join callback's results, fetched by the worker (``join_results``; None: not one)
+    _join: Any = field(default=None, repr=False)
     #: the last progress reported (fraction, note, Unix ms) not written to Redis yet
     _progress: tuple[float, str, int] | None = field(default=None, repr=False)
+    #: a progress record was written: each heartbeat keeps it while the job runs
+    _progress_kept: bool = field(default=False, repr=False)
 
     def stage(self, command: str, keys: Sequence[StageValue] = (),
               args: Sequence[StageValue] = ()) -> None:
@@ -140,7 +149,8 @@ class Message(Generic[P]):
         (at most 200 characters). Costs no round trip: the worker writes the last value
         reported with its next heartbeat (so calling it often is cheap), beside the job
         record, where `Producer.status` (``progress``, ``progress_note``), ``streamwork
-        job`` and the dashboard show it, kept a visibility timeout past the last write;
+        job`` and the dashboard show it, kept while the job runs (a visibility timeout
+        past its last heartbeat);
         each write is an event on the job's span too."""
         if (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
                 or not 0.0 <= fraction <= 1.0):
@@ -197,6 +207,36 @@ class Message(Generic[P]):
                                 [None] * len(payloads) if keys is None else list(keys),
                                 {"headers": headers, "maxlen": maxlen,
                                  "partitions": partitions, **options})
+
+    def send_join(self, jobs: Sequence[Any], then: Any, *, key: str | None = None,
+                  on_failure: str = "run", ttl: float = 7 * 86400.0) -> str:
+        """Send a join (`Producer.send_join`'s arguments: its children ``jobs``, `sw.Job`
+        each, and ``then``, the callback enqueued once when the last child ended) if and
+        only if this job completes, in the same atomic step as its acknowledgement, like
+        `send`. Without ``key`` (and ``then.key``) the join's key is derived from this
+        job's, so a retried handler sends the same join. Returns the join's key."""
+        if self._sender is None:
+            raise ConfigError("send_join", "this message did not come from a worker: "
+                              "msg.send_join() works inside a handler only")
+        return self._sender.send_join(self, jobs, then, key, on_failure, ttl)
+
+    async def join_results(self) -> tuple[JoinChild, ...]:
+        """How each child of the join this job is the callback of ended (`JoinChild`: its
+        index, key, state, result or error), in the children's order; fetched by the
+        worker while it took the job (so this rarely waits). Raises ConfigError for a
+        job that is not a join's callback. A plain ``def`` handler calls
+        `join_results_sync` instead."""
+        return await self._joined().get()  # type: ignore[no-any-return]
+
+    def join_results_sync(self) -> tuple[JoinChild, ...]:
+        """`join_results` for a plain ``def`` handler (it runs in a thread of its own)."""
+        return self._joined().get_sync()  # type: ignore[no-any-return]
+
+    def _joined(self) -> Any:
+        if self._join is None:
+            raise ConfigError("join_results", "this job is not the callback of a join: "
+                              "only the job sent as then= of send_join has join results")
+        return self._join
 
     @property
     def order_key(self) -> str:

@@ -20,11 +20,11 @@ from streamwork.testing.kit import (
     stream_idle,
     wait_for,
 )
-from streamwork.testing.messages import MessageDouble, SentJob, message
+from streamwork.testing.messages import MessageDouble, SentJob, SentJoin, message
 from streamwork.testing.runs import WorkerRun, WorkerRunner
 
 __all__ = [
-    "Ledger", "LedgerReport", "MessageDouble", "RedisServer", "SentJob", "WorkerRun",
+    "Ledger", "LedgerReport", "MessageDouble", "RedisServer", "SentJob", "SentJoin", "WorkerRun",
     "WorkerRunner", "await_for", "free_port", "message", "run_until_idle", "stream_idle",
     "wait_for",
 ]

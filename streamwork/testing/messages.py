@@ -18,12 +18,13 @@ from typing import Any
 
 from streamwork._producer.core import Core
 from streamwork._wire.codec import DEFAULT_MAX_PAYLOAD_BYTES
-from streamwork._wire.job_options import NO_OPTIONS, check_send, check_send_many
+from streamwork._wire.job_options import NO_OPTIONS, check_send, check_send_many, to_many
+from streamwork._wire.joins import JoinChild, check_join
 from streamwork._wire.message import Message
 from streamwork._worker.features.chains import MAX_SENDS, PartitionCounts, chain_key
 from streamwork.errors import ConfigError
 
-__all__ = ["MessageDouble", "SentJob", "message"]
+__all__ = ["MessageDouble", "SentJob", "SentJoin", "message"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,30 @@ class SentJob:
     #: what it was sent with, by ``send`` keyword (``priority``, ``delay``, ``order_key``,
     #: ``headers``, ``maxlen``, ``partitions``, ...): only the options given
     options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SentJoin:
+    """One join a handler sent with ``msg.send_join``."""
+
+    key: str  #: as given, else the key a worker derives
+    jobs: tuple[Any, ...]  #: its children, `sw.Job` each
+    then: Any  #: its callback
+    on_failure: str
+    ttl: float
+
+
+class _Results:
+    """What a test callback's ``msg.join_results()`` answers."""
+
+    def __init__(self, results: Sequence[JoinChild]) -> None:
+        self.results = tuple(results)
+
+    async def get(self) -> tuple[JoinChild, ...]:
+        return self.results
+
+    def get_sync(self) -> tuple[JoinChild, ...]:
+        return self.results
 
 
 class _Recorder:
@@ -72,6 +97,20 @@ class _Recorder:
         msg._sent_to[stream] = msg._sent_to.get(stream, 0) + len(payloads)
         return job_keys
 
+    def send_join(self, msg: Message[Any], jobs: Sequence[Any], then: Any, key: str | None,
+                  on_failure: str, ttl: float) -> str:
+        assert isinstance(msg, MessageDouble)
+        check_join(jobs, then, on_failure, ttl)
+        join_key = (key if key is not None else then.key if then.key is not None
+                    else chain_key(msg.stream, msg.group, msg.key, msg._sent))
+        for job in (*jobs, then):  # the options and payloads checked as a worker would
+            self._core.partitions = {}
+            self._core.plan(job.stream, [job.payload], [job.key or join_key], job.headers or None,
+                            None, **to_many(job.options))
+        msg.joins.append(SentJoin(join_key, tuple(jobs), then, on_failure, ttl))
+        msg._sent += len(jobs) + 1
+        return join_key
+
 
 @dataclass(slots=True, eq=False)
 class MessageDouble(Message[Any]):
@@ -83,6 +122,7 @@ class MessageDouble(Message[Any]):
     __test__ = False  # not a test class, whatever name pytest finds it under
 
     sent: list[SentJob] = field(default_factory=list)
+    joins: list[SentJoin] = field(default_factory=list)  #: the joins sent (send_join)
     progressed: list[tuple[float, str]] = field(default_factory=list)
 
     def progress(self, fraction: float, note: str = "") -> None:
@@ -119,17 +159,21 @@ def message(payload: Any = None, *, key: str = "k-1", stream: str = "test", grou
             headers: Mapping[str, str] | None = None, fencing_token: int | None = None,
             consumer: str = "", options: Mapping[str, Any] | None = None,
             lock_lost: bool = False, cancelled: bool = False,
-            max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> MessageDouble:
+            max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+            join_results: Sequence[JoinChild] | None = None) -> MessageDouble:
     """A message to call a handler with in a unit test (no Redis): its ``send`` and
     ``send_many`` are checked as a worker checks them and recorded in ``.sent``; its
     ``stage`` calls in ``.staged``; ``lock_lost`` / ``cancelled`` start as given and can be
     set. ``options`` are the job options it was "sent" with (``{"priority": "high"}``),
     read by ``msg.priority`` and ``msg.order_key``. ``max_payload_bytes`` is the limit the
-    sends are checked against (the worker option's default)."""
+    sends are checked against (the worker option's default); ``join_results``: what
+    ``msg.join_results()`` answers (a test of a join's callback); ``msg.joins`` records
+    the joins the handler sends."""
     return MessageDouble(
         id=id, stream=stream, key=key, payload=payload, attempt=attempt,
         enqueued_at=enqueued_at, headers=dict(headers or {}), fencing_token=fencing_token,
         group=group, consumer=consumer,
         options=NO_OPTIONS if options is None else MappingProxyType(check_send(options)),
         _lost=lock_lost, _cancelled=cancelled,
-        _sender=_Recorder(max_payload_bytes))
+        _sender=_Recorder(max_payload_bytes),
+        _join=None if join_results is None else _Results(join_results))

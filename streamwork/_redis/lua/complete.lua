@@ -12,8 +12,9 @@
 -- ARGV[4] done record TTL (ms), ARGV[5] staged commands: "" or MessagePack map
 -- {entry index: [[command, [KEYS index...], [arg...]], ...]}, ARGV[6] job record prefix,
 -- ARGV[7] MessagePack [[entry id...], [src...], [job key...], [lease...], [member...],
--- [done record...]] (job keys, leases and done records only with dedup; member "" or the
--- adopted delivery's member, which then stands for ownership), ARGV[8] lease TTL (ms)
+-- [done record...], [end report...]] (job keys, leases and done records only with dedup;
+-- member "" or the adopted delivery's member, which then stands for ownership; end report
+-- "" or a join child's, see join_lib.lua: sent with the job's end), ARGV[8] lease TTL (ms)
 -- Cost per entry with the lease in the record: ONE command (SET GET), so a job costs two
 -- in all with claim.lua's SET NX GET.
 -- Returns per entry: 1 acknowledged, 0 lost (not ours any more: nothing written),
@@ -32,6 +33,7 @@ local batch = cmsgpack.unpack(ARGV[7])
 local ids, srcs = batch[1], batch[2]
 local jobs, leases, members, dones = batch[3] or {}, batch[4] or {}, batch[5] or {},
   batch[6] or {}
+local ends = batch[7] or {}  -- end reports ("": none), see join_lib.lua
 local owned = owned_by_src(streams, group, consumer, ids, srcs)
 
 local res, acks = {}, {}
@@ -93,6 +95,11 @@ for i, id in ipairs(ids) do
       end
     end
     if dedup and not lease_here then redis.call('SET', key, dones[i], 'PX', ARGV[4]) end
+  end
+  if res[i] == 1 or res[i] == 2 then
+    end_report(ends[i], 'done')
+  elseif res[i] == 5 then
+    end_report(ends[i], 'cancelled', reason)
   end
   if res[i] == 1 or res[i] == 2 or res[i] == 3 or res[i] == 5 then
     let_go(acks, retries, member, src, id)

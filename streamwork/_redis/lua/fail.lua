@@ -14,7 +14,8 @@
 -- ARGV[7] MessagePack list, one per entry: [id, src, action ("r" retry / "d" dead), delay
 -- ms, attempts so far, job key, lease ("" when the delivery never held one), member ("" or the adopted delivery's member), reason,
 -- error type, detail (message + short traceback), body ("" if unknown), the error the job
--- record keeps (whole lines, the cut marked)]
+-- record keeps (whole lines, the cut marked), end report ("" or a join child's, sent with
+-- its end unless it is retried: see join_lib.lua)]
 -- ("c": cancelled while it ran - acknowledged, the record says cancelled, no dead letter;
 -- "e": ended without running, as a feature decided - acknowledged, the record is
 -- "E" + MessagePack [attempts, updated ms, state (the reason field), why (the detail)])
@@ -69,11 +70,13 @@ for i, f in ipairs(batch) do
       if write then
         redis.call('SET', key, cancelled_record(now, why or f[9]), 'PX', cancel_ttl or ARGV[6])
       end
+      end_report(f[14], 'cancelled', why or f[9])
       res[i] = 3
     elseif action == 'e' then  -- ended without running: acknowledged, the record says why
       if write then
         redis.call('SET', key, 'E' .. cmsgpack.pack({attempts, now, f[9], f[11]}), 'PX', ARGV[6])
       end
+      end_report(f[14], f[9], f[11])
       res[i] = 5
     elseif action == 'r' and e and body ~= '' then
       local due = now + tonumber(delay)
@@ -105,6 +108,7 @@ for i, f in ipairs(batch) do
         redis.call('SET', key, 'X' .. cmsgpack.pack({attempts, now, dead_id, reason, error_text}),
                    'PX', ARGV[6])
       end
+      end_report(f[14], 'dead', reason .. ': ' .. error_text)
       res[i] = 2
     end
     let_go(acks, retries, member, src, id)

@@ -9,9 +9,11 @@
 -- ARGV[1] group, ARGV[2] consumer, ARGV[3] lease TTL (ms), ARGV[4] job record prefix,
 -- ARGV[5] MessagePack [[entry id...], [src...], [job key...], [lease ("": none)...],
 --         [member ("": not adopted)...], [Redlock lease the record names ("": none)...],
---         [progress to record ("": none new)...]], ARGV[6] progress record prefix
+--         [progress to record ("": none, "=": keep the last)...]], ARGV[6] progress
+--         record prefix
 -- A kept delivery's new progress (msg.progress: MessagePack [fraction, note, Unix ms]) is
--- written beside its job record and kept one lease TTL past this beat: the last one wins.
+-- written beside its job record, the last one wins; every beat keeps it one lease TTL
+-- longer while the job runs.
 -- Returns per entry: 1 kept, 5 kept and its job was cancelled meanwhile (the record's lease
 -- carries a cancel request: see cancel.lua; the lease deadline in it moves instead of the
 -- record's TTL, which stays the cancel's), 6 kept and the record says cancelled (a job
@@ -72,8 +74,13 @@ for i, id in ipairs(ids) do
       redis.call('PEXPIRE', key, ARGV[3])
     end
   end
-  if (res[i] == 1 or res[i] == 5) and (progress[i] or '') ~= '' and jobs[i] ~= '' then
-    redis.call('SET', ARGV[6] .. jobs[i], progress[i], 'PX', ARGV[3])
+  local p = progress[i] or ''
+  if (res[i] == 1 or res[i] == 5) and p ~= '' and jobs[i] ~= '' then
+    if p == '=' then  -- no new report: the last one is kept while the job runs
+      redis.call('PEXPIRE', ARGV[6] .. jobs[i], ARGV[3])
+    else
+      redis.call('SET', ARGV[6] .. jobs[i], p, 'PX', ARGV[3])
+    end
   end
 end
 return res

@@ -34,6 +34,7 @@ class Unfit:
     job_key: str = ""
     body: bytes = b""
     counter: str = ""
+    ends: Any = None  # its `ends.EndReport`, if its end is to be reported
 
 
 class Arrival:
@@ -42,7 +43,8 @@ class Arrival:
 
     def __init__(self, cfg: CoreConfig, consumer: str, initial: State,
                  codec: Codec | None = None, convert: Callable[[Any], Any] | None = None,
-                 known: Container[str] | None = None, sender: Sender | None = None) -> None:
+                 known: Container[str] | None = None, sender: Sender | None = None,
+                 ends: Callable[[Any, str], Any] | None = None) -> None:
         self.cfg = cfg
         self.consumer = consumer
         self.initial = initial  # WAITING when a lease must be taken first, else QUEUED
@@ -50,6 +52,7 @@ class Arrival:
         self.convert = convert
         self.known = known  # job keys done here recently: acknowledged, never run
         self.sender = sender  # stages the jobs handlers send (msg.send)
+        self.ends = ends  # a job's end report, from its options (seam's end_report)
 
     def vet(self, entry_id: bytes, values: list[bytes] | None, src: int,
             deliveries: int) -> Delivery | Unfit | None:
@@ -79,12 +82,13 @@ class Arrival:
                          counter="undecodable")
         assert body is not None
         attempt = parse_attempts(used) + deliveries if used else deliveries
+        ends = self.ends(options, job_key) if self.ends is not None and options else None
         if attempt > cfg.max_deliveries:
             return Unfit(attempt - 1, "max_deliveries", "DeliveryLimit",
                          f"delivered {attempt} times, over max_deliveries="
                          f"{cfg.max_deliveries}; the process handling it died or stalled "
-                         "each time", job_key, body)
-        if self.known is not None and job_key in self.known:
+                         "each time", job_key, body, ends=ends)
+        if self.known is not None and job_key in self.known and ends is None:
             return None
         if self.convert is not None:
             try:
@@ -96,4 +100,5 @@ class Arrival:
                       enqueued_ms / 1000, headers, None, cfg.group, self.consumer, options,
                       _sender=self.sender)
         return Delivery(entry_id, src, msg, body, options.get("timeout", cfg.timeout),
-                        ref(src, entry_id), "", 0.0, self.initial, count=deliveries)
+                        ref(src, entry_id), "", 0.0, self.initial, count=deliveries,
+                        ends=ends)

@@ -31,9 +31,14 @@ def beat_columns(alive: list[Delivery], loose: list[tuple[bytes, int]],
 
 
 def _progress(d: Delivery) -> bytes | str:
+    """What a beat does with a delivery's progress record: write the report made since
+    the last beat (packed), keep the one written before ("="), or nothing ("")."""
     """The progress a delivery's handler reported since its last beat, packed ("": none)."""
     p = d.msg._progress
-    return "" if p is None else msgpack.packb(p)
+    if p is None:
+        return "=" if d.msg._progress_kept else ""
+    packed: bytes = msgpack.packb(p)
+    return packed
 
 
 def done_columns(live: list[Delivery], cfg: CoreConfig, leases: LeaseStrategy,
@@ -64,3 +69,16 @@ def staged_ops(live: list[Delivery], staged_keys: list[str | bytes], first_key: 
                 index.append(first_key + len(staged_keys) - 1)
             ops.setdefault(i, []).append([command, index, list(cmd_args)])
     return scripts.pack(ops) if ops else b""
+
+
+def progress_written(d: Delivery, written: tuple[float, str, int] | None) -> None:
+    """The beat wrote ``written`` (a delivery's ``msg.progress``): not to be written again
+    unless the handler reports anew; an event on the job's span."""
+    if written is None:
+        return
+    d.msg._progress_kept = True
+    if d.msg._progress is written:
+        d.msg._progress = None
+    if d.span is not None:
+        d.span.add_event("progress", {"streamwork.progress": written[0],
+                                      "streamwork.progress.note": written[1]})

@@ -120,7 +120,8 @@ class Consumer:
         # what is read is decoded with the worker's own ext types (``codec``), converted to
         # its payload_type (``convert``) and skipped if the done-cache knows its job
         self.arrival = Arrival(cfg, name, State.WAITING if self.leases.claims else State.QUEUED,
-                               codec, convert, ctx.cache, hooks.sender())
+                               codec, convert, ctx.cache, hooks.sender(),
+                               hooks.end_report_of())
         # work to come (max_held: all); a batch handler's call runs up to batch_max jobs
         self.capacity = cfg.concurrency * per_call(handle, cfg.batch_max) + cfg.batch_size
         self.outcomes = Outcomes(ctx, h, codec, hooks.done, hooks.before_done)

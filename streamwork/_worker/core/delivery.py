@@ -68,3 +68,4 @@ class Delivery:
     start_code: int | Exception | None = None  # start.lua's answer, if started before a runner
     result: Any = None  # what handle() returned
     count: int = 1  # its delivery count (the group's) when this process took it
+    ends: Any = None  # an `ends.EndReport` a feature wants written with the job's end

@@ -59,6 +59,7 @@ class Failure:
     error: BaseException | None = None
     took_ms: float | None = None  # how long the handler ran (for the failure's log line)
     traceback: str = ""  # the error's traceback, capped (for a dead letter's log line)
+    ends: Any = None  # an `ends.EndReport` of a delivery-less one (else the delivery's)
 
 
 @dataclass(frozen=True, slots=True)

@@ -91,7 +91,7 @@ class Holdings:
         self.loose[ref(src, entry_id)] = (entry_id, src)
         self.outbox.add_failure(Failure(
             None, entry_id, src, FailAction.DEAD, 0, unfit.attempts, unfit.reason,
-            unfit.error_type, unfit.detail, unfit.job_key, unfit.body))
+            unfit.error_type, unfit.detail, unfit.job_key, unfit.body, ends=unfit.ends))
 
     def cancelled_unstarted(self, d: Delivery) -> None:
         """start.lua or the heartbeat found the job cancelled before its handler started:

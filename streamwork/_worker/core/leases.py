@@ -17,6 +17,7 @@ from streamwork._lock.core import drift_allowance
 from streamwork._redis import scripts
 from streamwork._redis.replies import Claim, LeaseMode
 from streamwork._wire.keys import GroupKeys
+from streamwork._worker.core.ends import claim_columns
 
 if TYPE_CHECKING:
     from streamwork._worker.core.delivery import Delivery
@@ -82,11 +83,10 @@ class LeaseStrategy:
     async def _claim(self, batch: Sequence[Delivery], mode: str,
                      starts: Sequence[int] | None = None) -> list[int]:
         """claim.lua over ``batch`` in ``mode`` (lease / check / mark; ``starts``: see take)."""
+        report_keys: list[str | bytes] = []
         return list(await self._run.run(scripts.claim(
             self.keys, self.consumer, self.cfg.visibility_ms, self.owner, mode,
-            [[d.entry_id for d in batch], [d.src for d in batch], [d.msg.key for d in batch],
-             [d.msg.attempt for d in batch], [d.lease_id for d in batch],
-             [0] * len(batch) if starts is None else list(starts)])))
+            claim_columns(batch, starts, report_keys), report_keys)))
 
 
 class RedisLease(LeaseStrategy):

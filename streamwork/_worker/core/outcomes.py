@@ -25,6 +25,7 @@ from streamwork._wire.extensions import Codec, packer
 from streamwork._worker.core.batches import done_columns, staged_ops
 from streamwork._worker.core.context import Context
 from streamwork._worker.core.delivery import Delivery, ref
+from streamwork._worker.core.ends import with_reports, with_row_reports
 from streamwork._worker.core.failure import Failure, decide, fail_row, failure, report
 from streamwork._worker.core.holdings import Holdings
 from streamwork._worker.core.supervisor import uninterrupted
@@ -129,10 +130,11 @@ class Outcomes:
         cfg = ctx.cfg
         staged_keys: list[str | bytes] = []
         staged = staged_ops(live, staged_keys, first_key=4)
+        columns = done_columns(live, cfg, lease, self._pack)
+        reported = with_reports(columns, live, staged_keys, 4, 6, self._pack)
         res = await ctx.scripts.run(scripts.complete(
             ctx.gkeys, ctx.name, lease.mode, round(cfg.dedup_window * 1000), staged,
-            staged_keys, done_columns(live, cfg, lease, self._pack),
-            oom_ok=not cfg.dedup and not staged,
+            staged_keys, columns, oom_ok=not cfg.dedup and not staged and not reported,
             lease_ttl_ms=cfg.visibility_ms))
         acked, cache, told = 0, ctx.cache, self._on_done
         finished: list[Delivery] = []
@@ -182,9 +184,12 @@ class Outcomes:
 
     async def _send_failures(self, failed: list[Failure]) -> None:
         ctx = self.ctx
+        rows = [fail_row(f) for f in failed]
+        report_keys: list[str | bytes] = []  # KEYS[5..]: after the dead-letter stream
+        with_row_reports(rows, [f.delivery or f for f in failed], report_keys, 5)
         res = await ctx.scripts.run(scripts.fail(
             ctx.gkeys, ctx.name, ctx.worker_name, ctx.leases.mode,
-            round(ctx.cfg.dedup_window * 1000), [fail_row(f) for f in failed])) if failed else []
+            round(ctx.cfg.dedup_window * 1000), rows, report_keys)) if failed else []
         for f, code in zip(failed, res, strict=True):
             self._failed(f, code)
         await ctx.leases.release([f.delivery for f in failed if f.delivery is not None])

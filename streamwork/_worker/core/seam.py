@@ -11,6 +11,7 @@ Where the hooks sit on a delivery's way (see consumer.py and start.py):
 * ``loops``: background tasks of the feature, supervised like the core's own;
 * ``on_join``: the group is joined (at start, and again after Redis came back empty);
 * ``read``: a feature may take over a read round (reading several sources at once);
+* ``end_report``: what to write with a job's end, whatever it is (asked as it is vetted);
 * ``on_admit``: deliveries just read and vetted; ``route``: which of them may be queued
   now (the others are the feature's to queue later, through `Parts.queue`);
 * ``check_start`` (synchronous, cheap) and ``before_start`` (may wait on Redis): the
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from streamwork._wire.message import Sender
     from streamwork._worker.core.context import Context
     from streamwork._worker.core.delivery import Admit, Delivery, Entry
+    from streamwork._worker.core.ends import EndReport
     from streamwork._worker.core.failure import Verdict as Fate
     from streamwork._worker.core.gate import Gate
     from streamwork._worker.core.holdings import Holdings
@@ -159,6 +161,12 @@ class Feature:
         """What ``msg.send`` stages jobs through (None: not this feature's)."""
         return None
 
+    def end_report(self, options: Mapping[str, Any], job_key: str) -> EndReport | None:
+        """What to write with the end of a job sent with ``options`` (non-empty), whatever
+        that end is (`core.ends`), or None. Asked when an entry is vetted; a job that has
+        one is never skipped as known done by the done-cache (its end is reported)."""
+        return None
+
     def on_admit(self, fresh: list[Delivery]) -> None:
         """Deliveries just read and vetted, before their leases are taken."""
 
@@ -218,8 +226,8 @@ class Hooks:
     """The hooks of a consumer's features, each a tuple of the features' bound methods
     that override it (in the features' order): built once, looked at per job."""
 
-    __slots__ = ("admit", "after", "before", "before_done", "check", "done", "failure",
-                 "features", "join", "leave", "reads", "routes", "stop", "wraps")
+    __slots__ = ("admit", "after", "before", "before_done", "check", "done", "ends",
+                 "failure", "features", "join", "leave", "reads", "routes", "stop", "wraps")
 
     def __init__(self, features: Sequence[Feature]) -> None:
         self.features = tuple(features)
@@ -230,6 +238,8 @@ class Hooks:
         self.join: tuple[Callable[[], Awaitable[None]], ...] = having("on_join")
         self.reads: tuple[Callable[[int], Awaitable[Any]], ...] = having("read")
         self.admit: tuple[Callable[[list[Delivery]], None], ...] = having("on_admit")
+        self.ends: tuple[Callable[[Mapping[str, Any], str], EndReport | None], ...] = having(
+            "end_report")
         self.routes: tuple[Callable[[list[Delivery]], list[Delivery]], ...] = having("route")
         self.check: tuple[Callable[[Delivery], Verdict], ...] = having("check_start")
         self.before: tuple[Callable[[Delivery], Awaitable[Verdict]], ...] = having(
@@ -259,6 +269,16 @@ class Hooks:
             if verdict is not GO:
                 return verdict
         return GO
+
+    def end_report_of(self) -> Callable[[Mapping[str, Any], str], EndReport | None] | None:
+        """What asks the features for a job's end report: None when none may have one."""
+        if not self.ends:
+            return None
+        ends = self.ends
+        if len(ends) == 1:
+            return ends[0]
+        return lambda options, key: next(
+            (r for e in ends if (r := e(options, key)) is not None), None)
 
     def start_check(self) -> Callable[[Delivery], Verdict] | None:
         """What checks a start synchronously, cheapest form: None when no feature does,

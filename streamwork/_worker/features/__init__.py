@@ -14,6 +14,7 @@ from streamwork._worker.core.seam import Feature
 from streamwork._worker.features.chain_outbox import ChainOutbox
 from streamwork._worker.features.chains import Chains
 from streamwork._worker.features.expiry import Expiry
+from streamwork._worker.features.joins import Joins
 from streamwork._worker.features.limits import Limits
 from streamwork._worker.features.middleware import Middlewares
 from streamwork._worker.features.ordered import OrderedGate
@@ -26,6 +27,7 @@ FEATURES: Final[tuple[type[Feature], ...]] = (
     Partitions,  # a stream split into partitions is refused by a plain worker
     Pausing,  # the start gate, closed while the group is paused
     Expiry,  # a job not started by its expires is dropped
+    Joins,  # a join's children report their ends; its callback reads them
     Levels,  # priority levels: more sources, read in priority_order
     OrderedGate,  # one job per order key at a time
     Limits,  # rate limit and concurrency caps per key

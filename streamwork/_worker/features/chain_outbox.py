@@ -1,6 +1,8 @@
 """The outbox drain of a worker on Redis Cluster: jobs its handlers sent (``msg.send``) to
 streams in other slots wait in the stream's outbox (``{S}:outbox``, written with the
-sending job's completion); this loop moves them onto their targets.
+sending job's completion); this loop moves them onto their targets. The ends of join
+children whose join lives in another slot wait there too (kind "join"): moved with
+join.lua, which counts a child once however often its report is moved.
 
 Each move is chain.lua on the target's slot, then XDEL of the moved entries from the
 outbox. A drainer that dies between the two leaves entries that were moved already: the
@@ -25,7 +27,7 @@ from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names
 from streamwork._worker.core.seam import Env, Feature
 from streamwork._worker.core.supervisor import Link, Supervisor, cancel
-from streamwork._worker.features.chains import BODY, DUE, MAXLEN, TARGET
+from streamwork._worker.features.chains import BODY, DUE, KIND, MAXLEN, TARGET
 
 log = logging.getLogger(WORKER_LOGGER)
 
@@ -94,9 +96,21 @@ class Drainer:
         if not entries:
             return 0
         targets: dict[bytes, list[list[Any]]] = {}
+        joins: dict[tuple[bytes, bytes], list[list[Any]]] = {}  # by callback stream, key
+        opens: list[dict[bytes, bytes]] = []  # joins handlers sent
         done: list[bytes] = []
         for entry_id, values in entries:
             target, body = values.get(TARGET), values.get(BODY)
+            kind = values.get(KIND)
+            if kind == b"join" and target is not None and b"j" in values:
+                joins.setdefault((target, values[b"j"]), []).append(
+                    [int(values[b"i"]), values[b"s"], values[b"v"], int(values[b"l"])])
+                done.append(entry_id)
+                continue
+            if kind == b"open" and target is not None and body is not None:
+                opens.append(values)
+                done.append(entry_id)
+                continue
             if target is None or body is None:  # not written by streamwork: nothing to move
                 log.error("an outbox entry without a target or body was deleted",
                           extra=self._fields(entry_id=entry_id.decode()))
@@ -117,6 +131,14 @@ class Drainer:
                 log.error("chained jobs dropped: their target is not a stream (%s)", exc,
                           extra=self._fields(key=name, count=len(rows)))
             done += [row[0] for row in rows]
+        for o in opens:  # before the reports: a report of an open join may fire it
+            await self.scripts.run(scripts.join_open(
+                StreamKeys.of_any(o[TARGET].decode()), o[b"j"].decode(), int(o[b"n"]),
+                o[b"p"].decode(), o[b"o"].decode(), o[BODY], int(o[b"l"])))
+        for (target, key), reports in joins.items():  # a join child's end (joins feature)
+            await self.scripts.run(scripts.join_report(
+                StreamKeys.of_any(target.decode()), key.decode(),
+                [r[:3] for r in reports], max(r[3] for r in reports)))
         await self.redis.xdel(outbox, *done)
         return len(done)
 

@@ -37,6 +37,8 @@ from streamwork._redis import connection
 from streamwork._telemetry import api as telemetry
 from streamwork._wire.codec import BODY_FIELD
 from streamwork._wire.extensions import Codec
+from streamwork._wire.job_options import JOIN_OF_WIRE, JOIN_WIRE, to_many
+from streamwork._wire.joins import check_join
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.message import Message
 from streamwork._wire.partitions import check_partitions, check_recorded, partition_names
@@ -47,6 +49,9 @@ from streamwork.errors import ConfigError
 
 #: the fields of an outbox entry: target stream, body, maxlen ("" none), due ms ("" now)
 TARGET, BODY, MAXLEN, DUE = b"t", b"d", b"m", b"z"
+#: an outbox entry's kind: absent for a chained job; "join": a join child's end; "open":
+#: a join sent by a handler, to open on its callback stream's slot
+KIND: Final = b"k"
 
 #: most jobs one handler call may send: they all travel in one completion script
 MAX_SENDS: Final = 10_000
@@ -243,6 +248,51 @@ class ChainSender:
         msg._sent += len(payloads)
         msg._sent_to[stream] = msg._sent_to.get(stream, 0) + len(payloads)
         return job_keys
+
+    def send_join(self, msg: Message[Any], jobs: Sequence[Any], then: Any, key: str | None,
+                  on_failure: str, ttl: float) -> str:
+        """`Message.send_join`: the join's children staged as `send` stages jobs (each
+        carrying its membership), and the join opened with the completion: by HSETNX of
+        its fields when the join's slot is this stream's (or there are no slots: its
+        children cannot end before this completion), else through the outbox (join.lua
+        on the drain, which fires at once if every child reported first)."""
+        check_join(jobs, then, on_failure, ttl)
+        join_key = (key if key is not None else then.key if then.key is not None
+                    else chain_key(msg.stream, msg.group, msg.key, msg._sent))
+        if not isinstance(join_key, str) or not join_key:
+            raise ConfigError("key", f"must be a non-empty str, got {join_key!r}")
+        if msg._sent + len(jobs) + 1 > MAX_SENDS:
+            raise ConfigError("send_join", f"one job may send at most {MAX_SENDS} jobs "
+                                           "(they all travel in its completion)")
+        ttl_ms = max(1, round(ttl * 1000))
+        [callback] = self._core.plan(then.stream, [then.payload], [then.key or join_key],
+                                     then.headers or None, None,
+                                     [{JOIN_OF_WIRE: join_key}], **to_many(then.options))
+        if callback.due is not None:
+            raise ConfigError("then", "a join's callback cannot be delayed (delay=, at=): it "
+                                      "is sent when the last child ends")
+        for i, job in enumerate(jobs):
+            options = {"headers": job.headers or None, **to_many(job.options),
+                       "internal": [{JOIN_WIRE: [then.stream, join_key, i, ttl_ms]}]}
+            self.send(msg, job.stream, [job.payload], [job.key or f"{join_key}:{i}"], options)
+        cb = StreamKeys.of_any(then.stream)
+        jkey = cb.join(join_key)
+        opened = str(int(time.time() * 1000)).encode()
+        if self.cluster and key_slot(jkey.encode()) != key_slot(msg.stream.encode()):
+            msg.staged.append(("XADD", (StreamKeys.of_any(msg.stream).outbox.encode(),), (
+                b"*", KIND, b"open", TARGET, then.stream.encode(), b"j", join_key.encode(),
+                b"n", str(len(jobs)).encode(), b"p", on_failure.encode(),
+                b"o", callback.stream.encode(), BODY, callback.bodies[0],
+                b"l", str(ttl_ms).encode())))
+        else:
+            k = (jkey.encode(),)
+            for field, value in ((b"n", str(len(jobs)).encode()), (b"policy", on_failure.encode()),
+                                 (b"to", callback.stream.encode()),
+                                 (b"body", callback.bodies[0]), (b"state", b"open"),
+                                 (b"opened", opened), (b"done", b"0"), (b"failed", b"0")):
+                msg.staged.append(("HSETNX", k, (field, value)))
+            msg.staged.append(("PEXPIRE", k, (str(ttl_ms).encode(),)))
+        return join_key
 
     async def resolve(self, msg: Message[Any], client: Any) -> None:
         """Route and stage ``msg``'s deferred sends, asking Redis (``client``) for the

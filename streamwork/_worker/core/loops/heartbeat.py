@@ -16,24 +16,12 @@ import time
 from streamwork._redis import scripts
 from streamwork._redis.replies import Beat
 from streamwork._telemetry.logs import WORKER_LOGGER
-from streamwork._worker.core.batches import beat_columns
+from streamwork._worker.core.batches import beat_columns, progress_written
 from streamwork._worker.core.context import Context
 from streamwork._worker.core.delivery import Delivery, State
 from streamwork._worker.core.holdings import Holdings
 
 log = logging.getLogger(WORKER_LOGGER)
-
-
-def _progress_written(d: Delivery, written: tuple[float, str, int] | None) -> None:
-    """The beat wrote ``written`` (a delivery's ``msg.progress``): not to be written again
-    unless the handler reports anew; an event on the job's span."""
-    if written is None:
-        return
-    if d.msg._progress is written:
-        d.msg._progress = None
-    if d.span is not None:
-        d.span.add_event("progress", {"streamwork.progress": written[0],
-                                      "streamwork.progress.note": written[1]})
 
 
 async def beat_once(ctx: Context, h: Holdings) -> bool:
@@ -74,7 +62,7 @@ async def beat(ctx: Context, h: Holdings) -> bool:
             continue
         if code in (Beat.KEPT, Beat.CANCELLED):
             kept.append(d)
-            _progress_written(d, written)
+            progress_written(d, written)
             if code == Beat.CANCELLED:
                 h.cancel_running(d)
         elif code == Beat.CANCELLED_RECORD:
