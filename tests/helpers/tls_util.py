@@ -1,7 +1,8 @@
 """TLS for tests: a self-made certificate authority with server and client certificates
 (and a second, unrelated CA to trust by mistake), made with ``cryptography`` in a
-directory of the test's, and redis-servers that listen only on a TLS port of 127.0.0.1
-(``--port 0``), each ended by its pid like any `RedisServer`."""
+directory of the test's; redis-servers that listen only on a TLS port of 127.0.0.1
+(``--port 0``), each ended by its pid like any `RedisServer`; and a Sentinel deployment
+whose nodes, replication and sentinels all use TLS (`local_tls_sentinels`)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,25 @@ import ipaddress
 import os
 import socket
 import ssl
+import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlencode
 
+import redis
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from streamwork._redis.server import RedisServer
+from streamwork._redis.server import RedisServer, find_server_binary, free_port
 from streamwork.errors import StreamworkError
+from streamwork.testing import wait_for
+from tests.helpers import sentinel_util
 
 _LIFETIME = datetime.timedelta(days=2)
 
@@ -181,7 +189,8 @@ class TlsRedisServer(RedisServer):
                 f"{self.pki.query(ca=ca, client_cert=client_cert)}")
 
     def _wait_ready(self, timeout: float) -> None:
-        """Wait until PING over TLS (with the client certificate) answers PONG."""
+        """Wait until PING over TLS (with the client certificate) is answered (PONG, or
+        NOAUTH from a server with a password)."""
         deadline = time.monotonic() + timeout
         context = self.pki.context()
         while time.monotonic() < deadline:
@@ -191,7 +200,7 @@ class TlsRedisServer(RedisServer):
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1) as raw, \
                         context.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
                     sock.sendall(b"PING\r\n")
-                    if sock.recv(64).startswith(b"+PONG"):
+                    if sock.recv(64).startswith((b"+PONG", b"-NOAUTH")):  # it answers
                         return
             except OSError:
                 pass
@@ -204,3 +213,97 @@ class TlsRedisServer(RedisServer):
 def env_without_redis_url() -> dict[str, str]:
     """This process's environment without ``$REDIS_URL`` (a CLI run must use --url)."""
     return {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+
+
+# --------------------------------------------------------------------------------------------
+# Sentinel over TLS
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TlsSentinel(sentinel_util.Sentinel):
+    """A sentinel listening on a TLS port only."""
+
+    pki: Pki | None = None
+
+    def client(self) -> redis.Redis:
+        assert self.pki is not None
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5,
+                           password=self.password, decode_responses=True, ssl=True,
+                           ssl_ca_certs=str(self.pki.ca),
+                           ssl_certfile=str(self.pki.client_cert),
+                           ssl_keyfile=str(self.pki.client_key))
+
+
+@dataclass
+class TlsSentinels(sentinel_util.LocalSentinels):
+    """`sentinel_util.LocalSentinels` where every node and sentinel takes TLS only."""
+
+    pki: Pki | None = None
+
+    @property
+    def url(self) -> str:
+        """The ``rediss+sentinel://`` URL with the CA and the client certificate."""
+        assert self.pki is not None
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"rediss+sentinel://{hosts}/{sentinel_util.SERVICE}?{self.pki.query()}"
+
+    def direct(self, port: int) -> redis.Redis:
+        assert self.pki is not None
+        return redis.Redis(host="127.0.0.1", port=port, socket_timeout=10, ssl=True,
+                           ssl_ca_certs=str(self.pki.ca),
+                           ssl_certfile=str(self.pki.client_cert),
+                           ssl_keyfile=str(self.pki.client_key))
+
+
+@contextmanager
+def local_tls_sentinels(pki: Pki, timeout: float = 45.0) -> Iterator[TlsSentinels]:
+    """`sentinel_util.local_sentinels` over TLS: a primary and two replicas replicating
+    over TLS (``tls-replication yes``) and three sentinels that take TLS and reach the
+    nodes over it, each requiring a client certificate of ``pki``'s CA. Every process is
+    ended by its pid afterwards."""
+    made: list[TlsRedisServer] = []
+    deployment: TlsSentinels | None = None
+    root = Path(tempfile.mkdtemp(prefix="streamwork-tls-sentinels-"))
+    try:
+        replication = ["--tls-replication", "yes"]
+        primary = TlsRedisServer(pki, extra_args=replication).start()
+        made.append(primary)
+        for _ in range(2):
+            made.append(TlsRedisServer(pki, extra_args=[
+                *replication, "--replicaof", "127.0.0.1", str(primary.port)]).start())
+        deployment = TlsSentinels(primary, list(made[1:]), pki=pki)
+        wait_for(lambda: sentinel_util._replicas_linked(deployment), timeout, 0.05,
+                 message="replicas online over TLS")
+        binary = find_server_binary()
+        for i in range(3):
+            port = free_port()
+            directory = root / f"sentinel{i}"
+            directory.mkdir()
+            conf = sentinel_util._sentinel_conf(port, primary.port, directory, None, None)
+            assert conf.startswith(f"port {port}\n")
+            conf = (f"port 0\ntls-port {port}\ntls-replication yes\n{pki.conf_lines()}"
+                    + conf.removeprefix(f"port {port}\n"))
+            (directory / "sentinel.conf").write_text(conf)
+            node = TlsSentinel(port, directory, pki=pki)
+            node.proc = subprocess.Popen([binary, str(directory / "sentinel.conf"),
+                                          "--sentinel"], stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deployment.sentinels.append(node)
+        seen: list[str | None] = [None]
+
+        def ready() -> bool:
+            seen[0] = sentinel_util._not_ready(deployment)  # type: ignore[arg-type]
+            return seen[0] is None
+        try:
+            wait_for(ready, timeout, 0.1, message="the TLS sentinels to see each other and "
+                                                  "the replicas")
+        except AssertionError as late:
+            raise AssertionError(f"{late}: {seen[0]}\n{deployment.logs()}") from None
+        yield deployment
+    finally:
+        if deployment is not None:
+            for s in deployment.sentinels:
+                s.end()
+        for server in made:
+            server.close()
