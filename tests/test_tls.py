@@ -252,7 +252,8 @@ def _says(text: str, case: str) -> None:
 def test_producer_fails_at_once_with_a_config_error(pki: Pki, server: TlsRedisServer,
                                                     case: str) -> None:
     """A Producer's send raises ConfigError naming the fault (not RedisUnavailable after
-    its retry budget), as does an AsyncProducer's; both are fatal to a worker's loops."""
+    its retry budget), as does an AsyncProducer's and a Redlock's acquire (not "no
+    quorum"); the error is fatal to a worker's loops."""
     url = _bad_url(pki, server, case)
     started = time.monotonic()
     with pytest.raises(sw.ConfigError) as raised, sw.Producer.from_url(url) as producer:
@@ -267,6 +268,9 @@ def test_producer_fails_at_once_with_a_config_error(pki: Pki, server: TlsRedisSe
     with pytest.raises(sw.ConfigError) as again:
         asyncio.run(go())
     _says(str(again.value), case)
+    with sw.Redlock([url]) as lock, pytest.raises(sw.ConfigError) as refused:
+        lock.acquire("invoice-9")  # not "no quorum": the master's TLS is misconfigured
+    _says(str(refused.value), case)
 
 
 @pytest.mark.parametrize("case", list(BAD))
