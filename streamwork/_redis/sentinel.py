@@ -66,7 +66,7 @@ class SentinelUrl:
     #: the TLS options of the query (redis-py's keyword arguments), for both kinds of node
     tls_options: tuple[tuple[str, Any], ...] = ()
 
-    def primary_options(self, *, asynchronous: bool = False) -> dict[str, Any]:
+    def primary_options(self) -> dict[str, Any]:
         """Connection options of the primary's connections (besides streamwork's own)."""
         options: dict[str, Any] = {"db": self.db}
         if self.username is not None:
@@ -75,8 +75,6 @@ class SentinelUrl:
             options["password"] = self.password
         if self.ssl:
             options["ssl"] = True
-            options["connection_class"] = (tls.AsyncSentinelConnection if asynchronous
-                                           else tls.SyncSentinelConnection)
             options.update(self.tls_options)
         return options
 
@@ -277,7 +275,8 @@ def sync_client(url: str, **options: Any) -> SentinelRedis:
     sentinel_options["retry"] = redis.retry.Retry(NoBackoff(), 0)
     manager = _SyncSentinel(  # type: ignore[no-untyped-call,unused-ignore]
         list(spec.sentinels), sentinel_kwargs=sentinel_options,
-        **{**options, **spec.primary_options()})
+        **{**options, **spec.primary_options(),
+           **({"connection_class": tls.SyncSentinelConnection} if spec.ssl else {})})
     manager.spec = spec
     if spec.ssl:
         manager.sentinels = _tls_sentinels(spec, sentinel_options, redis.Redis,
@@ -296,7 +295,8 @@ def async_client(url: str, **options: Any) -> AsyncSentinelRedis:
         sentinel_options["maint_notifications_config"] = options["maint_notifications_config"]
     manager = _AsyncSentinel(  # type: ignore[no-untyped-call,unused-ignore]
         list(spec.sentinels), sentinel_kwargs=sentinel_options,
-        **{**options, **spec.primary_options(asynchronous=True)})
+        **{**options, **spec.primary_options(),
+           **({"connection_class": tls.AsyncSentinelConnection} if spec.ssl else {})})
     manager.spec = spec
     if spec.ssl:
         manager.sentinels = _tls_sentinels(spec, sentinel_options, redis.asyncio.Redis,
