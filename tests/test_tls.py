@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import subprocess
 import sys
 import time
@@ -28,8 +29,9 @@ from click.testing import CliRunner
 
 import streamwork as sw
 from streamwork._cli.main import main
-from streamwork._redis import connection, sentinel
+from streamwork._redis import connection, sentinel, tls
 from streamwork._redis.faults import Fault, classify
+from streamwork._redis.tls import TlsError
 from streamwork.errors import StreamworkError
 from streamwork.testing import await_for, wait_for
 from tests.conftest import ROOT
@@ -156,8 +158,9 @@ def test_streamwork_run_and_the_cli_over_tls(url: str, direct: redis.Redis,
     assert '"done"' in job.output, job.output
 
 
-def test_dashboard_reads_over_tls(url: str) -> None:
-    """The web page shows the streams of a server reached over rediss://."""
+def test_dashboard_reads_over_tls(url: str, pki: Pki, server: TlsRedisServer) -> None:
+    """The web page shows the streams of a server reached over rediss://; with a wrong CA
+    it answers 503 saying what is wrong (no password)."""
     pytest.importorskip("starlette", reason="the dashboard extra is not installed")
     pytest.importorskip("jinja2", reason="the dashboard extra is not installed")
     from starlette.testclient import TestClient
@@ -169,6 +172,13 @@ def test_dashboard_reads_over_tls(url: str) -> None:
                      base_url="http://127.0.0.1:8321")
     page = web.get("/")
     assert page.status_code == 200 and "web-jobs" in page.text
+    assert SECRET not in page.text
+    wrong = TestClient(create_app(DashboardSettings(_bad_url(pki, server, "wrong-ca"),
+                                                    refresh_s=0)),
+                       base_url="http://127.0.0.1:8321")
+    page = wrong.get("/")
+    assert page.status_code == 503, page.text
+    assert "does not trust" in page.text and "ssl_ca_certs" in page.text
     assert SECRET not in page.text
 
 
@@ -215,6 +225,29 @@ def test_optional_client_certificates_need_none(pki: Pki) -> None:
             producer.send("optional", {"n": 1})
         with connection.sync_client(url) as client:
             assert client.xlen("optional") == 1
+    finally:
+        server.close()
+
+
+async def test_a_restart_over_tls_is_an_outage_not_a_config_error(pki: Pki) -> None:
+    """A TLS server killed and started again under a serving worker and a producer is
+    ridden out as an outage (the connections it drops are not taken for a refused
+    certificate): every job sent before, during and after is applied once."""
+    server = _start(pki, appendfsync="always")
+    try:
+        url = _url(server)
+        keys = _send(url, 50, "before")
+        worker = SentinelLedger.from_url(url)
+        with connection.sync_client(url) as direct:
+            async with serving(worker, ready=True) as task:
+                await await_for(lambda: len(_ledger(direct)) >= 50, timeout=60,
+                                message="the first 50 jobs applied")
+                await asyncio.to_thread(server.restart, 0.5)
+                keys += await asyncio.to_thread(_send, url, 50, "after")
+                await await_for(lambda: len(_ledger(direct)) >= 100 or task.done(),
+                                timeout=90, message="the jobs sent after the restart applied")
+                assert not task.done(), "the worker stopped"
+            assert _ledger(direct) == dict.fromkeys(keys, 1)
     finally:
         server.close()
 
@@ -302,6 +335,37 @@ def test_cli_and_streamwork_run_fail_with_one_line(pki: Pki, server: TlsRedisSer
         assert took < PROMPT + 10, f"{args} took {took:.1f}s"
         _says(done.stdout + done.stderr, case)
         assert done.stderr.strip().startswith("Error:"), done.stderr
+
+
+def test_an_eof_after_the_handshake_is_told_by_the_probe(pki: Pki,
+                                                        server: TlsRedisServer) -> None:
+    """Under TLS 1.3 a server refuses a missing client certificate after the handshake,
+    and the client may see only an EOF: the probe (one more connection, listening) finds
+    the server's reason; against a server that accepts the client it finds none, and the
+    EOF stays an outage."""
+    eof = redis.ConnectionError("Connection closed by server.")
+    eof.__cause__ = ssl.SSLEOFError(8, "EOF occurred in violation of protocol")
+    assert classify(eof) is Fault.TRANSIENT
+
+    def conn(client_cert: bool) -> tls.SyncConnection:
+        kwargs = {"ssl_certfile": str(pki.client_cert),
+                  "ssl_keyfile": str(pki.client_key)} if client_cert else {}
+        return tls.SyncConnection(host="127.0.0.1", port=server.port, password=SECRET,
+                                  ssl_ca_certs=str(pki.ca), **kwargs)
+    with pytest.raises(TlsError, match="requires a client certificate"):
+        conn(False)._raise_diagnosed(eof, handshaken=True)
+    conn(True)._raise_diagnosed(eof, handshaken=True)  # no reason found: raises nothing
+
+    async def go() -> None:
+        def aconn(client_cert: bool) -> tls.AsyncConnection:
+            kwargs = {"ssl_certfile": str(pki.client_cert),
+                      "ssl_keyfile": str(pki.client_key)} if client_cert else {}
+            return tls.AsyncConnection(host="127.0.0.1", port=server.port, password=SECRET,
+                                       ssl_ca_certs=str(pki.ca), **kwargs)
+        with pytest.raises(TlsError, match="requires a client certificate"):
+            await aconn(False)._raise_diagnosed(eof, handshaken=True)
+        await aconn(True)._raise_diagnosed(eof, handshaken=True)
+    asyncio.run(go())
 
 
 @pytest.mark.parametrize(("query", "says"), [

@@ -170,8 +170,9 @@ class TlsRedisServer(RedisServer):
     by the CA is required), ``optional`` or ``no``."""
 
     def __init__(self, pki: Pki, *, auth_clients: str = "yes",
-                 extra_args: list[str] | None = None, port: int | None = None) -> None:
-        super().__init__(port, extra_args=extra_args)
+                 extra_args: list[str] | None = None, port: int | None = None,
+                 appendfsync: str | None = None) -> None:
+        super().__init__(port, extra_args=extra_args, appendfsync=appendfsync)
         self.pki = pki
         self.extra_args = ["--port", "0", "--tls-port", str(self.port),
                            *pki.server_args(auth_clients), *self.extra_args]
