@@ -32,6 +32,7 @@ from streamwork._cli.main import main
 from streamwork._redis import connection, sentinel, tls
 from streamwork._redis.faults import Fault, classify
 from streamwork._redis.tls import TlsError
+from streamwork._wire.keys import redlock_fence_key, redlock_resource
 from streamwork.errors import StreamworkError
 from streamwork.testing import await_for, wait_for
 from tests.conftest import ROOT
@@ -209,6 +210,10 @@ def test_redlock_and_lock_urls_over_tls(pki: Pki, url: str) -> None:
                     await await_for(lambda: len(_ledger(direct)) >= 50, timeout=60,
                                     message="50 jobs applied under TLS Redlock leases")
                 assert _ledger(direct) == dict.fromkeys(keys, 1)
+            for m in urls:  # each job's lease was taken on every TLS master
+                with connection.sync_client(m) as c:
+                    assert all(c.exists(redlock_fence_key(redlock_resource(STREAM, k)))
+                               for k in keys)
         asyncio.run(go())
     finally:
         for m in masters:
