@@ -37,6 +37,10 @@ from streamwork.errors import StreamworkError
 from streamwork.testing import await_for, wait_for
 from tests.conftest import ROOT
 from tests.helpers.serving import serving
+from tests.workers.sentinel import GROUP, LEDGER, STREAM, SentinelLedger
+
+pytest.importorskip("cryptography", reason="the tests make their certificates with it")
+
 from tests.helpers.tls_util import (
     NO_TLS_SUPPORT,
     Pki,
@@ -45,9 +49,6 @@ from tests.helpers.tls_util import (
     local_tls_sentinels,
     make_pki,
 )
-from tests.workers.sentinel import GROUP, LEDGER, STREAM, SentinelLedger
-
-pytest.importorskip("cryptography", reason="the tests make their certificates with it")
 
 TARGET = "tests.workers.sentinel:SentinelLedger"
 SECRET = "s3cret-pw"  #: the servers' requirepass: in every URL, never in any output
