@@ -31,6 +31,7 @@ import streamwork as sw
 from streamwork._cli.main import main
 from streamwork._redis import connection, sentinel, tls
 from streamwork._redis.faults import Fault, classify
+from streamwork._redis.server import RedisServer
 from streamwork._redis.tls import TlsError
 from streamwork._wire.keys import redlock_fence_key, redlock_resource
 from streamwork.errors import StreamworkError
@@ -341,6 +342,30 @@ def test_cli_and_streamwork_run_fail_with_one_line(pki: Pki, server: TlsRedisSer
         assert took < PROMPT + 10, f"{args} took {took:.1f}s"
         _says(done.stdout + done.stderr, case)
         assert done.stderr.strip().startswith("Error:"), done.stderr
+
+
+def test_rediss_to_a_plain_port_says_so(make_server: Callable[..., RedisServer],
+                                        pki: Pki) -> None:
+    """A rediss:// URL naming a port that takes plain connections (its handshake gets no
+    answer): a ConfigError saying to use redis:// or the TLS port, from a producer, an
+    asyncio client and the CLI, not an outage."""
+    plain = make_server()
+    url = f"rediss://:{SECRET}@127.0.0.1:{plain.port}/0?{pki.query()}"
+    with pytest.raises(TlsError, match="answers without TLS") as raised, \
+            sw.Producer.from_url(url) as producer:
+        producer.send("s", {"n": 1})
+    assert "redis://" in str(raised.value) and SECRET not in str(raised.value)
+
+    async def go() -> None:
+        client = connection.async_client(url)
+        try:
+            await client.ping()
+        finally:
+            await client.aclose()
+    with pytest.raises(TlsError, match="answers without TLS"):
+        asyncio.run(go())
+    result = CliRunner().invoke(main, ["inspect", "--url", url])
+    assert result.exit_code == 1 and "answers without TLS" in result.output, result.output
 
 
 def test_an_eof_after_the_handshake_is_told_by_the_probe(pki: Pki,

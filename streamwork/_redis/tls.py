@@ -13,7 +13,8 @@ as the client sends its first command; the server's alert then races the connect
 reset, and the client may see only an EOF, which a server that went down looks like too.
 So when a TLS connection fails right after its handshake without a clear reason, one more
 connection is made to listen (sending nothing): a server that refuses the client says why
-at once (`_probe`).
+at once (`_probe`). A handshake that times out may be a ``rediss://`` URL naming a port
+without TLS: a plain ``PING`` to it tells (`_plain_probe`).
 
 redis-py reads the options from the URL's query (``?ssl_ca_certs=...``); `check_url` checks
 the ones named in `OPTIONS` first, so a path that does not exist fails at once, naming it.
@@ -247,6 +248,11 @@ class _SyncDiagnosis:
         except (redis.exceptions.ConnectionError, OSError) as exc:
             self._raise_diagnosed(exc)
             raise
+        except redis.exceptions.TimeoutError as exc:
+            fault = self._plain_probe(_Peer(self))
+            if fault is not None:
+                raise fault from exc
+            raise
 
     def connect_check_health(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -255,6 +261,11 @@ class _SyncDiagnosis:
             raise
         except (redis.exceptions.ConnectionError, OSError) as exc:
             self._raise_diagnosed(exc)
+            raise
+        except redis.exceptions.TimeoutError as exc:
+            fault = self._plain_probe(_Peer(self))
+            if fault is not None:
+                raise fault from exc
             raise
 
     def on_connect(self, *args: Any, **kwargs: Any) -> Any:
@@ -303,6 +314,32 @@ class _SyncDiagnosis:
         return None
 
 
+    def _plain_probe(self, peer: _Peer) -> TlsError | None:
+        """After a timeout connecting: whether the port answers a plain ``PING`` (a
+        ``rediss://`` URL naming a port without TLS: the handshake waits for an answer
+        that never comes). Nothing is said when it does not answer either (an outage)."""
+        try:
+            address = (str(getattr(self, "host", "")), int(getattr(self, "port", 0)))
+            with socket.create_connection(address, timeout=PROBE_SECONDS) as sock:
+                sock.settimeout(PROBE_SECONDS)
+                sock.sendall(b"PING\r\n")
+                reply = sock.recv(16)
+        except OSError:
+            return None
+        return _plain_answer(reply, peer)
+
+
+def _plain_answer(reply: bytes, peer: _Peer) -> TlsError | None:
+    """The TlsError for a port that answered a plain ``PING`` (PONG, or an error such as
+    NOAUTH: a Redis speaking without TLS), else None."""
+    if not reply.startswith((b"+", b"-")):
+        return None
+    return TlsError(f"TLS: the server at {peer.where} answers without TLS (a plain PING got "
+                    f"{reply.split(b' ')[0].strip().decode('ascii', 'replace')!r}) and never "
+                    "answered the TLS handshake: that port takes plain connections. Use "
+                    "redis:// for it, or the port the server takes TLS on (its tls-port)")
+
+
 class _AsyncDiagnosis:
     """The asyncio twin of `_SyncDiagnosis` (its probe does not block the event loop)."""
 
@@ -314,6 +351,11 @@ class _AsyncDiagnosis:
         except (redis.exceptions.ConnectionError, OSError) as exc:
             await self._raise_diagnosed(exc)
             raise
+        except redis.exceptions.TimeoutError as exc:
+            fault = await self._plain_probe(_Peer(self))
+            if fault is not None:
+                raise fault from exc
+            raise
 
     async def connect_check_health(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -322,6 +364,11 @@ class _AsyncDiagnosis:
             raise
         except (redis.exceptions.ConnectionError, OSError) as exc:
             await self._raise_diagnosed(exc)
+            raise
+        except redis.exceptions.TimeoutError as exc:
+            fault = await self._plain_probe(_Peer(self))
+            if fault is not None:
+                raise fault from exc
             raise
 
     async def on_connect(self, *args: Any, **kwargs: Any) -> Any:
@@ -371,6 +418,26 @@ class _AsyncDiagnosis:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
         return None
+
+
+    async def _plain_probe(self, peer: _Peer) -> TlsError | None:
+        """See `_SyncDiagnosis._plain_probe`."""
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(
+                getattr(self, "host", None), getattr(self, "port", None)), PROBE_SECONDS)
+        except (OSError, asyncio.TimeoutError):
+            return None
+        try:
+            writer.write(b"PING\r\n")
+            await writer.drain()
+            reply = await asyncio.wait_for(reader.read(16), PROBE_SECONDS)
+        except (OSError, asyncio.TimeoutError):
+            return None
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+        return _plain_answer(reply, peer)
 
 
 class SyncConnection(_SyncDiagnosis, redis.connection.SSLConnection):
