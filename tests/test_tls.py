@@ -54,8 +54,9 @@ from tests.helpers.tls_util import (
 TARGET = "tests.workers.sentinel:SentinelLedger"
 SECRET = "s3cret-pw"  #: the servers' requirepass: in every URL, never in any output
 #: how long a misconfiguration may take to be reported (it is not retried as an outage:
-#: measured well under a second; the rest is room for a busy machine)
-PROMPT = 20.0
+#: measured well under a second; the rest is room for a busy machine). A worker retrying
+#: it as an outage would never return; a producer would raise RedisUnavailable instead
+PROMPT = 30.0
 
 
 @pytest.fixture(scope="module")
@@ -339,7 +340,7 @@ def test_cli_and_streamwork_run_fail_with_one_line(pki: Pki, server: TlsRedisSer
                               capture_output=True, text=True, timeout=120, check=False)
         took = time.monotonic() - started
         assert done.returncode == 1, (args, done.stdout, done.stderr)
-        assert took < PROMPT + 10, f"{args} took {took:.1f}s"
+        assert took < PROMPT * 2, f"{args} took {took:.1f}s"  # a Python start-up too
         _says(done.stdout + done.stderr, case)
         assert done.stderr.strip().startswith("Error:"), done.stderr
 

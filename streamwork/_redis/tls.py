@@ -241,6 +241,8 @@ class _SyncDiagnosis:
     ``connect_check_health`` and ``on_connect_check_health`` for 6 and later.)"""
 
     def connect(self, *args: Any, **kwargs: Any) -> Any:
+        if hasattr(super(), "connect_check_health"):  # redis-py 6+: diagnosed in there
+            return super().connect(*args, **kwargs)  # type: ignore[misc]
         try:
             return super().connect(*args, **kwargs)  # type: ignore[misc]
         except TlsError:
@@ -344,6 +346,8 @@ class _AsyncDiagnosis:
     """The asyncio twin of `_SyncDiagnosis` (its probe does not block the event loop)."""
 
     async def connect(self, *args: Any, **kwargs: Any) -> Any:
+        if hasattr(super(), "connect_check_health"):  # redis-py 6+: diagnosed in there
+            return await super().connect(*args, **kwargs)  # type: ignore[misc]
         try:
             return await super().connect(*args, **kwargs)  # type: ignore[misc]
         except TlsError:
