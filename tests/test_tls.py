@@ -29,7 +29,7 @@ from click.testing import CliRunner
 
 import streamwork as sw
 from streamwork._cli.main import main
-from streamwork._redis import connection, sentinel, tls
+from streamwork._redis import connection, sentinel, tls_connections
 from streamwork._redis.faults import Fault, classify
 from streamwork._redis.server import RedisServer
 from streamwork._redis.tls import TlsError
@@ -379,21 +379,23 @@ def test_an_eof_after_the_handshake_is_told_by_the_probe(pki: Pki,
     eof.__cause__ = ssl.SSLEOFError(8, "EOF occurred in violation of protocol")
     assert classify(eof) is Fault.TRANSIENT
 
-    def conn(client_cert: bool) -> tls.SyncConnection:
+    def conn(client_cert: bool) -> tls_connections.SyncConnection:
         kwargs = {"ssl_certfile": str(pki.client_cert),
                   "ssl_keyfile": str(pki.client_key)} if client_cert else {}
-        return tls.SyncConnection(host="127.0.0.1", port=server.port, password=SECRET,
-                                  ssl_ca_certs=str(pki.ca), **kwargs)
+        return tls_connections.SyncConnection(
+            host="127.0.0.1", port=server.port, password=SECRET,
+            ssl_ca_certs=str(pki.ca), **kwargs)
     with pytest.raises(TlsError, match="requires a client certificate"):
         conn(False)._raise_diagnosed(eof, handshaken=True)
     conn(True)._raise_diagnosed(eof, handshaken=True)  # no reason found: raises nothing
 
     async def go() -> None:
-        def aconn(client_cert: bool) -> tls.AsyncConnection:
+        def aconn(client_cert: bool) -> tls_connections.AsyncConnection:
             kwargs = {"ssl_certfile": str(pki.client_cert),
                       "ssl_keyfile": str(pki.client_key)} if client_cert else {}
-            return tls.AsyncConnection(host="127.0.0.1", port=server.port, password=SECRET,
-                                       ssl_ca_certs=str(pki.ca), **kwargs)
+            return tls_connections.AsyncConnection(
+                host="127.0.0.1", port=server.port, password=SECRET,
+                ssl_ca_certs=str(pki.ca), **kwargs)
         with pytest.raises(TlsError, match="requires a client certificate"):
             await aconn(False)._raise_diagnosed(eof, handshaken=True)
         await aconn(True)._raise_diagnosed(eof, handshaken=True)

@@ -73,7 +73,7 @@ from streamwork._lock.core import (
     seconds,
 )
 from streamwork._lock.held import AsyncHeldLock, AsyncRun, HeldLock
-from streamwork._redis import scripts, sentinel, tls
+from streamwork._redis import scripts, sentinel, tls_connections
 from streamwork._redis.replies import LockReply
 from streamwork._redis.tls import TlsError
 from streamwork.errors import ConfigError
@@ -126,8 +126,9 @@ class _RedlockBase(Generic[_C]):
                 else sentinel.async_client
             return build(url, **options)
         if url.startswith("rediss://"):
-            options = {"connection_class": tls.SyncConnection if self._client_type is redis.Redis
-                       else tls.AsyncConnection, **options}
+            tls_class = (tls_connections.SyncConnection if self._client_type is redis.Redis
+                         else tls_connections.AsyncConnection)
+            options = {"connection_class": tls_class, **options}
         return self._client_type.from_url(url, **options)
 
     def __init__(

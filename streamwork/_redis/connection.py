@@ -15,7 +15,7 @@ import redis.cluster
 import tenacity
 from tenacity.wait import wait_base
 
-from streamwork._redis import sentinel, tls
+from streamwork._redis import sentinel, tls, tls_connections
 from streamwork.errors import ConfigError
 
 DEFAULT_URL: Final = "redis://127.0.0.1:6379/0"
@@ -90,7 +90,7 @@ def sync_client(url: str, **options: Any) -> Any:
             "redis://" + url[len("redis+cluster://"):], **{**_OPTIONS, **options}
         )
     if url.startswith("rediss://"):
-        options = {"connection_class": tls.SyncConnection, **options}
+        options = {"connection_class": tls_connections.SyncConnection, **options}
     return redis.Redis.from_url(url, **{**_OPTIONS, **options})
 
 
@@ -104,6 +104,6 @@ def async_client(url: str) -> Any:
             "redis://" + url[len("redis+cluster://"):], **_OPTIONS
         )
     if url.startswith("rediss://"):
-        return redis.asyncio.Redis.from_url(url, connection_class=tls.AsyncConnection,
+        return redis.asyncio.Redis.from_url(url, connection_class=tls_connections.AsyncConnection,
                                             **_async_options())
     return redis.asyncio.Redis.from_url(url, **_async_options())

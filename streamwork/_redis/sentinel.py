@@ -37,7 +37,7 @@ import redis.retry
 import redis.sentinel
 from redis.backoff import NoBackoff
 
-from streamwork._redis import tls
+from streamwork._redis import tls, tls_connections
 from streamwork.errors import ConfigError
 
 SCHEMES: Final = ("redis+sentinel://", "rediss+sentinel://")
@@ -276,11 +276,11 @@ def sync_client(url: str, **options: Any) -> SentinelRedis:
     manager = _SyncSentinel(  # type: ignore[no-untyped-call,unused-ignore]
         list(spec.sentinels), sentinel_kwargs=sentinel_options,
         **{**options, **spec.primary_options(),
-           **({"connection_class": tls.SyncSentinelConnection} if spec.ssl else {})})
+           **({"connection_class": tls_connections.SyncSentinelConnection} if spec.ssl else {})})
     manager.spec = spec
     if spec.ssl:
         manager.sentinels = _tls_sentinels(spec, sentinel_options, redis.Redis,
-                                           tls.SyncConnection)
+                                           tls_connections.SyncConnection)
     client: SentinelRedis = manager.master_for(  # type: ignore[no-untyped-call,unused-ignore]
         spec.service, redis_class=SentinelRedis)
     return client
@@ -296,11 +296,11 @@ def async_client(url: str, **options: Any) -> AsyncSentinelRedis:
     manager = _AsyncSentinel(  # type: ignore[no-untyped-call,unused-ignore]
         list(spec.sentinels), sentinel_kwargs=sentinel_options,
         **{**options, **spec.primary_options(),
-           **({"connection_class": tls.AsyncSentinelConnection} if spec.ssl else {})})
+           **({"connection_class": tls_connections.AsyncSentinelConnection} if spec.ssl else {})})
     manager.spec = spec
     if spec.ssl:
         manager.sentinels = _tls_sentinels(spec, sentinel_options, redis.asyncio.Redis,
-                                           tls.AsyncConnection)
+                                           tls_connections.AsyncConnection)
     client: AsyncSentinelRedis = manager.master_for(spec.service,
                                                     redis_class=AsyncSentinelRedis)
     return client

@@ -4,17 +4,18 @@ a TLS misconfiguration from an outage.
 A server certificate this client does not trust, a client certificate the server asks for
 and does not get (or refuses), a ``rediss://`` URL naming a port that speaks no TLS: redis-py
 reports each as a ``ConnectionError``, the same as a server that is down, and a worker
-would back off and retry it forever. The connection classes here (redis-py's, with
-`_SyncDiagnosis` / `_AsyncDiagnosis` mixed in) raise `TlsError` instead: a `ConfigError`
-naming what is wrong and what to set, which `faults.classify` takes as fatal.
+would back off and retry it forever. `diagnose` tells which it is, and the connection
+classes of `streamwork._redis.tls_connections` (redis-py's, diagnosed) raise `TlsError`
+instead: a `ConfigError` naming what is wrong and what to set, which `faults.classify`
+takes as fatal.
 
 Under TLS 1.3 a server that refuses the client's certificate does so after the handshake,
 as the client sends its first command; the server's alert then races the connection's
 reset, and the client may see only an EOF, which a server that went down looks like too.
 So when a TLS connection fails right after its handshake without a clear reason, one more
 connection is made to listen (sending nothing): a server that refuses the client says why
-at once (`_probe`). A handshake that times out may be a ``rediss://`` URL naming a port
-without TLS: a plain ``PING`` to it tells (`_plain_probe`).
+at once. A handshake that times out may be a ``rediss://`` URL naming a port without TLS:
+a plain ``PING`` to it tells (`plain_answer` reads the reply).
 
 redis-py reads the options from the URL's query (``?ssl_ca_certs=...``); `check_url` checks
 the ones named in `OPTIONS` first, so a path that does not exist fails at once, naming it.
@@ -22,19 +23,12 @@ the ones named in `OPTIONS` first, so a path that does not exist fails at once, 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
-import socket
 import ssl
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlsplit
 
-import redis.asyncio.connection
-import redis.asyncio.sentinel
-import redis.connection
 import redis.exceptions
-import redis.sentinel
 
 from streamwork.errors import ConfigError
 
@@ -146,7 +140,7 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return seen
 
 
-class _Peer:
+class Peer:
     """What a diagnosis says about a connection: where, and which certificates it used."""
 
     __slots__ = ("ca", "certfile", "where")
@@ -157,7 +151,7 @@ class _Peer:
         self.ca: str | None = getattr(conn, "ca_certs", None)
 
 
-def diagnose(exc: BaseException, peer: _Peer) -> TlsError | None:
+def diagnose(exc: BaseException, peer: Peer) -> TlsError | None:
     """The TlsError ``exc`` (a failed TLS connection) stands for, or None when it may be an
     outage like any other (a reset, a timeout, an EOF without an alert)."""
     for err in _chain(exc):
@@ -172,7 +166,7 @@ def diagnose(exc: BaseException, peer: _Peer) -> TlsError | None:
     return None
 
 
-def _untrusted(err: ssl.SSLCertVerificationError, peer: _Peer) -> TlsError:
+def _untrusted(err: ssl.SSLCertVerificationError, peer: Peer) -> TlsError:
     why = str(err.verify_message or err.reason or err)
     if err.verify_code == 62 or "hostname" in why.lower() or "ip address mismatch" in why.lower():
         return TlsError(f"TLS: the certificate of the server at {peer.where} is not valid for "
@@ -191,7 +185,7 @@ def _untrusted(err: ssl.SSLCertVerificationError, peer: _Peer) -> TlsError:
                     "tls-cert-file), e.g. rediss://host:6380/0?ssl_ca_certs=/path/ca.crt")
 
 
-def _refused(err: ssl.SSLError, peer: _Peer) -> TlsError | None:
+def _refused(err: ssl.SSLError, peer: Peer) -> TlsError | None:
     reason = str(err.reason or "")
     if reason in _CERT_REQUIRED and not peer.certfile:
         return TlsError(f"TLS: the server at {peer.where} requires a client certificate and "
@@ -220,7 +214,7 @@ def _refused(err: ssl.SSLError, peer: _Peer) -> TlsError | None:
     return None
 
 
-def _after_handshake(exc: BaseException) -> bool:
+def after_handshake(exc: BaseException) -> bool:
     """Whether a failure right after a TLS handshake may be the server refusing the
     client's certificate, seen as an EOF or a reset instead of its alert."""
     return any(isinstance(e, (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError,
@@ -230,108 +224,7 @@ def _after_handshake(exc: BaseException) -> bool:
                for e in _chain(exc))
 
 
-# --------------------------------------------------------------------------------------------
-# redis-py's connection classes, diagnosed
-# --------------------------------------------------------------------------------------------
-
-
-class _SyncDiagnosis:
-    """Mixin for redis-py's sync SSL connection classes: a failure to connect that is a TLS
-    misconfiguration raises `TlsError`. (``connect`` and ``on_connect`` for redis-py 5;
-    ``connect_check_health`` and ``on_connect_check_health`` for 6 and later.)"""
-
-    def connect(self, *args: Any, **kwargs: Any) -> Any:
-        if hasattr(super(), "connect_check_health"):  # redis-py 6+: diagnosed in there
-            return super().connect(*args, **kwargs)  # type: ignore[misc]
-        try:
-            return super().connect(*args, **kwargs)  # type: ignore[misc]
-        except TlsError:
-            raise
-        except (redis.exceptions.ConnectionError, OSError) as exc:
-            self._raise_diagnosed(exc)
-            raise
-        except redis.exceptions.TimeoutError as exc:
-            fault = self._plain_probe(_Peer(self))
-            if fault is not None:
-                raise fault from exc
-            raise
-
-    def connect_check_health(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
-        except TlsError:
-            raise
-        except (redis.exceptions.ConnectionError, OSError) as exc:
-            self._raise_diagnosed(exc)
-            raise
-        except redis.exceptions.TimeoutError as exc:
-            fault = self._plain_probe(_Peer(self))
-            if fault is not None:
-                raise fault from exc
-            raise
-
-    def on_connect(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super().on_connect(*args, **kwargs)  # type: ignore[misc]
-        except TlsError:
-            raise
-        except (redis.exceptions.ConnectionError, OSError) as exc:
-            self._raise_diagnosed(exc, handshaken=True)
-            raise
-
-    def on_connect_check_health(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super().on_connect_check_health(*args, **kwargs)  # type: ignore[misc]
-        except TlsError:
-            raise
-        except (redis.exceptions.ConnectionError, OSError) as exc:
-            self._raise_diagnosed(exc, handshaken=True)
-            raise
-
-    def _raise_diagnosed(self, exc: BaseException, *, handshaken: bool = False) -> None:
-        peer = _Peer(self)
-        fault = diagnose(exc, peer)
-        if fault is None and handshaken and _after_handshake(exc):
-            fault = self._probe(peer)
-        if fault is not None:
-            raise fault from exc
-
-    def _probe(self, peer: _Peer) -> TlsError | None:
-        """Connect once more as redis-py does (TCP, TLS handshake), send nothing, and
-        listen `PROBE_SECONDS` for an alert saying why the server refuses this client."""
-        try:
-            sock: socket.socket = self._connect()  # type: ignore[attr-defined]
-        except Exception:
-            return None
-        try:
-            sock.settimeout(PROBE_SECONDS)
-            sock.recv(1)
-        except ssl.SSLError as err:
-            return diagnose(err, peer)
-        except OSError:
-            return None
-        finally:
-            with contextlib.suppress(OSError):
-                sock.close()
-        return None
-
-
-    def _plain_probe(self, peer: _Peer) -> TlsError | None:
-        """After a timeout connecting: whether the port answers a plain ``PING`` (a
-        ``rediss://`` URL naming a port without TLS: the handshake waits for an answer
-        that never comes). Nothing is said when it does not answer either (an outage)."""
-        try:
-            address = (str(getattr(self, "host", "")), int(getattr(self, "port", 0)))
-            with socket.create_connection(address, timeout=PROBE_SECONDS) as sock:
-                sock.settimeout(PROBE_SECONDS)
-                sock.sendall(b"PING\r\n")
-                reply = sock.recv(16)
-        except OSError:
-            return None
-        return _plain_answer(reply, peer)
-
-
-def _plain_answer(reply: bytes, peer: _Peer) -> TlsError | None:
+def plain_answer(reply: bytes, peer: Peer) -> TlsError | None:
     """The TlsError for a port that answered a plain ``PING`` (PONG, or an error such as
     NOAUTH: a Redis speaking without TLS), else None."""
     if not reply.startswith((b"+", b"-")):
@@ -340,122 +233,3 @@ def _plain_answer(reply: bytes, peer: _Peer) -> TlsError | None:
                     f"{reply.split(b' ')[0].strip().decode('ascii', 'replace')!r}) and never "
                     "answered the TLS handshake: that port takes plain connections. Use "
                     "redis:// for it, or the port the server takes TLS on (its tls-port)")
-
-
-class _AsyncDiagnosis:
-    """The asyncio twin of `_SyncDiagnosis` (its probe does not block the event loop)."""
-
-    async def connect(self, *args: Any, **kwargs: Any) -> Any:
-        if hasattr(super(), "connect_check_health"):  # redis-py 6+: diagnosed in there
-            return await super().connect(*args, **kwargs)  # type: ignore[misc]
-        try:
-            return await super().connect(*args, **kwargs)  # type: ignore[misc]
-        except TlsError:
-            raise
-        except (redis.exceptions.ConnectionError, OSError) as exc:
-            await self._raise_diagnosed(exc)
-            raise
-        except redis.exceptions.TimeoutError as exc:
-            fault = await self._plain_probe(_Peer(self))
-            if fault is not None:
-                raise fault from exc
-            raise
-
-    async def connect_check_health(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return await super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
-        except TlsError:
-            raise
-        except (redis.exceptions.ConnectionError, OSError) as exc:
-            await self._raise_diagnosed(exc)
-            raise
-        except redis.exceptions.TimeoutError as exc:
-            fault = await self._plain_probe(_Peer(self))
-            if fault is not None:
-                raise fault from exc
-            raise
-
-    async def on_connect(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return await super().on_connect(*args, **kwargs)  # type: ignore[misc]
-        except TlsError:
-            raise
-        except (redis.exceptions.ConnectionError, OSError) as exc:
-            await self._raise_diagnosed(exc, handshaken=True)
-            raise
-
-    async def on_connect_check_health(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return await super().on_connect_check_health(*args, **kwargs)  # type: ignore[misc]
-        except TlsError:
-            raise
-        except (redis.exceptions.ConnectionError, OSError) as exc:
-            await self._raise_diagnosed(exc, handshaken=True)
-            raise
-
-    async def _raise_diagnosed(self, exc: BaseException, *, handshaken: bool = False) -> None:
-        peer = _Peer(self)
-        fault = diagnose(exc, peer)
-        if fault is None and handshaken and _after_handshake(exc):
-            fault = await self._probe(peer)
-        if fault is not None:
-            raise fault from exc
-
-    async def _probe(self, peer: _Peer) -> TlsError | None:
-        """See `_SyncDiagnosis._probe`."""
-        host, port = getattr(self, "host", None), getattr(self, "port", None)
-        try:
-            context = self.ssl_context.get()  # type: ignore[attr-defined]
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port, ssl=context, server_hostname=host),
-                PROBE_SECONDS * 5)
-        except Exception:
-            return None
-        try:
-            await asyncio.wait_for(reader.read(1), PROBE_SECONDS)
-        except ssl.SSLError as err:
-            return diagnose(err, peer)
-        except (OSError, asyncio.TimeoutError):
-            return None
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-        return None
-
-
-    async def _plain_probe(self, peer: _Peer) -> TlsError | None:
-        """See `_SyncDiagnosis._plain_probe`."""
-        try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(
-                getattr(self, "host", None), getattr(self, "port", None)), PROBE_SECONDS)
-        except (OSError, asyncio.TimeoutError):
-            return None
-        try:
-            writer.write(b"PING\r\n")
-            await writer.drain()
-            reply = await asyncio.wait_for(reader.read(16), PROBE_SECONDS)
-        except (OSError, asyncio.TimeoutError):
-            return None
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-        return _plain_answer(reply, peer)
-
-
-class SyncConnection(_SyncDiagnosis, redis.connection.SSLConnection):
-    """redis-py's SSLConnection, its TLS misconfigurations raised as `TlsError`."""
-
-
-class AsyncConnection(_AsyncDiagnosis, redis.asyncio.connection.SSLConnection):
-    """redis-py's asyncio SSLConnection, its TLS misconfigurations raised as `TlsError`."""
-
-
-class SyncSentinelConnection(_SyncDiagnosis, redis.sentinel.SentinelManagedSSLConnection):
-    """A sentinel-managed primary's SSL connection, diagnosed likewise."""
-
-
-class AsyncSentinelConnection(_AsyncDiagnosis,
-                              redis.asyncio.sentinel.SentinelManagedSSLConnection):
-    """The asyncio sentinel-managed primary's SSL connection, diagnosed likewise."""
