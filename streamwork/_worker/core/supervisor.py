@@ -22,8 +22,9 @@ from typing import Any, TypeVar
 
 from streamwork._redis.connection import reconnect_delay
 from streamwork._redis.faults import Fault, classify
+from streamwork._redis.tls import TlsError
 from streamwork._telemetry.logs import WORKER_LOGGER, fields
-from streamwork.errors import ConfigError, WorkerFailed
+from streamwork.errors import WorkerFailed
 
 log = logging.getLogger(WORKER_LOGGER)
 
@@ -187,8 +188,8 @@ class Supervisor:
 
     async def until_ok(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
         """``fn()`` (Redis calls), retried through transient errors and a vanished group;
-        a ConfigError (TLS that cannot work as configured) is raised as it is, anything
-        else raises WorkerFailed. A stop asked meanwhile raises StoppedBeforeStart (the
+        TLS that cannot work as configured raises its ConfigError (`TlsError`) as it is,
+        anything else WorkerFailed. A stop asked meanwhile raises StoppedBeforeStart (the
         worker returns without having served: nothing of it to drain)."""
         while True:
             if self.stop_event is not None and self.stop_event.is_set():
@@ -199,7 +200,7 @@ class Supervisor:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if isinstance(exc, ConfigError):
+                if isinstance(exc, TlsError):
                     raise  # the URL's fault, found before serving: say so, and only that
                 if classify(exc) is Fault.FATAL:
                     raise WorkerFailed(what, exc) from exc
