@@ -189,7 +189,7 @@ class Supervisor:
     async def until_ok(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
         """``fn()`` (Redis calls), retried through transient errors and a vanished group;
         TLS that cannot work as configured raises its ConfigError (`TlsError`) as it is,
-        anything else WorkerFailed. A stop asked meanwhile raises StoppedBeforeStart (the
+        any other fatal error WorkerFailed. A stop asked meanwhile raises StoppedBeforeStart (the
         worker returns without having served: nothing of it to drain)."""
         while True:
             if self.stop_event is not None and self.stop_event.is_set():
