@@ -40,7 +40,7 @@ lint: $(STAMP)
 # processes, web page, CLI, docs, start-up checks, user-code containment, outage
 # reporting, log lines, codec, examples, benchmark harness, pausing, process-killing jobs,
 # Redlock's client-side algorithm, middleware, job options and old wire versions rather
-# than what the server does).
+# than what the server does; and TLS, which the embedded Valkey is built without).
 SERVER_AGNOSTIC := tests/test_dashboard.py tests/test_processes.py tests/test_health.py \
 	tests/test_alerts.py tests/test_bench.py tests/test_examples.py \
 	tests/test_typed_payloads.py tests/test_cli.py tests/test_function_worker.py \
@@ -51,7 +51,8 @@ SERVER_AGNOSTIC := tests/test_dashboard.py tests/test_processes.py tests/test_he
 	tests/test_bench_cluster.py tests/test_pause.py tests/faults/test_poison.py \
 	tests/test_redlock_leases.py tests/test_middleware.py tests/test_job_options.py \
 	tests/test_wire_v2.py tests/test_packaging.py tests/test_reload.py \
-	tests/test_pytest_plugin.py tests/test_node_producer.py tests/test_wire_doc.py
+	tests/test_pytest_plugin.py tests/test_node_producer.py tests/test_wire_doc.py \
+	tests/test_tls.py
 PARALLEL := -n 4 --dist loadfile --durations=15
 test: lint
 	$(BIN)/pytest -q $(PARALLEL)

@@ -73,8 +73,9 @@ from streamwork._lock.core import (
     seconds,
 )
 from streamwork._lock.held import AsyncHeldLock, AsyncRun, HeldLock
-from streamwork._redis import scripts, sentinel
+from streamwork._redis import scripts, sentinel, tls_connections
 from streamwork._redis.replies import LockReply
+from streamwork._redis.tls import TlsError
 from streamwork.errors import ConfigError
 
 __all__ = [
@@ -124,6 +125,10 @@ class _RedlockBase(Generic[_C]):
             build = sentinel.sync_client if self._client_type is redis.Redis \
                 else sentinel.async_client
             return build(url, **options)
+        if url.startswith("rediss://"):
+            tls_class = (tls_connections.SyncConnection if self._client_type is redis.Redis
+                         else tls_connections.AsyncConnection)
+            options = {"connection_class": tls_class, **options}
         return self._client_type.from_url(url, **options)
 
     def __init__(
@@ -237,6 +242,8 @@ class Redlock(_RedlockBase[redis.Redis]):
     def _call(master: scripts.SyncScripts, request: Round) -> object:
         try:
             result: object = master.run(request.call)
+        except TlsError:
+            raise  # no outage: TLS cannot work as configured (a ConfigError saying why)
         except (RedisError, OSError) as exc:  # this master does not answer
             return exc
         return result
@@ -307,6 +314,8 @@ class AsyncRedlock(_RedlockBase[redis.asyncio.Redis]):
     async def _call(master: scripts.AsyncScripts, request: Round) -> object:
         try:
             result: object = await master.run(request.call)
+        except TlsError:
+            raise  # as in Redlock._call
         except (RedisError, OSError) as exc:  # this master does not answer
             return exc
         return result

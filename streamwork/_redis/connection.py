@@ -1,5 +1,7 @@
 """Build redis-py clients from streamwork URLs: redis://, rediss://, unix://, redis+cluster://,
-redis+sentinel:// and rediss+sentinel:// (see `streamwork._redis.sentinel`)."""
+redis+sentinel:// and rediss+sentinel:// (see `streamwork._redis.sentinel`). TLS options
+come in the URL's query, as redis-py takes them (``?ssl_ca_certs=...``); a TLS
+misconfiguration is a ConfigError, not an outage (see `streamwork._redis.tls`)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import redis.cluster
 import tenacity
 from tenacity.wait import wait_base
 
-from streamwork._redis import sentinel
+from streamwork._redis import sentinel, tls, tls_connections
 from streamwork.errors import ConfigError
 
 DEFAULT_URL: Final = "redis://127.0.0.1:6379/0"
@@ -29,6 +31,7 @@ def resolve_url(url: str | None) -> str:
         raise ConfigError("url", f"{chosen!r} must start with one of {', '.join(_SCHEMES)}")
     if sentinel.is_sentinel_url(chosen):
         sentinel.parse(chosen)  # a malformed one fails here, with what to fix
+    tls.check_url(chosen)  # TLS options on a plain URL, a certificate file not there, ...
     return chosen
 
 
@@ -86,6 +89,8 @@ def sync_client(url: str, **options: Any) -> Any:
         return redis.cluster.RedisCluster.from_url(
             "redis://" + url[len("redis+cluster://"):], **{**_OPTIONS, **options}
         )
+    if url.startswith("rediss://"):
+        options = {"connection_class": tls_connections.SyncConnection, **options}
     return redis.Redis.from_url(url, **{**_OPTIONS, **options})
 
 
@@ -98,4 +103,7 @@ def async_client(url: str) -> Any:
         return redis.asyncio.cluster.RedisCluster.from_url(
             "redis://" + url[len("redis+cluster://"):], **_OPTIONS
         )
+    if url.startswith("rediss://"):
+        return redis.asyncio.Redis.from_url(url, connection_class=tls_connections.AsyncConnection,
+                                            **_async_options())
     return redis.asyncio.Redis.from_url(url, **_async_options())

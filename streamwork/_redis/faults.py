@@ -16,7 +16,8 @@ rule: a worker is whole, or it exits):
 * `Fault.GONE` - the consumer group or the stream itself is gone (a server that came back
   empty, a ``FLUSHALL``, a deleted key): recreate the group (``MKSTREAM``) and go on.
 * `Fault.FATAL` - anything else is a bug or a misconfiguration (``WRONGTYPE``, a wrong
-  password, a missing ACL permission, a script error): the worker stops loudly.
+  password, a missing ACL permission, a script error, TLS that cannot work as configured:
+  `tls.TlsError`): the worker stops loudly.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from typing import Final
 import redis
 import redis.exceptions
 
+from streamwork._redis.tls import TlsError
+
 
 class Fault(enum.Enum):
     """What to do about an error."""
@@ -37,8 +40,8 @@ class Fault(enum.Enum):
     FATAL = "fatal"
 
 
-#: error classes a retry may cure (``AuthenticationError`` subclasses ConnectionError in
-#: redis-py but is no outage: it is checked first and is fatal)
+#: error classes a retry may cure (``AuthenticationError`` and `TlsError` subclass
+#: ConnectionError in redis-py but are no outage: they are checked first and are fatal)
 _TRANSIENT_TYPES: Final = (
     redis.exceptions.ConnectionError,  # with redis.sentinel.MasterNotFoundError
     redis.exceptions.TimeoutError,
@@ -52,6 +55,7 @@ _TRANSIENT_TYPES: Final = (
     OSError,
 )
 _FATAL_TYPES: Final = (
+    TlsError,
     redis.exceptions.AuthenticationError,
     redis.exceptions.AuthorizationError,
     redis.exceptions.NoPermissionError,

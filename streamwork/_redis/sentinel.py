@@ -12,11 +12,14 @@ Syntax (``rediss+sentinel://`` for TLS to the sentinels and the primary)::
 
     redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db]
         [?sentinel_password=...&sentinel_username=...]
+    rediss+sentinel://...[?ssl_ca_certs=...&ssl_certfile=...&ssl_keyfile=...]
 
 The user and password are the primary's (and its replicas'); ``sentinel_password`` /
 ``sentinel_username`` those of the sentinels, when they ask for one. A port left out is
-26379. A service no answering sentinel monitors, or sentinels refusing the credentials, is a
-`ConfigError` (fatal), not an outage to wait out.
+26379. The TLS options (`tls.OPTIONS`, redis-py's names) apply to the connections to the
+sentinels and to the primary alike: one CA, one client certificate. A service no answering
+sentinel monitors, sentinels refusing the credentials, or TLS that cannot work as
+configured is a `ConfigError` (fatal), not an outage to wait out.
 """
 
 from __future__ import annotations
@@ -34,11 +37,12 @@ import redis.retry
 import redis.sentinel
 from redis.backoff import NoBackoff
 
+from streamwork._redis import tls, tls_connections
 from streamwork.errors import ConfigError
 
 SCHEMES: Final = ("redis+sentinel://", "rediss+sentinel://")
 DEFAULT_PORT: Final = 26379
-_QUERY: Final = ("sentinel_password", "sentinel_username")
+_QUERY: Final = ("sentinel_password", "sentinel_username", *tls.OPTIONS)
 _FORM: Final = "redis+sentinel://host:port,host:port,host:port/service_name[/db]"
 
 
@@ -59,6 +63,8 @@ class SentinelUrl:
     sentinel_username: str | None = None
     sentinel_password: str | None = None
     ssl: bool = False
+    #: the TLS options of the query (redis-py's keyword arguments), for both kinds of node
+    tls_options: tuple[tuple[str, Any], ...] = ()
 
     def primary_options(self) -> dict[str, Any]:
         """Connection options of the primary's connections (besides streamwork's own)."""
@@ -69,6 +75,7 @@ class SentinelUrl:
             options["password"] = self.password
         if self.ssl:
             options["ssl"] = True
+            options.update(self.tls_options)
         return options
 
     def sentinel_options(self, base: dict[str, Any]) -> dict[str, Any]:
@@ -82,6 +89,7 @@ class SentinelUrl:
             options["password"] = self.sentinel_password
         if self.ssl:
             options["ssl"] = True
+            options.update(self.tls_options)
         return options
 
 
@@ -145,6 +153,7 @@ def parse(url: str) -> SentinelUrl:
         password=password, sentinel_username=fields.get("sentinel_username"),
         sentinel_password=fields.get("sentinel_password"),
         ssl=url.startswith("rediss+"),
+        tls_options=tuple(tls.connection_options(fields).items()),
     )
 
 
@@ -157,7 +166,8 @@ def _misconfigured(spec: SentinelUrl, service: str,
                    answers: list[Any]) -> ConfigError | None:
     """After "no master": the URL's fault, if the sentinels' answers (their masters, or the
     error each raised) show one - credentials they refuse, or a service none of them
-    monitors - rather than an outage to wait out (a primary down, no sentinel reachable)."""
+    monitors, TLS to every sentinel that cannot work as configured - rather than an outage
+    to wait out (a primary down, no sentinel reachable)."""
     where = ", ".join(f"{h}:{p}" for h, p in spec.sentinels)
     for answer in answers:
         if isinstance(answer, _REFUSED) or (
@@ -166,6 +176,9 @@ def _misconfigured(spec: SentinelUrl, service: str,
             return ConfigError("url", f"the sentinels at {where} refused the credentials "
                                       f"({type(answer).__name__}: {answer}); check "
                                       "sentinel_password (and sentinel_username) in the URL")
+    refused = [answer for answer in answers if isinstance(answer, tls.TlsError)]
+    if refused and len(refused) == len(answers):
+        return refused[0]  # TLS to each sentinel cannot work as configured: it says why
     if any(isinstance(answer, BaseException) for answer in answers):
         return None
     if any(service in masters for masters in answers):
@@ -243,6 +256,17 @@ class AsyncSentinelRedis(redis.asyncio.Redis):
                 await manager.aclose()
 
 
+def _tls_sentinels(spec: SentinelUrl, options: dict[str, Any], client_type: Any,
+                   connection_class: type) -> list[Any]:
+    """Clients of the sentinels over TLS, on `tls`'s connection classes (redis-py's
+    Sentinel builds them on plain SSL connections, whose TLS misconfigurations look like
+    sentinels that do not answer)."""
+    given = {k: v for k, v in options.items() if k != "ssl"}
+    return [client_type.from_url(f"rediss://{f'[{host}]' if ':' in host else host}:{port}",
+                                 connection_class=connection_class, **given)
+            for host, port in spec.sentinels]
+
+
 def sync_client(url: str, **options: Any) -> SentinelRedis:
     """A sync client of the service's current primary; ``options`` as for ``redis.Redis``
     (the ``socket_*`` ones apply to the sentinels too)."""
@@ -251,8 +275,12 @@ def sync_client(url: str, **options: Any) -> SentinelRedis:
     sentinel_options["retry"] = redis.retry.Retry(NoBackoff(), 0)
     manager = _SyncSentinel(  # type: ignore[no-untyped-call,unused-ignore]
         list(spec.sentinels), sentinel_kwargs=sentinel_options,
-        **{**options, **spec.primary_options()})
+        **{**options, **spec.primary_options(),
+           **({"connection_class": tls_connections.SyncSentinelConnection} if spec.ssl else {})})
     manager.spec = spec
+    if spec.ssl:
+        manager.sentinels = _tls_sentinels(spec, sentinel_options, redis.Redis,
+                                           tls_connections.SyncConnection)
     client: SentinelRedis = manager.master_for(  # type: ignore[no-untyped-call,unused-ignore]
         spec.service, redis_class=SentinelRedis)
     return client
@@ -267,8 +295,12 @@ def async_client(url: str, **options: Any) -> AsyncSentinelRedis:
         sentinel_options["maint_notifications_config"] = options["maint_notifications_config"]
     manager = _AsyncSentinel(  # type: ignore[no-untyped-call,unused-ignore]
         list(spec.sentinels), sentinel_kwargs=sentinel_options,
-        **{**options, **spec.primary_options()})
+        **{**options, **spec.primary_options(),
+           **({"connection_class": tls_connections.AsyncSentinelConnection} if spec.ssl else {})})
     manager.spec = spec
+    if spec.ssl:
+        manager.sentinels = _tls_sentinels(spec, sentinel_options, redis.asyncio.Redis,
+                                           tls_connections.AsyncConnection)
     client: AsyncSentinelRedis = manager.master_for(spec.service,
                                                     redis_class=AsyncSentinelRedis)
     return client

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from typing import Final
 
-from streamwork._redis import sentinel
+from streamwork._redis import sentinel, tls
 from streamwork._wire.codec import DEFAULT_MAX_PAYLOAD_BYTES
 from streamwork._wire.keys import StreamKeys, check_name
 from streamwork._wire.records import DEFAULT_MAX_RESULT_BYTES
@@ -164,6 +164,10 @@ def _lock_urls(cfg: CoreOptions) -> None:
             raise ConfigError("lock_urls", f"{url!r} is not a {', '.join(_LOCK_SCHEMES)} URL")
         if sentinel.is_sentinel_url(url):
             sentinel.parse(url)  # a malformed one fails here, with what to fix
+        try:
+            tls.check_url(url)
+        except ConfigError as exc:
+            raise ConfigError("lock_urls", str(exc).removeprefix("url: ")) from None
     if not cfg.dedup:
         raise ConfigError("lock_urls", "job leases are only taken with dedup=True")
     object.__setattr__(cfg, "lock_urls", tuple(urls))

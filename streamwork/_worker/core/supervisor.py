@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from streamwork._redis.connection import reconnect_delay
 from streamwork._redis.faults import Fault, classify
+from streamwork._redis.tls import TlsError
 from streamwork._telemetry.logs import WORKER_LOGGER, fields
 from streamwork.errors import WorkerFailed
 
@@ -187,8 +188,9 @@ class Supervisor:
 
     async def until_ok(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
         """``fn()`` (Redis calls), retried through transient errors and a vanished group;
-        anything else raises WorkerFailed. A stop asked meanwhile raises StoppedBeforeStart
-        (the worker returns without having served: nothing of it to drain)."""
+        TLS that cannot work as configured raises its ConfigError (`TlsError`) as it is,
+        any other fatal error WorkerFailed. A stop asked meanwhile raises StoppedBeforeStart (the
+        worker returns without having served: nothing of it to drain)."""
         while True:
             if self.stop_event is not None and self.stop_event.is_set():
                 raise StoppedBeforeStart(what)
@@ -198,6 +200,8 @@ class Supervisor:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if isinstance(exc, TlsError):
+                    raise  # the URL's fault, found before serving: say so, and only that
                 if classify(exc) is Fault.FATAL:
                     raise WorkerFailed(what, exc) from exc
                 await self.backoff(exc, since, stop_cuts=True)
