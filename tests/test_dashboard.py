@@ -309,6 +309,25 @@ def test_job_lookup_shows_a_running_jobs_progress(redis_url: str, page: Any,
         thread.join(30)
 
 
+def test_job_lookup_shows_a_join(redis_url: str, page: Any,
+                                 dashboard: Callable[..., str]) -> None:
+    """Looking up a join's callback key shows the join: state and counts."""
+    from playwright.sync_api import expect
+
+    with sw.Producer.from_url(redis_url) as p:
+        p.send_join([sw.Job("resize", {"n": n}) for n in range(3)],
+                    then=sw.Job("albums", {}), key="album-1")
+        p.send("albums", {}, key="other")  # a group on the callback stream to look in
+    redis.Redis.from_url(redis_url).xgroup_create("albums", "builder", id="0")
+    base = dashboard(redis_url)
+    page.goto(base + "/")
+    page.select_option('select[name="job_stream"]', "albums")
+    page.fill('input[name="job_key"]', "album-1")
+    page.click('#job button[type="submit"]')
+    expect(page.locator('#job-join [data-metric="join-state"]')).to_have_text("open")
+    expect(page.locator("#job-join")).to_contain_text("3 children, 0 done, 0 failed, 3 pending")
+
+
 def test_replay_by_click_runs_the_job(redis_url: str, r: redis.Redis, page: Any,
                                       dashboard: Callable[..., str]) -> None:
     """Clicking a dead letter's replay button hands it back to its group: a worker then
