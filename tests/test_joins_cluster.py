@@ -18,7 +18,7 @@ import streamwork as sw
 from streamwork.testing import await_for
 from tests.faults.test_join_chaos import join_chaos
 from tests.helpers.cluster_util import LocalCluster, local_cluster
-from tests.workers.joins import ALBUMS, ITEMS, Album, Item, effects, seen
+from tests.workers.joins import ALBUMS, COVERS, ITEMS, Album, Item, effects, seen
 
 pytestmark = pytest.mark.cluster
 
@@ -36,11 +36,13 @@ def _master(c: redis.cluster.RedisCluster, key: str) -> str:
 @pytest.mark.timeout(300)
 def test_joins_across_masters_run_each_callback_once(
         formed: LocalCluster, spawn_worker: Callable[..., subprocess.Popen[bytes]]) -> None:
-    """300 joins of 10 children (children and callbacks on two masters), 4 SIGKILLs:
-    every callback once, after all of its children, with each outcome."""
+    """300 joins of 10 children (the children on two streams on two masters, the
+    callbacks on the third), 4 SIGKILLs: every callback once, after all of its children,
+    with each outcome."""
     c = formed.client
-    assert _master(c, ITEMS) != _master(c, ALBUMS), "the test needs two masters"
-    join_chaos(formed.url, spawn_worker, joins=300, kills=4, every=1.0, seed=21, r=c)
+    assert len({_master(c, ITEMS), _master(c, COVERS), _master(c, ALBUMS)}) == 3
+    join_chaos(formed.url, spawn_worker, joins=300, kills=4, every=1.0, seed=21, r=c,
+               spread=True)
     # the reports went through the children's outbox: drained (XDEL) on their master
     items_master = c.get_node_from_key(ITEMS)
     stats = c.info("commandstats", target_nodes=items_master)

@@ -23,9 +23,10 @@ import redis
 import streamwork as sw
 from streamwork._wire.keys import StreamKeys
 from streamwork.testing import stream_idle, wait_for
-from tests.workers.joins import ALBUMS, ITEMS, effects, seen
+from tests.workers.joins import ALBUMS, COVERS, ITEMS, effects, seen
 
 TARGETS = ("tests.workers.joins:Item", "tests.workers.joins:Album")
+SPREAD = (*TARGETS, "tests.workers.joins:Cover")
 GROUP = "photos"
 CHILDREN = 10
 
@@ -46,39 +47,44 @@ def _plan(joins: int) -> list[tuple[str, str, bool]]:
             for j in range(joins)]
 
 
-def _send(url: str, plan: list[tuple[str, str, bool]], rnd: random.Random) -> None:
+def _send(url: str, plan: list[tuple[str, str, bool]], rnd: random.Random,
+          spread: bool) -> None:
     with sw.Producer.from_url(url) as producer:
         for key, policy, failing in plan:
-            children = [sw.Job(ITEMS, {"n": n, "sleep": rnd.uniform(0.0, 0.01),
-                                       "dead": failing and n == CHILDREN - 1})
+            children = [sw.Job(COVERS if spread and n % 2 else ITEMS,
+                               {"n": n, "sleep": rnd.uniform(0.0, 0.01),
+                                "dead": failing and n == CHILDREN - 1})
                         for n in range(CHILDREN)]
             producer.send_join(children, then=sw.Job(ALBUMS, {"album": key}), key=key,
                                on_failure=policy)
 
 
-def _settled(r: redis.Redis, fired: int, dead: int) -> bool:
+def _settled(r: redis.Redis, fired: int, dead: int, streams: tuple[str, ...]) -> bool:
     return (r.hlen(effects(ALBUMS)) >= fired
             and r.xlen(StreamKeys.for_stream(ALBUMS).dead) >= dead
-            and stream_idle(r, ITEMS, GROUP) and stream_idle(r, ALBUMS, GROUP))
+            and all(stream_idle(r, s, GROUP) for s in streams))
 
 
 def join_chaos(url: str, spawn_worker: Callable[..., subprocess.Popen[bytes]],
                joins: int, kills: int, every: float, seed: int,
                crash: Callable[[], None] | None = None, r: Any = None,
-               env: dict[str, str] | None = None) -> dict[str, Any]:
+               env: dict[str, str] | None = None, spread: bool = False) -> dict[str, Any]:
     """Send ``joins`` joins, run two worker processes of both streams, SIGKILL one at
     random every ``every`` s ``kills`` times (``crash`` the server halfway, if given),
     then check every callback once with all its children's outcomes. ``r``: a client of
-    the server (a Cluster's), ``env``: the workers' environment (their stream names)."""
+    the server (a Cluster's), ``env``: the workers' environment (their stream names);
+    ``spread``: every other child goes to a second stream (COVERS)."""
     rnd = random.Random(seed)
     r = redis.Redis.from_url(url, socket_timeout=5) if r is None else r
     plan = _plan(joins)
-    _send(url, plan, rnd)
+    _send(url, plan, rnd, spread)
+    children_streams = (ITEMS, COVERS) if spread else (ITEMS,)
     fired = [key for key, policy, failing in plan if not (failing and policy == "dead")]
     dead = [key for key, policy, failing in plan if failing and policy == "dead"]
 
     def spawn() -> subprocess.Popen[bytes]:
-        return spawn_worker(TARGETS[0], url, TARGETS[1], env=env)
+        targets = SPREAD if spread else TARGETS
+        return spawn_worker(targets[0], url, *targets[1:], env=env)
 
     procs = [spawn(), spawn()]
     wait_for(lambda: r.hlen(effects(ITEMS)) > 0, 60, interval=0.05,
@@ -93,12 +99,15 @@ def join_chaos(url: str, spawn_worker: Callable[..., subprocess.Popen[bytes]],
         if kill == kills // 2 and crash is not None:
             crash()
         procs[victim] = spawn()
-    wait_for(lambda: _safe(lambda: _settled(r, len(fired), len(dead))), 180, interval=0.2,
+    streams = (*children_streams, ALBUMS)
+    wait_for(lambda: _safe(lambda: _settled(r, len(fired), len(dead), streams)), 180,
+             interval=0.2,
              message="every join to fire (or be dead-lettered) after the faults")
 
     album_runs = {k.decode(): int(v) for k, v in r.hgetall(effects(ALBUMS)).items()}
     saw = {k.decode(): v.decode() for k, v in r.hgetall(seen(ALBUMS)).items()}
-    item_runs = {k.decode(): int(v) for k, v in r.hgetall(effects(ITEMS)).items()}
+    item_runs = {k.decode(): int(v) for s in children_streams
+                 for k, v in r.hgetall(effects(s)).items()}
     figures = {"joins": joins, "children": joins * CHILDREN, "kills": kills,
                "kills_while_busy": busy, "callbacks_run": sum(album_runs.values()),
                "dead_lettered_joins": r.xlen(StreamKeys.for_stream(ALBUMS).dead),
@@ -122,9 +131,10 @@ def join_chaos(url: str, spawn_worker: Callable[..., subprocess.Popen[bytes]],
         for key in rnd.sample(fired, 20):
             st = producer.join_status(ALBUMS, key)
             assert (st.state, st.pending) == ("fired", 0), (key, st)
-    for stream in (ITEMS, ALBUMS):
+    for stream in streams:
         assert r.xpending(stream, GROUP)["pending"] == 0
-    assert r.xlen(StreamKeys.for_stream(ITEMS).dead) == sum(f for _, _, f in plan)
+    assert sum(r.xlen(StreamKeys.for_stream(s).dead) for s in children_streams) == sum(
+        f for _, _, f in plan)
     for proc in procs:
         assert proc.poll() is None, "a worker that was not killed died on its own"
     return figures

@@ -15,6 +15,8 @@ import streamwork as sw
 
 ITEMS: Final = os.environ.get("SW_JOIN_ITEMS", "items")
 ALBUMS: Final = os.environ.get("SW_JOIN_ALBUMS", "gallery")  # another master than items
+#: a second children's stream (on a 3-master cluster, on the third master)
+COVERS: Final = os.environ.get("SW_JOIN_COVERS", "covers")
 
 
 def effects(stream: str) -> str:
@@ -51,8 +53,14 @@ class Item(_Step):
             await asyncio.sleep(pause)
         if msg.payload.get("dead"):
             raise sw.DeadLetter("the image is corrupt")
-        msg.stage("HINCRBY", [effects(ITEMS)], [msg.key, 1])
+        msg.stage("HINCRBY", [effects(msg.stream)], [msg.key, 1])
         return int(msg.payload["n"])
+
+
+class Cover(Item):
+    """A child on another stream (another master of a cluster)."""
+
+    stream = COVERS
 
 
 class Album(_Step):
