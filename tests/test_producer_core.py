@@ -15,6 +15,7 @@ from streamwork._producer.jobs import Jobs
 from streamwork._producer.rounds import (
     Get,
     Groups,
+    MGet,
     Request,
     Result,
     Script,
@@ -210,7 +211,7 @@ def test_status_without_a_group_needs_a_stream() -> None:
 
 def test_result_pauses_between_looks_and_gives_up_at_its_timeout() -> None:
     steps = Jobs(None)._result_steps("orders", "k", "g", 60.0, None)
-    assert isinstance(advance(steps, None, None), Get)
+    assert isinstance(advance(steps, None, None), MGet)  # the record and its progress
     # the group was named, so a missing record makes it look the group up once
     groups = advance(steps, None, None)
     assert isinstance(groups, Groups)

@@ -171,6 +171,9 @@ async def test_a_version_2_priority_is_read_first(r: redis.Redis, redis_url: str
     async with serving(worker):
         await await_for(lambda: len([e for e in Levels.events if e[0] == "end"]) == 202,
                         timeout=60, message="the 202 jobs to run")
-    starts = [(key, level) for event, key, _, level, _ in Levels.events if event == "start"]
+    # each job's first start (a copy run again after its lease lapsed on a loaded machine
+    # starts again later, which says nothing about the levels' order)
+    starts = list(dict.fromkeys(
+        (key, level) for event, key, _, level, _ in Levels.events if event == "start"))
     assert starts.index(("high-1", "high")) <= max_held(1, 10)
-    assert starts[-1] == ("low-1", "low")
+    assert starts[-1] == ("low-1", "low"), starts[-12:]

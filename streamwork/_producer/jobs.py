@@ -39,7 +39,7 @@ class Jobs(Core):
         what = f"status of {key!r} in {stream!r}"
         raw = progress = None
         for get in gets:
-            raw, progress = yield from self._io(what, get)
+            raw, progress = (yield from self._io(what, get)) or (None, None)
             if raw:
                 break
         if not raw and named is not None:
