@@ -287,6 +287,22 @@ def fenced_set(key: str, token: int, value: Arg) -> Call:
 # ---- running them
 
 
+#: attributes a refused script call's exception carries (``streamwork._redis.acl`` reads
+#: them to name the script and its keys in the message): the script's name, its KEYS
+NOTED_SCRIPT: Final = "streamwork_script"
+NOTED_KEYS: Final = "streamwork_keys"
+
+
+def _note(exc: BaseException, call: Call) -> None:
+    """Remember on ``exc`` which script it came from, and with which KEYS."""
+    if getattr(exc, NOTED_SCRIPT, None) is None:
+        try:
+            setattr(exc, NOTED_SCRIPT, call.script)
+            setattr(exc, NOTED_KEYS, tuple(call.keys))
+        except AttributeError:  # an exception type without a __dict__: nothing noted
+            pass
+
+
 class _Registry:
     """Script objects of one client (EVALSHA, reloaded on NOSCRIPT)."""
 
@@ -314,7 +330,12 @@ class AsyncScripts(_Registry):
 
     async def run(self, call: Call, client: Any = None) -> Any:
         """Run ``call`` (on ``client`` instead of the registered one, if given)."""
-        return await self._script(call.script)(keys=call.keys, args=call.args, client=client)
+        try:
+            return await self._script(call.script)(keys=call.keys, args=call.args,
+                                                   client=client)
+        except redis.exceptions.ResponseError as exc:
+            _note(exc, call)
+            raise
 
 
 class SyncScripts(_Registry):
@@ -322,7 +343,11 @@ class SyncScripts(_Registry):
 
     def run(self, call: Call, client: Any = None) -> Any:
         """Run ``call`` (on ``client`` instead of the registered one, if given)."""
-        return self._script(call.script)(keys=call.keys, args=call.args, client=client)
+        try:
+            return self._script(call.script)(keys=call.keys, args=call.args, client=client)
+        except redis.exceptions.ResponseError as exc:
+            _note(exc, call)
+            raise
 
 
 async def supports_flags(client: Any) -> bool:
