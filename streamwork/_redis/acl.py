@@ -24,6 +24,9 @@ from streamwork.errors import PermissionDenied
 __all__ = ["explain", "explainer", "key_rules", "script_commands", "user_of"]
 
 _CALL: Final = re.compile(r"redis\.p?call\('([A-Z]+)'(?:, *'([A-Z]+)')?")
+#: commands whose second word is a subcommand (``XGROUP CREATE``: ``xgroup|create``)
+_CONTAINERS: Final = frozenset({"XGROUP", "XINFO", "SCRIPT", "CLIENT", "OBJECT", "MEMORY"})
+_FUNCTION: Final = re.compile(r"^local function (\w+)", re.MULTILINE)
 _GLOB: Final = re.compile(r"([*?\[\]\\])")
 #: scripts that also run the commands a handler staged (msg.stage)
 _STAGING: Final = frozenset({"complete", "ack"})
@@ -65,12 +68,32 @@ def _stream_of(key: str) -> str:
     return tag
 
 
+def _commands(lua: str) -> set[str]:
+    """The commands ``lua`` calls, as ACL rules name them (``get``, ``xgroup|create``)."""
+    return {(a + ("|" + b if b and a in _CONTAINERS else "")).lower()
+            for a, b in _CALL.findall(lua)}
+
+
+@functools.cache
+def _lib() -> dict[str, str]:
+    """The functions of the shared prelude ``lib.lua``: name -> body."""
+    parts = _FUNCTION.split(scripts.lua_text("lib"))
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
 @functools.cache
 def script_commands(name: str) -> tuple[str, ...]:
-    """The commands streamwork's Lua script ``name`` may run, as ACL rules name them
-    (``get``, ``xgroup|create``), sorted."""
-    found = {(a + ("|" + b if b else "")).lower()
-             for a, b in _CALL.findall(scripts.source(name))}
+    """The commands streamwork's Lua script ``name`` may run (its own, and those of the
+    prelude functions it calls), as ACL rules name them, sorted."""
+    lib, todo, seen = _lib(), [scripts.lua_text(scripts.file_of(name))], set()
+    found: set[str] = set()
+    while todo:
+        lua = todo.pop()
+        found |= _commands(lua)
+        for fn, body in lib.items():
+            if fn not in seen and re.search(rf"\b{fn}\(", lua):
+                seen.add(fn)
+                todo.append(body)
     return tuple(sorted(found))
 
 

@@ -58,6 +58,17 @@ _PROBE: Final = "#!lua flags=no-writes\nreturn 1"
 Arg = str | bytes | int | float
 
 
+def file_of(name: str) -> str:
+    """The name of the ``lua/`` file script ``name`` is made of (``ack`` is ``complete``
+    with other flags)."""
+    return _FILES.get(name, name)
+
+
+def lua_text(name: str) -> str:
+    """The text of ``lua/<name>.lua`` (``fields``: the wire field names), no preludes."""
+    return _read(name)
+
+
 def _read(name: str) -> str:
     if name == "fields":  # the wire field names, from the one place that defines them
         return (f"local BODY, ATTEMPTS = '{BODY_FIELD.decode()}', "
