@@ -47,7 +47,7 @@ from streamwork._ops import summary
 from streamwork._ops.format import fmt_age, fmt_count, fmt_rate, fmt_when
 from streamwork._redis import acl, connection
 from streamwork._wire.keys import StreamKeys
-from streamwork.errors import ConfigError, StreamworkError
+from streamwork.errors import ConfigError, PermissionDenied, StreamworkError
 
 __all__ = ["DashboardSettings", "create_app"]
 
@@ -269,7 +269,9 @@ def create_app(settings: DashboardSettings, *, client: Any = None) -> Starlette:
                 dash.client.close()
 
     def trouble(request: Request, exc: Exception) -> Response:
-        denied = acl.explain(exc, settings.url)
+        # explained again from Redis's own error: an action's producer has no URL
+        refusal = exc.__cause__ if isinstance(exc, PermissionDenied) and exc.__cause__ else exc
+        denied = acl.explain(refusal, settings.url)
         if denied is not None:  # a missing ACL permission: 403 saying what to grant
             return dash.render(request, "error.html", 403, status=403, message=(
                 f"Redis at {data.redact_url(settings.url)} refused this: {denied}"))

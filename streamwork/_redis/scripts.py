@@ -27,6 +27,7 @@ from typing import Any, Final
 import msgpack
 import redis.exceptions
 
+from streamwork._redis.faults import denial
 from streamwork._wire.codec import ATTEMPTS_FIELD, BODY_FIELD
 from streamwork._wire.keys import GroupKeys, StreamKeys
 from streamwork._wire.priorities import sibling_streams
@@ -365,6 +366,8 @@ async def supports_flags(client: Any) -> bool:
     """Whether the server behind an asyncio ``client`` understands ``#!lua`` flags."""
     try:
         await client.eval(_PROBE, 0)
-    except redis.exceptions.ResponseError:
+    except redis.exceptions.ResponseError as exc:
+        if denial(exc) is not None:  # the user may not EVAL: say so, it is no answer
+            raise
         return False
     return True

@@ -1,0 +1,38 @@
+"""The worker of the ACL tests (tests/test_acl.py), run as ``streamwork run
+tests.workers.acl:Orders`` under the ACL user its URL names.
+
+It serves stream ``orders`` as group ``billing`` (the stream of the security guide's rules)
+with job records, so every script of the read/claim/complete path runs. A payload with
+``hang`` sleeps on its first attempt until the process is killed (a delivery to reclaim),
+and finishes at once on a later one; ``fail`` raises every time (retries, then a dead
+letter). Its result is the payload's ``n``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import streamwork as sw
+
+STREAM, GROUP = "orders", "billing"
+
+
+class Orders(sw.StreamWorker):
+    stream, group = STREAM, GROUP
+    dedup = True
+    read_block = 0.1
+    visibility_timeout = 1.5
+    reclaim_every = 0.2
+    max_deliveries = 2
+    retry_delay = 0.02
+    retry_max_delay = 0.05
+    drain_timeout = 1.0
+
+    async def handle(self, msg: sw.Message) -> Any:
+        p = msg.payload if isinstance(msg.payload, dict) else {}
+        if p.get("fail"):
+            raise ValueError("card declined")
+        if p.get("hang") and msg.attempt == 1:
+            await asyncio.sleep(600)
+        return p.get("n")
