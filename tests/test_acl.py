@@ -24,6 +24,9 @@ from starlette.testclient import TestClient
 
 import streamwork as sw
 from streamwork._dashboard.app import DashboardSettings, create_app
+from streamwork._redis import scripts
+from streamwork._redis.acl import explain
+from streamwork._redis.faults import Fault, classify, is_transient
 from streamwork._redis.server import RedisServer
 from streamwork._wire.keys import StreamKeys
 from streamwork.testing import run_until_idle, wait_for
@@ -146,6 +149,38 @@ def test_setuser_lines_grant_what_the_aclfile_grants(acl: Acl) -> None:
         copied = acl.admin.acl_getuser(f"copy-{name}")
         assert copied == loaded, name
     assert sorted(w.split()[2] for w in SETUSER) == sorted(PASSWORDS)
+
+
+def test_each_kind_of_refusal_is_told_apart_and_fatal(acl: Acl) -> None:
+    """What this server answers for a refused command, a refused key, and both inside a
+    script, is a missing permission (never transient: nothing retries it), explained
+    with the command or the stream, and the script it happened in."""
+    url = acl.add_user("narrow", [">narrow-pw", "on", "~orders", "~{orders}:*",
+                                  "+evalsha", "+script|load", "+get"])
+    client = redis.Redis.from_url(url)
+    runner = scripts.SyncScripts(client)
+    try:
+        seen: list[BaseException] = []
+        for call in (lambda: client.set("orders", 1),
+                     lambda: client.get("refunds"),
+                     lambda: runner.run(scripts.produce(StreamKeys.for_stream("orders"),
+                                                        [b"x"])),
+                     lambda: runner.run(scripts.produce(StreamKeys.for_stream("refunds"),
+                                                        [b"x"]))):
+            with pytest.raises(redis.exceptions.ResponseError) as caught:
+                call()
+            seen.append(caught.value)
+    finally:
+        client.close()
+    assert all(classify(exc) is Fault.FATAL and not is_transient(exc) for exc in seen)
+    told = [explain(exc, url) for exc in seen]
+    assert all(isinstance(t, sw.PermissionDenied) and t.user == "narrow" for t in told)
+    command, key, in_script, key_in_script = (str(t) for t in told)
+    assert "the 'set' command" in command and "ACL SETUSER narrow +set" in command
+    assert "a key" in key and "streams it works on" in key  # no keys known: the rule
+    assert "streamwork's produce script" in in_script and "+xadd" in in_script
+    assert ("a key of stream 'refunds'" in key_in_script
+            and "ACL SETUSER narrow ~refunds ~{refunds}:*" in key_in_script)
 
 
 # ---------------------------------------------------------------- the worker

@@ -27,6 +27,8 @@ _CALL: Final = re.compile(r"redis\.p?call\('([A-Z]+)'(?:, *'([A-Z]+)')?")
 #: commands whose second word is a subcommand (``XGROUP CREATE``: ``xgroup|create``)
 _CONTAINERS: Final = frozenset({"XGROUP", "XINFO", "SCRIPT", "CLIENT", "OBJECT", "MEMORY"})
 _FUNCTION: Final = re.compile(r"^local function (\w+)", re.MULTILINE)
+#: what Redis adds to an error from inside a script: `` script: <sha>, on @user_script:N.``
+_SCRIPT_TAIL: Final = re.compile(r"\s*script: [0-9a-f]{40}.*$", re.DOTALL)
 _GLOB: Final = re.compile(r"([*?\[\]\\])")
 #: scripts that also run the commands a handler staged (msg.stage)
 _STAGING: Final = frozenset({"complete", "ack"})
@@ -116,7 +118,7 @@ def explain(exc: BaseException, url: str, *, stream: str | None = None,
     script = str(getattr(exc, scripts.NOTED_SCRIPT, "") or "")
     used = tuple(_text(k) for k in (getattr(exc, scripts.NOTED_KEYS, None) or keys))
     where = f" in streamwork's {script} script" if script else ""
-    detail = refusal.text.split(" script: ", 1)[0]
+    detail = _SCRIPT_TAIL.sub("", refusal.text)
     if refusal.command:
         refused = f"the '{refusal.command}' command{where}"
         grant = f"grant it with `ACL SETUSER {user} +{refusal.command}`"
