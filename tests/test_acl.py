@@ -13,24 +13,28 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from click.testing import CliRunner, Result
 from starlette.testclient import TestClient
 
 import streamwork as sw
+from streamwork._cli.main import main
 from streamwork._dashboard.app import DashboardSettings, create_app
 from streamwork._redis import scripts
 from streamwork._redis.acl import explain
 from streamwork._redis.faults import Fault, classify, is_transient
 from streamwork._redis.server import RedisServer
 from streamwork._wire.keys import StreamKeys
+from streamwork._worker.core.consumer import Consumer
+from streamwork._worker.core.loops.upkeep import upkeep_once
+from streamwork._worker.features import FEATURES
 from streamwork.testing import run_until_idle, wait_for
-from tests.workers.acl import GROUP, STREAM, Orders
+from tests.workers.acl import GROUP, STREAM, Limited, Orders, Partitioned
 
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "guides" / "security.md"
@@ -87,12 +91,10 @@ class Acl:
         return [e for e in entries if e.get("object") != SETINFO
                 and (user is None or e.get("username") == user)]
 
-    def cli(self, user: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-        env.pop("REDIS_URL", None)
-        return subprocess.run(
-            [sys.executable, "-m", "streamwork", *args, "--url", self.url(user)],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    def cli(self, user: str, *args: str) -> Result:
+        """``streamwork ARGS --url <user's URL>``, in this process."""
+        return CliRunner(env={"REDIS_URL": None, "COLUMNS": "200"}).invoke(
+            main, [*args, "--url", self.url(user)])
 
 
 @pytest.fixture(name="acl")
@@ -277,6 +279,89 @@ def test_worker_missing_a_permission_in_a_loop_exits_whole(
     assert done.poll() is None
 
 
+async def _serve_until(worker: sw.StreamWorker, done: Callable[[], bool],
+                       timeout: float = 30) -> None:
+    """Serve ``worker`` in this process until ``done()`` (asked in a thread), then stop it
+    (it must not have stopped on its own)."""
+    task = asyncio.create_task(worker.serve())
+    try:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not await asyncio.to_thread(done):
+            assert not task.done(), task.result()
+            assert asyncio.get_running_loop().time() < deadline, "timed out"
+            await asyncio.sleep(0.05)
+    finally:
+        worker.stop()
+        await task
+
+
+def test_worker_rules_cover_limits_schedules_pause_upkeep_and_partitions(acl: Acl) -> None:
+    """The worker's rules are enough for a rate limit, a cap per concurrency key, a
+    schedule, a pause and resume (by the operator), upkeep (trim and reap), and, with the
+    guide's patterns for partitions added, an ordered worker on a partitioned stream;
+    nothing is refused."""
+    p_url, w_url = acl.url(PRODUCER), acl.url(WORKER)
+    gkeys = StreamKeys.for_stream(STREAM).group(GROUP)
+    with sw.Producer.from_url(p_url) as producer:
+        for i in range(12):
+            producer.send(STREAM, {"n": i, "customer": f"c{i % 3}"}, key=f"l{i}")
+
+    def all_done() -> bool:
+        return (all(_status(p_url, f"l{i}").state == "done" for i in range(12))
+                and acl.admin.exists(gkeys.tick("tick")) == 1)
+
+    asyncio.run(_serve_until(Limited.from_url(w_url), all_done))
+    assert acl.cli(OPERATOR, "pause", STREAM, "--group", GROUP).exit_code == 0
+    with sw.Producer.from_url(p_url) as producer:
+        producer.send(STREAM, {"n": 99, "customer": "c0"}, key="after-pause")
+
+    async def paused_then_resumed() -> None:
+        worker = Limited.from_url(w_url)
+        task = asyncio.create_task(worker.serve())
+        try:
+            await asyncio.sleep(1.5)  # it reads the pause (and the server's run_id)
+            assert _status(p_url, "after-pause").state != "done"
+            resumed = await asyncio.to_thread(acl.cli, OPERATOR, "resume", STREAM,
+                                              "--group", GROUP)
+            assert resumed.exit_code == 0, resumed.stderr
+            while _status(p_url, "after-pause").state != "done":
+                assert not task.done(), task.result()
+                await asyncio.sleep(0.05)
+        finally:
+            worker.stop()
+            await task
+
+    asyncio.run(paused_then_resumed())
+
+    async def upkeep() -> tuple[int, int]:
+        worker = Limited.from_url(w_url)
+        consumer = Consumer(worker.handle, worker.config, w_url, "upkeeper",
+                            features=FEATURES)
+        try:
+            await consumer._join()
+            return await upkeep_once(consumer.ctx)
+        finally:
+            await consumer.redis.aclose()
+
+    trimmed, reaped = asyncio.run(upkeep())
+    assert trimmed > 0 and reaped > 0
+
+    rules = [*_rules_of(WORKER), "~orders#*", "~{orders#*}:*"]
+    rules = [r.replace(">worker-secret", ">parts-secret") for r in rules]
+    parts_url = acl.add_user("parts", rules)
+    with sw.Producer.from_url(parts_url, partitions=2) as producer:
+        for i in range(8):
+            producer.send(STREAM, {"n": i}, key=f"p{i}", order_key=f"o{i % 2}")
+
+    def parts_done() -> bool:
+        with sw.Producer.from_url(parts_url, partitions=2) as producer:
+            return all(producer.status(STREAM, f"p{i}", group=GROUP).state == "done"
+                       for i in range(8))
+
+    asyncio.run(_serve_until(Partitioned.from_url(parts_url), parts_done))
+    assert acl.refusals() == []
+
+
 # ---------------------------------------------------------------- the producer
 
 
@@ -353,14 +438,14 @@ def test_viewer_reads_everything_but_cannot_pause_replay_or_purge(worked: Acl) -
                         (("dlq", "list", STREAM), "card declined"),
                         (("schedules", STREAM), "no schedules")]:
         done = acl.cli(VIEWER, *args)
-        assert done.returncode == 0 and shows in done.stdout, (args, done.stdout, done.stderr)
+        assert done.exit_code == 0 and shows in done.stdout, (args, done.stdout, done.stderr)
     for args, command in [(("pause", STREAM, "--group", GROUP), "hset"),
                           (("resume", STREAM, "--group", GROUP), "del"),
                           (("dlq", "replay", STREAM, "--all"), "evalsha"),
                           (("dlq", "purge", STREAM, "--yes"), "xtrim"),
                           (("cancel", STREAM, "paid", "--group", GROUP), "evalsha")]:
         refused = acl.cli(VIEWER, *args)
-        assert refused.returncode == 1, (args, refused.stdout, refused.stderr)
+        assert refused.exit_code == 1, (args, refused.stdout, refused.stderr)
         _denied(refused.stderr, VIEWER, command)
     keys = StreamKeys.for_stream(STREAM)
     assert acl.admin.xlen(keys.dead) == 1
@@ -416,7 +501,7 @@ def test_operator_pauses_replays_purges_and_cancels(worked: Acl) -> None:
                        (("dlq", "replay", STREAM, "--all"), "replayed 1"),
                        (("cancel", STREAM, "nope", "--group", GROUP), "will not run")]:
         done = acl.cli(OPERATOR, *args)
-        assert done.returncode == 0 and says in done.stdout, (args, done.stdout, done.stderr)
+        assert done.exit_code == 0 and says in done.stdout, (args, done.stdout, done.stderr)
     _work(acl)  # the replayed job dies again: a dead letter to purge
     assert acl.admin.xlen(keys.dead) == 1
     with _dashboard(acl.url(OPERATOR)) as http:
@@ -430,5 +515,5 @@ def test_operator_pauses_replays_purges_and_cancels(worked: Acl) -> None:
         assert purged.status_code == 303 and "n=1" in purged.headers["location"]
     assert acl.admin.xlen(keys.dead) == 0 and acl.admin.exists(keys.group(GROUP).paused)
     done = acl.cli(OPERATOR, "dlq", "purge", STREAM, "--yes")
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     assert acl.refusals() == []

@@ -36,3 +36,26 @@ class Orders(sw.StreamWorker):
         if p.get("hang") and msg.attempt == 1:
             await asyncio.sleep(600)
         return p.get("n")
+
+
+class Limited(Orders):
+    """Orders with the features that bring their own keys and scripts: a rate limit, a
+    cap per concurrency key (the payload's ``customer``), a schedule ticking every second,
+    retention (upkeep trims) and quick reaping of idle consumers."""
+
+    rate_limit = "1000/s"
+    concurrency_per_key = 2
+    schedules = [sw.Every(1, payload={"n": -1}, name="tick")]
+    retention = 0.0
+    consumer_idle_timeout = 1.0
+
+    def concurrency_key(self, msg: sw.Message) -> str:
+        p = msg.payload if isinstance(msg.payload, dict) else {}
+        return str(p.get("customer", "none"))
+
+
+class Partitioned(Orders):
+    """Orders split into 2 partitions, one job in flight per order key."""
+
+    partitions = 2
+    ordered = True
