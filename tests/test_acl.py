@@ -34,7 +34,7 @@ from streamwork._worker.core.consumer import Consumer
 from streamwork._worker.core.loops.upkeep import upkeep_once
 from streamwork._worker.features import FEATURES
 from streamwork.testing import run_until_idle, wait_for
-from tests.workers.acl import GROUP, STREAM, Limited, Orders, Partitioned
+from tests.workers.acl import GROUP, STREAM, Limited, Orders, Partitioned, Staging
 
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "guides" / "security.md"
@@ -362,6 +362,24 @@ def test_worker_rules_cover_limits_schedules_pause_upkeep_and_partitions(acl: Ac
     assert acl.refusals() == []
 
 
+def test_a_staged_write_the_user_may_not_make_is_rejected_like_any(
+        acl: Acl, caplog: pytest.LogCaptureFixture) -> None:
+    """A handler's staged write whose command the worker's user lacks (RPUSH) is what the
+    guide says: handled as any staged write Redis rejects, the job acknowledged and an
+    ERROR logged; with +rpush granted it is applied."""
+    with sw.Producer.from_url(acl.url(PRODUCER)) as producer:
+        producer.send(STREAM, {"n": 1}, key="s1")
+    asyncio.run(run_until_idle(Staging.from_url(acl.url(WORKER)), acl.admin))
+    assert _status(acl.url(PRODUCER), "s1").state == "done"
+    assert "a staged write was rejected by Redis" in caplog.text
+    assert not acl.admin.exists("{orders}:seen")
+    acl.admin.execute_command("ACL", "SETUSER", WORKER, "+rpush")
+    with sw.Producer.from_url(acl.url(PRODUCER)) as producer:
+        producer.send(STREAM, {"n": 2}, key="s2")
+    asyncio.run(run_until_idle(Staging.from_url(acl.url(WORKER)), acl.admin))
+    assert acl.admin.lrange("{orders}:seen", 0, -1) == [b"s2"]
+
+
 # ---------------------------------------------------------------- the producer
 
 
@@ -451,6 +469,20 @@ def test_viewer_reads_everything_but_cannot_pause_replay_or_purge(worked: Acl) -
     assert acl.admin.xlen(keys.dead) == 1
     assert not acl.admin.exists(keys.group(GROUP).paused)
     assert {e["object"] for e in acl.refusals(VIEWER)} == {"evalsha", "xtrim", "del", "hset"}
+
+    # another stream on the server: inspect without STREAM looks at it too, refused a key;
+    # the guide's short form for every stream, read-only keys on all (%R~*), sees both
+    acl.admin.xadd("refunds", {"x": "1"})
+    refused = acl.cli(VIEWER, "inspect")
+    assert refused.exit_code == 1 and "a key" in refused.stderr, refused.output
+    _denied(refused.stderr, VIEWER)
+    rules = [r for r in _rules_of(VIEWER) if not r.startswith("~")]
+    acl.add_user("viewer-all", [r.replace(">viewer-secret", ">all-secret") for r in rules]
+                 + ["%R~*"])
+    seen = CliRunner(env={"REDIS_URL": None, "COLUMNS": "200"}).invoke(
+        main, ["inspect", "--url", acl.url("viewer-all", "all-secret")])
+    assert seen.exit_code == 0 and "refunds" in seen.stdout and GROUP in seen.stdout, \
+        seen.output
 
 
 def _csrf(html: str) -> str:

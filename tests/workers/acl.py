@@ -59,3 +59,12 @@ class Partitioned(Orders):
 
     partitions = 2
     ordered = True
+
+
+class Staging(Orders):
+    """Orders whose handler stages an RPUSH onto ``{orders}:seen`` (a key of the stream's
+    own patterns, with a command the worker's rules do not grant)."""
+
+    async def handle(self, msg: sw.Message) -> Any:
+        msg.stage("RPUSH", ["{orders}:seen"], [msg.key])
+        return await super().handle(msg)
