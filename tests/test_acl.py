@@ -26,7 +26,7 @@ import streamwork as sw
 from streamwork._cli.main import main
 from streamwork._dashboard.app import DashboardSettings, create_app
 from streamwork._redis import scripts
-from streamwork._redis.acl import explain
+from streamwork._redis.acl import explain, script_commands
 from streamwork._redis.faults import Fault, classify, is_transient
 from streamwork._redis.server import RedisServer
 from streamwork._wire.keys import StreamKeys
@@ -183,6 +183,37 @@ def test_each_kind_of_refusal_is_told_apart_and_fatal(acl: Acl) -> None:
     assert "streamwork's produce script" in in_script and "+xadd" in in_script
     assert ("a key of stream 'refunds'" in key_in_script
             and "ACL SETUSER narrow ~refunds ~{refunds}:*" in key_in_script)
+
+
+#: the Lua scripts each role runs (a worker's features included)
+ROLE_SCRIPTS = {
+    WORKER: ("ack", "adopt", "claim", "complete", "fail", "heartbeat", "promote", "read",
+             "reclaim", "start", "tick", "trim", "reap", "rate", "semaphore", "chain"),
+    PRODUCER: ("produce", "schedule", "cancel"),
+    OPERATOR: ("replay", "cancel"),
+}
+
+
+def _commands_of(user: str) -> set[str]:
+    return {r[1:] for r in _rules_of(user) if r.startswith("+")}
+
+
+def test_each_role_is_granted_every_command_its_scripts_run(acl: Acl) -> None:
+    """Every command of every script a role runs is among its rules (a script that gains
+    a command fails here, even for a feature the other tests do not run); the viewer's
+    commands are none of the server's write commands (the operator's writes are its
+    actions'), and the producer holds none that acknowledges, deletes or trims."""
+    for user, names in ROLE_SCRIPTS.items():
+        granted = _commands_of(user)
+        for name in names:
+            missing = set(script_commands(name)) - granted
+            assert not missing, f"{user} lacks {sorted(missing)} for the {name} script"
+    writes = {c.decode() if isinstance(c, bytes) else c for c in acl.admin.acl_cat("write")}
+    assert {"hset", "xadd", "xgroup|create"} <= writes  # the server's own list
+    assert not _commands_of(VIEWER) & writes
+    assert _commands_of(OPERATOR) & writes == {"hset", "del", "xadd", "xdel", "xtrim", "set"}
+    assert not {"xack", "xdel", "del", "unlink", "xtrim", "xgroup|destroy", "eval"} & \
+        _commands_of(PRODUCER)
 
 
 # ---------------------------------------------------------------- the worker
