@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeAlias, TypeVar
+from typing import Any, Final, Generic, TypeAlias, TypeVar
 
 from streamwork._redis import acl, connection, scripts
 from streamwork._redis.faults import is_transient
@@ -151,13 +151,21 @@ def advance(steps: Steps[T], reply: Any, error: BaseException | None) -> Request
         return Result(stop.value)
 
 
+#: the command each request sends (a refused key is then told with its command)
+_COMMANDS: Final = {"Xadd": "xadd", "Get": "get", "MGet": "mget", "SetIfMissing": "set",
+                    "Groups": "xinfo|groups", "HashSet": "hset", "HashGetAll": "hgetall",
+                    "Delete": "del"}
+
+
 def _refused(exc: BaseException, request: Command, url: str) -> PermissionDenied | None:
     """`PermissionDenied` naming what to grant, if ``exc`` is a refused ACL permission."""
     if isinstance(request, Script):
         keys: tuple[Any, ...] = tuple(request.call.keys)
     else:
-        keys = (getattr(request, "key", None) or getattr(request, "stream", None),)
-    return acl.explain(exc, url, keys=[k for k in keys if k is not None])
+        keys = (*getattr(request, "keys", ()), getattr(request, "key", None)
+                or getattr(request, "stream", None))
+    return acl.explain(exc, url, keys=[k for k in keys if k is not None],
+                       command=_COMMANDS.get(type(request).__name__))
 
 
 def attempt(request: Command, what: str, url: str, retry_timeout: float) -> Steps[Any]:

@@ -104,11 +104,14 @@ def _text(value: object) -> str:
 
 
 def explain(exc: BaseException, url: str, *, stream: str | None = None,
-            keys: Iterable[object] = ()) -> PermissionDenied | None:
+            keys: Iterable[object] = (), command: str | None = None,
+            ) -> PermissionDenied | None:
     """`PermissionDenied` for a refused permission (``exc`` as Redis raised it, or already
     explained), else None. ``url``: the caller's (its user); ``stream``: the stream it
     works on, if one; ``keys``: the keys of the refused call, where the caller knows them
-    (a script's are noted on the exception by `scripts`)."""
+    (a script's are noted on the exception by `scripts`); ``command``: the command it sent,
+    where the caller knows it (a refused key is then told with it: a command granted on
+    some keys only, in a selector, is refused as a key)."""
     if isinstance(exc, PermissionDenied):
         return exc
     refusal = denial(exc)
@@ -127,9 +130,19 @@ def explain(exc: BaseException, url: str, *, stream: str | None = None,
         rules = " ".join(key_rules(s) for s in streams)
         of = (f" of stream {streams[0]!r}" if len(streams) == 1
               else f" (one of {', '.join(repr(k) for k in used)})" if used else "")
-        refused = f"a key{of}{where}"
-        grant = (f"grant the stream's keys with `ACL SETUSER {user} {rules}`" if rules
-                 else "grant the keys of the streams it works on (~S ~{S}:* for stream S)")
+        if command and not script:
+            refused = f"the '{command}' command on a key{of}"
+            grant = (f"grant it on the stream's keys with `ACL SETUSER {user} +{command} "
+                     f"{rules}`" if rules else
+                     f"grant it on the keys of the streams it works on (+{command} "
+                     "~S ~{S}:* for stream S)")
+            grant += (" (a key is refused too when the user has the command only on other "
+                      "keys, in a selector)")
+        else:
+            refused = f"a key{of}{where}"
+            grant = (f"grant the stream's keys with `ACL SETUSER {user} {rules}`" if rules
+                     else "grant the keys of the streams it works on (~S ~{S}:* for "
+                     "stream S)")
     elif script:
         runs = script_commands(script)
         staged = " and those your handlers stage" if script in _STAGING else ""
@@ -140,7 +153,8 @@ def explain(exc: BaseException, url: str, *, stream: str | None = None,
     else:
         refused = "a command"
         grant = "see `ACL LOG` on the server for what was refused, and grant it"
-    return PermissionDenied(user, refused, grant, detail, command=refusal.command,
+    return PermissionDenied(user, refused, grant, detail,
+                            command=refusal.command or (None if script else command),
                             keys=used, script=script)
 
 

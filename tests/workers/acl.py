@@ -5,7 +5,8 @@ It serves stream ``orders`` as group ``billing`` (the stream of the security gui
 with job records, so every script of the read/claim/complete path runs. A payload with
 ``hang`` sleeps on its first attempt until the process is killed (a delivery to reclaim),
 and finishes at once on a later one; ``fail`` raises every time (retries, then a dead
-letter). Its result is the payload's ``n``.
+letter); ``join`` makes it a join's callback, whose result is the sum of its children's.
+Its result is the payload's ``n``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class Orders(sw.StreamWorker):
             raise ValueError("card declined")
         if p.get("hang") and msg.attempt == 1:
             await asyncio.sleep(600)
+        if p.get("join"):  # a join's callback: the sum of its children's results
+            return sum(c.result for c in await msg.join_results() if c.ok)
         return p.get("n")
 
 
