@@ -6,6 +6,7 @@ The tree, by what the caller does next::
     ├── ConfigError (ValueError)     fix the option named in the message
     ├── PayloadTooLarge (ValueError) send less, or raise max_payload_bytes
     ├── RedisUnavailable             Redis could not be reached within the retry budget
+    ├── PermissionDenied             the ACL user lacks a command or key: grant it
     ├── StreamNotFound               no such stream: check the name, --url and database
     ├── GroupNotFound                no such consumer group on the stream: check the name
     ├── WorkerFailed                 a worker stopped on an error it cannot ride out (a bug)
@@ -21,7 +22,7 @@ The tree, by what the caller does next::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from streamwork._text import describe, redact_url
 
@@ -37,6 +38,7 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "PayloadTooLarge",
+    "PermissionDenied",
     "RedisUnavailable",
     "Retry",
     "StreamNotFound",
@@ -82,6 +84,31 @@ class RedisUnavailable(StreamworkError):
         )
 
 
+#: where the rules each role needs are written down
+ACL_GUIDE: Final = "the security guide (docs/guides/security.md, 'Access control (ACLs)')"
+
+
+class PermissionDenied(StreamworkError):
+    """Redis refused the connection's ACL user a command or a key (``NOPERM``): a missing
+    permission, not an outage, so nothing retries it. ``user`` is the ACL user, ``command``
+    the command refused where Redis names it (``xack``; None otherwise), ``keys`` the keys
+    the refused call used where known, ``script`` the streamwork Lua script it ran in (or
+    ""), ``grant`` the ``ACL SETUSER`` line that would let it through."""
+
+    def __init__(self, user: str, refused: str, grant: str, detail: str, *,
+                 command: str | None = None, keys: tuple[str, ...] = (),
+                 script: str = "") -> None:
+        self.user = user
+        self.command = command
+        self.keys = keys
+        self.script = script
+        self.grant = grant
+        super().__init__(
+            f"Redis refused ACL user {user!r} {refused} (NOPERM: {detail}). A permission "
+            f"is missing; this is no outage and retrying cannot help: {grant}, or connect "
+            f"as a user holding the rules of its role, see {ACL_GUIDE}.")
+
+
 class StreamNotFound(StreamworkError):
     """The stream named does not exist (or is not a stream)."""
 
@@ -116,6 +143,12 @@ class WorkerFailed(StreamworkError):
     def __init__(self, task: str, cause: BaseException) -> None:
         self.task = task
         self.cause = cause
+        if isinstance(cause, PermissionDenied):
+            super().__init__(
+                f"worker stopped: Redis refused its {task} a permission. {cause} "
+                "Held jobs stay pending for other workers; start the worker again once "
+                "its user has the permission.")
+            return
         super().__init__(
             f"worker stopped: its {task} failed with {describe(cause)}. "
             "Held jobs stay pending for other workers; fix the cause (see the traceback "

@@ -10,7 +10,7 @@ from typing import Any, Final, NoReturn, TypeVar
 import click
 
 from streamwork._ops.partitioned import recorded_partitions
-from streamwork._redis import connection
+from streamwork._redis import acl, connection
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import MAX_PARTITIONS, partition_names
 from streamwork.errors import ConfigError
@@ -20,6 +20,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: environment variable read for ``--partitions`` when the option is not given
 PARTITIONS_ENV: Final = "STREAMWORK_PARTITIONS"
 
+#: ``ctx.meta`` entry (shared by a command's context and its parents'): the context of the
+#: command that takes ``--url``, so a refused permission met anywhere in it can name the
+#: user and the stream (`refused`)
+_COMMAND: Final = "streamwork.command"
+
+
 def _check_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """The URL (or $REDIS_URL) checked before the command starts: a malformed one is a
     usage error saying what to fix, not a traceback."""
@@ -27,7 +33,23 @@ def _check_url(ctx: click.Context, param: click.Parameter, value: str | None) ->
         connection.resolve_url(value)
     except ConfigError as exc:
         raise click.BadParameter(str(exc)) from None
+    ctx.meta[_COMMAND] = ctx
     return value
+
+
+def refused(exc: BaseException) -> str | None:
+    """The message for a permission Redis refused the command's ACL user (naming the
+    command or the stream's keys, and what to grant), or None for any other error."""
+    ctx = click.get_current_context(silent=True)
+    command = ctx.meta.get(_COMMAND, ctx) if ctx is not None else None
+    params = command.params if command is not None else {}
+    stream, url = params.get("stream"), params.get("url")
+    try:
+        resolved = connection.resolve_url(url if isinstance(url, str) else None)
+    except ConfigError:
+        resolved = ""
+    better = acl.explain(exc, resolved, stream=stream if isinstance(stream, str) else None)
+    return None if better is None else str(better)
 
 
 url_option = click.option(

@@ -26,6 +26,7 @@ from streamwork._cli.common import (
     fail,
     partition_options,
     partition_streams,
+    refused,
     url_option,
 )
 from streamwork._ops import deadletter
@@ -216,6 +217,12 @@ def _located(client: Any, stream: str, picked: Sequence[tuple[int, str]],
     return by_partition, sum(1 for found in where.values() if not found)
 
 
+def _why(exc: BaseException) -> str:
+    """What stopped a replay: a refused permission in words that say what to grant, else
+    the error as Redis gave it."""
+    return (refused(exc) or f"{type(exc).__name__}: {exc}").rstrip(".")
+
+
 @dlq.command("replay")
 @click.argument("stream")
 @click.option("--id", "ids", multiple=True, help="dead-letter id to replay (repeatable)")
@@ -242,7 +249,7 @@ def dlq_replay(stream: str, ids: tuple[str, ...], replay_all: bool, group: str |
         except StreamworkError as exc:
             fail(str(exc))
         except redis.RedisError as exc:
-            fail(f"replay stopped: {type(exc).__name__}: {exc}. Dead letters not yet replayed "
+            fail(f"replay stopped: {_why(exc)}. Dead letters not yet replayed "
                  "stay in the dead-letter stream; fix the cause and run the replay again.")
         click.echo(f"replayed {replayed}, skipped {skipped} "
                    f"(unknown id, no original fields{other})")
@@ -263,7 +270,7 @@ def dlq_replay(stream: str, ids: tuple[str, ...], replay_all: bool, group: str |
         except StreamworkError as exc:
             fail(str(exc))
         except redis.RedisError as exc:
-            fail(f"replay stopped in partition {i} ({names[i]}): {type(exc).__name__}: {exc}. "
+            fail(f"replay stopped in partition {i} ({names[i]}): {_why(exc)}. "
                  f"Partitions done: {', '.join(done) or 'none'}. Dead letters not yet replayed "
                  "stay in their partition's dead-letter stream; fix the cause and run the "
                  "replay again.")

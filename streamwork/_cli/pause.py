@@ -25,6 +25,7 @@ from streamwork._cli.views import redis_errors
 from streamwork._ops.format import fmt_when
 from streamwork._producer.shells import Producer
 from streamwork._redis import connection
+from streamwork._redis.faults import denial
 from streamwork.errors import GroupNotFound, StreamNotFound
 
 __all__ = ["register"]
@@ -38,6 +39,8 @@ def _group_names(client: Any, streams: list[str]) -> list[str] | None:
         try:
             groups = client.xinfo_groups(stream)
         except redis.ResponseError as exc:
+            if denial(exc) is not None:  # the user may not ask: said as such
+                raise
             if "no such key" in str(exc).lower():
                 continue
             raise StreamNotFound(stream, f"is not a stream ({exc})") from exc

@@ -13,7 +13,12 @@ import click
 import redis
 from rich.console import Console
 
-from streamwork._cli.common import check_recorded_partitions, chosen_partition, partition_streams
+from streamwork._cli.common import (
+    check_recorded_partitions,
+    chosen_partition,
+    partition_streams,
+    refused,
+)
 from streamwork._ops import partitioned, stats
 from streamwork._ops.stats import StreamStats
 from streamwork._text import redact_url
@@ -40,6 +45,9 @@ def redis_errors(url: str, what: str) -> Iterator[None]:
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise click.ClickException(str(RedisUnavailable(what, url, exc))) from None
     except redis.RedisError as exc:
+        denied = refused(exc)
+        if denied is not None:
+            raise click.ClickException(f"{what}: {denied}") from None
         raise click.ClickException(f"Redis at {redact_url(url)} answered with an error: "
                                    f"{exc}") from None
 

@@ -9,6 +9,8 @@ and ``POST /dlq/purge`` act on one dead letter (``id`` and ``where``, the stream
 partition holding it) or all of a stream's; both need the page's CSRF token and redirect
 back to the page (303). ``POST /group/pause`` (``stream``, ``group``, ``reason``) and
 ``POST /group/resume`` pause and resume a consumer group, with the same CSRF check.
+A permission the dashboard's ACL user lacks (a read-only user's actions) is a 403 page
+saying what Redis refused and what to grant; Redis out of reach is a 503.
 Security (token, CSRF, headers) is :mod:`streamwork._dashboard.security`'s; figures are
 :mod:`streamwork._dashboard.data`'s.
 
@@ -43,9 +45,9 @@ from streamwork._dashboard.security import CSRF_FIELD, Guard, GuardMiddleware
 from streamwork._dashboard.svg import sparkline
 from streamwork._ops import summary
 from streamwork._ops.format import fmt_age, fmt_count, fmt_rate, fmt_when
-from streamwork._redis import connection
+from streamwork._redis import acl, connection
 from streamwork._wire.keys import StreamKeys
-from streamwork.errors import ConfigError, StreamworkError
+from streamwork.errors import ConfigError, PermissionDenied, StreamworkError
 
 __all__ = ["DashboardSettings", "create_app"]
 
@@ -267,6 +269,12 @@ def create_app(settings: DashboardSettings, *, client: Any = None) -> Starlette:
                 dash.client.close()
 
     def trouble(request: Request, exc: Exception) -> Response:
+        # explained again from Redis's own error: an action's producer has no URL
+        refusal = exc.__cause__ if isinstance(exc, PermissionDenied) and exc.__cause__ else exc
+        denied = acl.explain(refusal, settings.url)
+        if denied is not None:  # a missing ACL permission: 403 saying what to grant
+            return dash.render(request, "error.html", 403, status=403, message=(
+                f"Redis at {data.redact_url(settings.url)} refused this: {denied}"))
         return dash.render(request, "error.html", 503, status=503, message=(
             f"cannot read Redis at {data.redact_url(settings.url)}: {type(exc).__name__}: "
             f"{exc}"))

@@ -25,6 +25,7 @@ from streamwork._ops import deadletter, partitioned, stats
 from streamwork._ops.replies import id_order
 from streamwork._ops.stats import StreamStats
 from streamwork._producer.shells import Producer
+from streamwork._redis.faults import denial
 from streamwork._text import redact_url
 from streamwork._wire.joins import JoinStatus
 from streamwork._wire.partitions import partition_names
@@ -226,7 +227,9 @@ def _group_producer(client: Any, stream: str, group: str) -> Producer:
         try:
             names.update(g["name"].decode() if isinstance(g["name"], bytes) else str(g["name"])
                          for g in client.xinfo_groups(name))
-        except redis.ResponseError:  # no such stream (partition)
+        except redis.ResponseError as exc:  # no such stream (partition)
+            if denial(exc) is not None:  # the user may not ask: a 403 says so
+                raise
             continue
     if group not in names:
         raise ValueError(f"stream {stream!r} has no consumer group {group!r}")

@@ -11,12 +11,12 @@ from __future__ import annotations
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeAlias, TypeVar
+from typing import Any, Final, Generic, TypeAlias, TypeVar
 
-from streamwork._redis import connection, scripts
+from streamwork._redis import acl, connection, scripts
 from streamwork._redis.faults import is_transient
 from streamwork._wire.codec import BODY_FIELD
-from streamwork.errors import RedisUnavailable
+from streamwork.errors import PermissionDenied, RedisUnavailable
 
 T = TypeVar("T")
 
@@ -151,6 +151,23 @@ def advance(steps: Steps[T], reply: Any, error: BaseException | None) -> Request
         return Result(stop.value)
 
 
+#: the command each request sends (a refused key is then told with its command)
+_COMMANDS: Final = {"Xadd": "xadd", "Get": "get", "MGet": "mget", "SetIfMissing": "set",
+                    "Groups": "xinfo|groups", "HashSet": "hset", "HashGetAll": "hgetall",
+                    "Delete": "del"}
+
+
+def _refused(exc: BaseException, request: Command, url: str) -> PermissionDenied | None:
+    """`PermissionDenied` naming what to grant, if ``exc`` is a refused ACL permission."""
+    if isinstance(request, Script):
+        keys: tuple[Any, ...] = tuple(request.call.keys)
+    else:
+        keys = (*getattr(request, "keys", ()), getattr(request, "key", None)
+                or getattr(request, "stream", None))
+    return acl.explain(exc, url, keys=[k for k in keys if k is not None],
+                       command=_COMMANDS.get(type(request).__name__))
+
+
 def attempt(request: Command, what: str, url: str, retry_timeout: float) -> Steps[Any]:
     """The reply to ``request``, retried while its errors are transient: at once, then
     after a backoff (50 ms doubling to 2 s, jittered), until ``retry_timeout`` seconds have
@@ -159,14 +176,20 @@ def attempt(request: Command, what: str, url: str, retry_timeout: float) -> Step
         return (yield request)  # the usual case: no retry state built at all
     except Exception as exc:
         if not is_transient(exc):
-            raise
+            denied = _refused(exc, request, url)
+            if denied is None:
+                raise
+            raise denied from exc
     started, failures = time.monotonic(), 0
     while True:
         try:
             return (yield request)
         except Exception as exc:
             if not is_transient(exc):
-                raise
+                denied = _refused(exc, request, url)
+                if denied is None:
+                    raise
+                raise denied from exc
             failures += 1
             if time.monotonic() - started >= retry_timeout:
                 raise RedisUnavailable(what, url, exc) from exc

@@ -16,15 +16,18 @@ rule: a worker is whole, or it exits):
 * `Fault.GONE` - the consumer group or the stream itself is gone (a server that came back
   empty, a ``FLUSHALL``, a deleted key): recreate the group (``MKSTREAM``) and go on.
 * `Fault.FATAL` - anything else is a bug or a misconfiguration (``WRONGTYPE``, a wrong
-  password, a missing ACL permission, a script error, TLS that cannot work as configured:
-  `tls.TlsError`): the worker stops loudly.
+  password, a script error, TLS that cannot work as configured: `tls.TlsError`): the
+  worker stops loudly. A missing ACL permission (``NOPERM``, also inside a script:
+  `denial` tells it apart and names what was refused) is fatal too: no retry grants a
+  permission, and ``streamwork._redis.acl`` says what to grant.
 """
 
 from __future__ import annotations
 
 import enum
 import os
-from typing import Final
+import re
+from typing import Final, NamedTuple
 
 import redis
 import redis.exceptions
@@ -119,9 +122,52 @@ def _cluster_unreachable(exc: BaseException) -> bool:
             and "cannot be connected" in str(exc))
 
 
+class Denial(NamedTuple):
+    """What Redis refused this connection's ACL user (a ``NOPERM`` reply)."""
+
+    command: str | None  #: the command refused (``xack``, ``xinfo|groups``); None: not named
+    key: bool  #: a key (or a channel) was refused, not a command
+    in_script: bool  #: refused inside a Lua script
+    text: str  #: Redis's words
+
+
+#: a refused command, as Redis words it: ``this user has no permissions to run the 'xack'
+#: command`` (Redis 7.0), ``User u has no permissions to run the 'xack' command`` (7.2+,
+#: Valkey, also inside a script after ``ACL failure in script:``)
+_REFUSED_COMMAND: Final = re.compile(r"no permissions to run the '([^']+)' command")
+#: a refused key or channel: ``no permissions to access one of the keys used as arguments``,
+#: ``No permissions to access a key``; inside a script on 7.0, ``can't access at least one
+#: of the keys mentioned in the command``
+_REFUSED_KEY: Final = re.compile(
+    r"(?i)no permissions to access (a key|a channel|one of the (keys|channels))"
+    r"|can't access at least one of the (keys|channels)")
+#: a command refused inside a script on Redis 7.0, which does not name it
+_REFUSED_IN_SCRIPT: Final = re.compile(r"The user executing the script can't run this command")
+
+
+def denial(exc: BaseException) -> Denial | None:
+    """What an ACL refused, if ``exc`` is a missing permission (``NOPERM`` or a script's
+    ACL failure, which Redis 7.0 sends as a plain ``ERR``); None for any other error."""
+    if not isinstance(exc, redis.exceptions.ResponseError):
+        return None
+    text = str(exc)
+    in_script = ("script:" in text or "ACL failure in script" in text
+                 or bool(_REFUSED_IN_SCRIPT.search(text)))
+    found = _REFUSED_COMMAND.search(text)
+    if found:
+        return Denial(found.group(1).lower(), False, in_script, text)
+    if _REFUSED_KEY.search(text):
+        return Denial(None, True, in_script, text)
+    if _REFUSED_IN_SCRIPT.search(text):
+        return Denial(None, False, True, text)
+    if isinstance(exc, redis.exceptions.NoPermissionError):
+        return Denial(None, False, in_script, text)
+    return None
+
+
 def classify(exc: BaseException) -> Fault:
     """Whether ``exc`` is worth a retry, calls for recreating the group, or is fatal."""
-    if isinstance(exc, _FATAL_TYPES):
+    if isinstance(exc, _FATAL_TYPES) or denial(exc) is not None:
         return Fault.FATAL
     if isinstance(exc, redis.exceptions.ResponseError):
         code = _code(exc)

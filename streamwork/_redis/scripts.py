@@ -27,6 +27,7 @@ from typing import Any, Final
 import msgpack
 import redis.exceptions
 
+from streamwork._redis.faults import denial
 from streamwork._wire.codec import ATTEMPTS_FIELD, BODY_FIELD
 from streamwork._wire.keys import GroupKeys, StreamKeys
 from streamwork._wire.priorities import sibling_streams
@@ -56,6 +57,17 @@ FLAGS: Final = {
 _PROBE: Final = "#!lua flags=no-writes\nreturn 1"
 
 Arg = str | bytes | int | float
+
+
+def file_of(name: str) -> str:
+    """The name of the ``lua/`` file script ``name`` is made of (``ack`` is ``complete``
+    with other flags)."""
+    return _FILES.get(name, name)
+
+
+def lua_text(name: str) -> str:
+    """The text of ``lua/<name>.lua`` (``fields``: the wire field names), no preludes."""
+    return _read(name)
 
 
 def _read(name: str) -> str:
@@ -287,6 +299,22 @@ def fenced_set(key: str, token: int, value: Arg) -> Call:
 # ---- running them
 
 
+#: attributes a refused script call's exception carries (``streamwork._redis.acl`` reads
+#: them to name the script and its keys in the message): the script's name, its KEYS
+NOTED_SCRIPT: Final = "streamwork_script"
+NOTED_KEYS: Final = "streamwork_keys"
+
+
+def _note(exc: BaseException, call: Call) -> None:
+    """Remember on ``exc`` which script it came from, and with which KEYS."""
+    if getattr(exc, NOTED_SCRIPT, None) is None:
+        try:
+            setattr(exc, NOTED_SCRIPT, call.script)
+            setattr(exc, NOTED_KEYS, tuple(call.keys))
+        except AttributeError:  # an exception type without a __dict__: nothing noted
+            pass
+
+
 class _Registry:
     """Script objects of one client (EVALSHA, reloaded on NOSCRIPT)."""
 
@@ -314,7 +342,12 @@ class AsyncScripts(_Registry):
 
     async def run(self, call: Call, client: Any = None) -> Any:
         """Run ``call`` (on ``client`` instead of the registered one, if given)."""
-        return await self._script(call.script)(keys=call.keys, args=call.args, client=client)
+        try:
+            return await self._script(call.script)(keys=call.keys, args=call.args,
+                                                   client=client)
+        except redis.exceptions.ResponseError as exc:
+            _note(exc, call)
+            raise
 
 
 class SyncScripts(_Registry):
@@ -322,13 +355,19 @@ class SyncScripts(_Registry):
 
     def run(self, call: Call, client: Any = None) -> Any:
         """Run ``call`` (on ``client`` instead of the registered one, if given)."""
-        return self._script(call.script)(keys=call.keys, args=call.args, client=client)
+        try:
+            return self._script(call.script)(keys=call.keys, args=call.args, client=client)
+        except redis.exceptions.ResponseError as exc:
+            _note(exc, call)
+            raise
 
 
 async def supports_flags(client: Any) -> bool:
     """Whether the server behind an asyncio ``client`` understands ``#!lua`` flags."""
     try:
         await client.eval(_PROBE, 0)
-    except redis.exceptions.ResponseError:
+    except redis.exceptions.ResponseError as exc:
+        if denial(exc) is not None:  # the user may not EVAL: say so, it is no answer
+            raise
         return False
     return True

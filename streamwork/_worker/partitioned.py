@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from streamwork._redis import connection, scripts
+from streamwork._redis import acl, connection, scripts
 from streamwork._redis.faults import Fault, classify
 from streamwork._telemetry.logs import WORKER_LOGGER, fields
 from streamwork._wire.extensions import Codec
@@ -175,6 +175,7 @@ class Partitioned:
         out transient errors as a consumer's start does; a producer or worker with another
         count is refused (WorkerFailed). False when stopped before Redis answered."""
         sup = self.start_sup = Supervisor(_nothing, link=self.link, stream=self.cfg.stream,
+                                          explain=acl.explainer(self.url, self.cfg.stream),
                                           group=self.cfg.group, consumer=self.name)
         sup.stop_event = stop
         try:

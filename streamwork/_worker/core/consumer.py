@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from streamwork._redis import connection, scripts
+from streamwork._redis import acl, connection, scripts
 from streamwork._redis.replies import Claim
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER, fields
@@ -105,6 +105,7 @@ class Consumer:
         queue = RunQueue(self.gate)
         self.holdings = h = Holdings(ctx, queue)
         self.sup = Supervisor(self._recreate_group, self._distrust_cache, link=link,
+                              explain=acl.explainer(url, cfg.stream),
                               stream=cfg.stream, group=cfg.group, consumer=name)
         self._hooks_of: list[Feature] = []
         self.starts: Starts  # set below, once the features are built (they may hold it)

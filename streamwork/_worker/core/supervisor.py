@@ -24,7 +24,7 @@ from streamwork._redis.connection import reconnect_delay
 from streamwork._redis.faults import Fault, classify
 from streamwork._redis.tls import TlsError
 from streamwork._telemetry.logs import WORKER_LOGGER, fields
-from streamwork.errors import WorkerFailed
+from streamwork.errors import PermissionDenied, WorkerFailed
 
 log = logging.getLogger(WORKER_LOGGER)
 
@@ -101,9 +101,13 @@ class Supervisor:
 
     def __init__(self, recreate: Callable[[], Awaitable[None]],
                  on_fault: Callable[[], None] | None = None, *, link: Link | None = None,
+                 explain: Callable[[BaseException], BaseException | None] | None = None,
                  **log_fields: str) -> None:
         self._recreate = recreate
         self._on_fault = on_fault
+        #: a fatal error in the words the worker stops with (a refused permission:
+        #: `PermissionDenied`, naming what to grant), or None to keep it as it is
+        self._explain = explain
         self._fields = log_fields
         self.link = link if link is not None else Link(**log_fields)
         self.tasks: dict[asyncio.Task[None], str] = {}
@@ -176,13 +180,25 @@ class Supervisor:
         self.fail(what, exc)
         return False
 
+    def explained(self, exc: BaseException) -> BaseException:
+        """``exc``, or the error that says it better (`PermissionDenied` for a missing ACL
+        permission), raised from it."""
+        better = self._explain(exc) if self._explain is not None else None
+        if better is None or better is exc:
+            return exc
+        better.__cause__ = exc
+        return better
+
     def fail(self, what: str, exc: BaseException) -> None:
         """Stop the worker: it met an error no backoff will cure. It drains, then ``run``
-        raises WorkerFailed."""
+        raises WorkerFailed. A refused permission is logged without a traceback: its
+        message says what was refused and what to grant."""
         if self.fatal is None:
+            exc = self.explained(exc)
             self.fatal = WorkerFailed(what, exc)
-            log.error("%s failed; the worker stops: %s", what, exc, exc_info=exc,
-                      extra=fields(**self._fields))
+            denied = isinstance(exc, PermissionDenied)
+            log.error("%s failed; the worker stops: %s", what, exc,
+                      exc_info=None if denied else exc, extra=fields(**self._fields))
         if self.stop_event is not None:
             self.stop_event.set()
 
@@ -203,7 +219,7 @@ class Supervisor:
                 if isinstance(exc, TlsError):
                     raise  # the URL's fault, found before serving: say so, and only that
                 if classify(exc) is Fault.FATAL:
-                    raise WorkerFailed(what, exc) from exc
+                    raise WorkerFailed(what, self.explained(exc)) from exc
                 await self.backoff(exc, since, stop_cuts=True)
             else:
                 self.link.answered(since)

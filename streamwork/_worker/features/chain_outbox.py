@@ -21,7 +21,7 @@ from typing import Any, Final
 
 import redis.exceptions
 
-from streamwork._redis import connection, scripts
+from streamwork._redis import acl, connection, scripts
 from streamwork._telemetry.logs import WORKER_LOGGER, fields
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names
@@ -46,6 +46,7 @@ class Drainer:
         self.link = link
         self.sources = (partition_names(cfg.stream, cfg.partitions) if cfg.partitions > 1
                         else (cfg.stream,))
+        self.url = url
         self.redis: Any = connection.async_client(url)
         self.scripts = scripts.AsyncScripts(self.redis, flags=False)
         self.moved = 0  #: jobs this drainer put on their targets (not those found moved)
@@ -56,6 +57,7 @@ class Drainer:
         for what its last completions staged (FINAL_DRAIN seconds at most); on an error no
         backoff cures, set ``stop`` (which stops the whole worker) and raise WorkerFailed."""
         sup = Supervisor(_nothing, link=self.link, stream=self.cfg.stream,
+                         explain=acl.explainer(self.url, self.cfg.stream),
                          group=self.cfg.group, consumer=self.consumer)
         sup.stop_event = stop
         task = sup.loop("outbox drain", self.step)

@@ -30,6 +30,7 @@ from typing import Final
 
 import redis.exceptions
 
+from streamwork._redis.faults import denial
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER
 from streamwork._wire.pausing import PauseState, parse_pause
@@ -128,7 +129,9 @@ class Pausing(Feature):
             return True
         try:
             groups = await ctx.redis.xinfo_groups(ctx.cfg.stream)
-        except redis.exceptions.ResponseError:  # no such stream
+        except redis.exceptions.ResponseError as exc:  # no such stream
+            if denial(exc) is not None:  # not an answer: the user may not ask
+                raise
             return True
         names = {g["name"].decode() if isinstance(g["name"], bytes) else str(g["name"])
                  for g in groups}

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from streamwork._redis import connection, scripts
+from streamwork._redis import acl, connection, scripts
 from streamwork._telemetry.logs import WORKER_LOGGER, fields
 from streamwork._wire.codec import pack_body
 from streamwork._wire.extensions import Codec
@@ -76,6 +76,7 @@ class Scheduler:
         self.codec = codec  # the worker's: its own types in schedule payloads
         self.link = link  # the worker's: an outage is reported once, not per client
         self.consumer = consumer
+        self.url = url
         self.redis: Any = connection.async_client(url)
         self.scripts = scripts.AsyncScripts(self.redis, flags=False)
         self.base = StreamKeys.for_stream(cfg.stream).group(cfg.group)
@@ -104,6 +105,7 @@ class Scheduler:
         """Enqueue due ticks until ``stop`` is set; raise WorkerFailed (after setting
         ``stop``, which stops the whole worker) on an error no backoff cures."""
         sup = Supervisor(_nothing, link=self.link, stream=self.cfg.stream, group=self.cfg.group,
+                         explain=acl.explainer(self.url, self.cfg.stream),
                          consumer=self.consumer)
         sup.stop_event = stop
         task = sup.loop("scheduler", self.step)

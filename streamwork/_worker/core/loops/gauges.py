@@ -5,12 +5,12 @@ as ``streamwork inspect`` counts them (:mod:`streamwork._ops.stats`)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any, Final
 
 import redis.exceptions
 
 from streamwork._ops.sides import RetrySide, level_side, retry_side
+from streamwork._redis.faults import denial
 from streamwork._telemetry import api as telemetry
 from streamwork._wire.keys import StreamKeys
 from streamwork._worker.core.context import Context
@@ -23,13 +23,18 @@ GAUGE_INTERVAL: Final = 5.0  #: s between reads of lag/pending/delayed/dead for 
 async def gauges_step(ctx: Context) -> bool:
     """Refresh the stream gauges (lag, pending, delayed, dead), then wait a few seconds.
     Returns whether Redis answered: gauges are best effort, so an error is swallowed here,
-    and a step that swallowed one (or did not ask) must not count as Redis answering."""
+    and a step that swallowed one (or did not ask) must not count as Redis answering. A
+    permission the user lacks is not swallowed: the worker stops saying what to grant,
+    rather than run on with gauges that never show."""
     reached = False
     ctx.tally.refresh()  # an OpenTelemetry SDK may have been installed meanwhile
     if ctx.tally.metering:
-        with contextlib.suppress(redis.exceptions.RedisError, OSError):
+        try:
             await read_gauges(ctx)
             reached = True
+        except (redis.exceptions.RedisError, OSError) as exc:
+            if denial(exc) is not None:
+                raise
     await asyncio.sleep(jitter(GAUGE_INTERVAL))
     return reached
 
