@@ -26,6 +26,7 @@ from streamwork.errors import (
     PayloadTooLarge,
     RedisUnavailable,
     Retry,
+    SendFailed,
     StreamworkError,
     WorkerFailed,
 )
@@ -117,6 +118,7 @@ __all__ = [
     "RedisUnavailable",
     "Redlock",
     "Retry",
+    "SendFailed",
     "StreamWorker",
     "StreamworkError",
     "WorkerFailed",

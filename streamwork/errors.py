@@ -6,6 +6,7 @@ The tree, by what the caller does next::
     ├── ConfigError (ValueError)     fix the option named in the message
     ├── PayloadTooLarge (ValueError) send less, or raise max_payload_bytes
     ├── RedisUnavailable             Redis could not be reached within the retry budget
+    │   └── SendFailed               a send got no answer: ``outcome`` says if it was stored
     ├── StreamNotFound               no such stream: check the name, --url and database
     ├── GroupNotFound                no such consumer group on the stream: check the name
     ├── WorkerFailed                 a worker stopped on an error it cannot ride out (a bug)
@@ -39,6 +40,7 @@ __all__ = [
     "PayloadTooLarge",
     "RedisUnavailable",
     "Retry",
+    "SendFailed",
     "StreamNotFound",
     "StreamworkError",
     "WorkerFailed",
@@ -80,6 +82,66 @@ class RedisUnavailable(StreamworkError):
             "runs, has memory to spare and takes writes (not a replica), and that "
             "the URL is right (--url or $REDIS_URL), then try again."
         )
+
+
+class SendFailed(RedisUnavailable):
+    """A send (``send``, ``send_many``) got no answer from Redis within its time bound
+    (`Producer` says how long that is: ``retry_timeout`` plus twice the client's connect
+    and socket timeouts; 34 s by default). What is known of its jobs:
+
+    * ``outcome == "not stored"``: no attempt's request can have reached Redis (every one
+      failed to connect, or Redis answered with an error): the jobs ``keys`` are not in the
+      stream; sending them again is safe.
+    * ``outcome == "unknown"``: a request may have reached Redis and its reply was lost
+      (a timeout or a connection lost after the request was written). Redis stored the
+      jobs ``keys`` once or not at all, never twice: the producer retried with the same
+      marker. Send them again **with the same keys** (``key=err.keys[0]``, ``keys=err.keys``)
+      within ``resend_window`` seconds of the first try and a copy already stored is not
+      stored again (the send returns its id); later, a second copy is stored, which the
+      workers' ``dedup`` makes harmless. ``status(stream, key)`` says whether a worker has it.
+
+    For ``send_many``, ``stored`` maps the keys of the jobs already stored (chunks before
+    the failing one) to their ids, and ``unsent`` lists the keys of the jobs after it,
+    which were not sent (not stored). For ``send``, ``stored`` and ``unsent`` are empty."""
+
+    def __init__(self, what: str, url: str, cause: BaseException | None, *, stream: str,
+                 outcome: str, keys: list[str], resend_window: float,
+                 stored: dict[str, str] | None = None, unsent: list[str] | None = None,
+                 waited: float = 0.0) -> None:
+        self.stream = stream
+        self.outcome = outcome
+        self.keys = keys
+        self.resend_window = resend_window
+        self.stored = stored or {}
+        self.unsent = unsent or []
+        self.waited = waited
+        RedisUnavailable.__init__(self, what, url, cause)
+        jobs = _jobs(keys)
+        if outcome == "not stored":
+            told = (f"{jobs} NOT stored: no request reached Redis (every attempt failed to "
+                    "connect or was refused); sending again is safe.")
+        else:
+            told = (f"{jobs} stored once or not at all (a request may have reached Redis, "
+                    f"its reply was lost). Send again with the same keys: within "
+                    f"{resend_window:.0f} s of the first try nothing is stored twice (you get "
+                    "the stored id); later a second copy is stored, harmless with the "
+                    f"workers' dedup. Check with status({stream!r}, key).")
+        if self.stored:
+            told += f" {len(self.stored)} earlier jobs of this send_many were stored (.stored)."
+        if self.unsent:
+            told += f" {len(self.unsent)} later jobs were not sent (.unsent)."
+        self.args = (f"{what}: no answer from Redis at {redact_url(url)} within "
+                     f"{waited:.1f} s{_detail(cause)}. {told}",)
+
+
+def _jobs(keys: list[str]) -> str:
+    if len(keys) == 1:
+        return f"job {keys[0]!r} was"
+    return f"its {len(keys)} jobs ({keys[0]!r} ... {keys[-1]!r}) were"
+
+
+def _detail(cause: BaseException | None) -> str:
+    return f" ({type(cause).__name__}: {cause})" if cause else ""
 
 
 class StreamNotFound(StreamworkError):

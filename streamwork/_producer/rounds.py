@@ -13,6 +13,8 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeAlias, TypeVar
 
+import redis
+
 from streamwork._redis import connection, scripts
 from streamwork._redis.faults import is_transient
 from streamwork._wire.codec import BODY_FIELD
@@ -151,23 +153,64 @@ def advance(steps: Steps[T], reply: Any, error: BaseException | None) -> Request
         return Result(stop.value)
 
 
-def attempt(request: Command, what: str, url: str, retry_timeout: float) -> Steps[Any]:
+class Tally:
+    """What the failed attempts of one write tell (`attempt` fills it in): how many failed,
+    whether any of them may have reached Redis (its request written, its reply lost: a
+    timeout or a connection lost after connecting), and when the first began."""
+
+    __slots__ = ("began", "failures", "reached")
+
+    def __init__(self, blind_retries: bool = False) -> None:
+        #: the client retries on its own (redis-py's ``retry``): an attempt may be several
+        #: requests, any of which may have reached Redis whatever the last one's error
+        self.reached = blind_retries
+        self.failures = 0
+        self.began = time.monotonic()
+
+    def failed(self, exc: BaseException) -> None:
+        self.failures += 1
+        if not _before_request(exc):
+            self.reached = True
+
+
+def _before_request(exc: BaseException) -> bool:
+    """Whether ``exc`` proves the request was never written: the connection could not be
+    opened (redis-py's "Error ... connecting to ..." / "Timeout connecting to server"), or
+    Redis answered with an error (LOADING, READONLY, OOM, BUSY, ...: a script refused
+    whole)."""
+    if isinstance(exc, redis.ResponseError):
+        return True
+    text = str(exc)
+    return " connecting to " in text or text.startswith("Timeout connecting to server")
+
+
+def attempt(request: Command, what: str, url: str, retry_timeout: float,
+            tally: Tally | None = None) -> Steps[Any]:
     """The reply to ``request``, retried while its errors are transient: at once, then
-    after a backoff (50 ms doubling to 2 s, jittered), until ``retry_timeout`` seconds have
-    passed since the retries began; then RedisUnavailable (``what`` says what failed)."""
+    after a backoff (50 ms doubling to 2 s, jittered, never past the deadline), until
+    ``retry_timeout`` seconds have passed since the retries began; then RedisUnavailable
+    (``what`` says what failed). No retry starts after the deadline, so the whole takes at
+    most one attempt more than ``retry_timeout`` plus the first. ``tally`` (a write's)
+    records what the failures tell of whether the request reached Redis."""
     try:
         return (yield request)  # the usual case: no retry state built at all
     except Exception as exc:
         if not is_transient(exc):
             raise
+        if tally is not None:
+            tally.failed(exc)
     started, failures = time.monotonic(), 0
+    deadline = started + retry_timeout
     while True:
         try:
             return (yield request)
         except Exception as exc:
             if not is_transient(exc):
                 raise
+            if tally is not None:
+                tally.failed(exc)
             failures += 1
-            if time.monotonic() - started >= retry_timeout:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise RedisUnavailable(what, url, exc) from exc
-        yield Sleep(connection.reconnect_delay(failures))
+        yield Sleep(min(connection.reconnect_delay(failures), left))

@@ -4,8 +4,11 @@ Both are thin I/O shells over steps that do no I/O (`core` for sending, `jobs` f
 job's status, cancel and result): each public method runs its steps with the shell's one
 `_run`, which performs the round trips they yield, the sync one blocking, the async one
 awaiting. A transport failure is retried with backoff for ``retry_timeout`` seconds, then
-raised as RedisUnavailable. A send retried after a lost reply may enqueue the job twice:
-give jobs a ``key`` and run the worker with ``dedup`` to make that harmless.
+raised as RedisUnavailable. A send is idempotent (its script keeps a marker named after
+its job keys): retried after a lost reply it stores nothing twice, and when no answer
+comes in time it raises SendFailed, which says whether the jobs may be stored.
+`from_url` builds a client that makes no retries of its own (redis-py's ``retry``), so
+every attempt is one request the producer sees, and a send's time bound holds.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
+import redis.asyncio.retry
+import redis.retry
+from redis.backoff import NoBackoff
 from typing_extensions import Unpack
 
 from streamwork._producer.jobs import CANCEL_TTL
@@ -46,7 +52,9 @@ class Producer(Joining):
         ``options``: ``max_payload_bytes``, ``retry_timeout``, ``partitions`` and ``codec``
         (a `Codec`: your own types in the payloads it sends and the results it reads)."""
         resolved = connection.resolve_url(url)
-        return cls(connection.sync_client(resolved), url=resolved, **options)
+        single = ({"retry": redis.retry.Retry(NoBackoff(), 0)}
+                  if connection.is_plain_url(resolved) else {})
+        return cls(connection.sync_client(resolved, **single), url=resolved, **options)
 
     def send(
         self,
@@ -222,7 +230,9 @@ class AsyncProducer(Joining):
     def from_url(cls, url: str | None = None, **options: Any) -> AsyncProducer:
         """An async producer for ``url`` (default ``$REDIS_URL``, else the local default)."""
         resolved = connection.resolve_url(url)
-        return cls(connection.async_client(resolved), url=resolved, **options)
+        single = ({"retry": redis.asyncio.retry.Retry(NoBackoff(), 0)}
+                  if connection.is_plain_url(resolved) else {})
+        return cls(connection.async_client(resolved, **single), url=resolved, **options)
 
     async def send(
         self,

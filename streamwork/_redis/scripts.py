@@ -95,10 +95,16 @@ class Call:
 # ---- the scripts' calling conventions (pure: each builds the KEYS and ARGV of one script)
 
 
-def produce(keys: StreamKeys, bodies: Sequence[bytes], maxlen: int | None = None) -> Call:
+def produce(keys: StreamKeys, bodies: Sequence[bytes], maxlen: int | None = None,
+            marker: str | None = None, marker_ttl_ms: int = 0) -> Call:
     """produce.lua: XADD ``bodies`` to the stream in one atomic step (trimming to about
-    ``maxlen`` entries when given); returns their ids."""
-    return Call("produce", [keys.stream], [pack(list(bodies)), maxlen or ""])
+    ``maxlen`` entries when given); returns their ids. With ``marker`` (a key of
+    ``keys``, kept ``marker_ttl_ms``) the call is idempotent: repeated while the marker
+    lives, it adds nothing and returns the first call's ids."""
+    if marker is None:
+        return Call("produce", [keys.stream], [pack(list(bodies)), maxlen or ""])
+    return Call("produce", [keys.stream, marker],
+                [pack(list(bodies)), maxlen or "", marker_ttl_ms])
 
 
 def rate(bucket: str, per_ms: float, burst: float) -> Call:
@@ -225,9 +231,14 @@ def tick(stream: str, last_tick: str, upto_ms: int,
     return Call("tick", [stream, last_tick], [str(upto_ms), pack([list(t) for t in ticks])])
 
 
-def schedule(k: StreamKeys, delay_ms: str, at_ms: str, members: Sequence[bytes]) -> Call:
-    """schedule.lua: add members to the delayed ZSET, due after a delay or at a time."""
-    return Call("schedule", [k.delayed], [delay_ms, at_ms, pack(list(members))])
+def schedule(k: StreamKeys, delay_ms: str, at_ms: str, members: Sequence[bytes],
+             marker: str | None = None, marker_ttl_ms: int = 0) -> Call:
+    """schedule.lua: add members to the delayed ZSET, due after a delay or at a time;
+    idempotent with ``marker`` as `produce` is."""
+    if marker is None:
+        return Call("schedule", [k.delayed], [delay_ms, at_ms, pack(list(members))])
+    return Call("schedule", [k.delayed, marker],
+                [delay_ms, at_ms, pack(list(members)), marker_ttl_ms])
 
 
 def chain(target: StreamKeys, source: str, entries: list[list[Any]]) -> Call:
