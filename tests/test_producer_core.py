@@ -9,8 +9,10 @@ from typing import Any, TypeVar
 import msgpack
 import pytest
 import redis
+import redis.backoff
+import redis.retry
 
-from streamwork._producer.core import SEND_CHUNK, Core, ids, new_key
+from streamwork._producer.core import SEND_CHUNK, Core, ids, marker_token, new_key
 from streamwork._producer.jobs import Jobs
 from streamwork._producer.rounds import (
     Get,
@@ -22,13 +24,12 @@ from streamwork._producer.rounds import (
     SetIfMissing,
     Sleep,
     Steps,
-    Xadd,
     advance,
 )
 from streamwork._wire.codec import decode_body
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names
-from streamwork.errors import ConfigError, RedisUnavailable, StreamNotFound
+from streamwork.errors import ConfigError, RedisUnavailable, SendFailed, StreamNotFound
 
 T = TypeVar("T")
 
@@ -62,18 +63,28 @@ def send_many(core: Core, stream: str, payloads: list[Any], keys: list[str] | No
     return core._send_many_steps(stream, payloads, keys, headers, maxlen, options)
 
 
-def test_send_checks_the_partitions_once_then_xadds_one_body() -> None:
+def _produced(request: Request) -> tuple[str, list[bytes], Any, str]:
+    """(stream, bodies, maxlen, marker) of a produce.lua call."""
+    assert isinstance(request, Script) and request.call.script == "produce"
+    stream, marker = request.call.keys
+    return (str(stream), msgpack.unpackb(request.call.args[0], raw=True),
+            request.call.args[1], str(marker))
+
+
+def test_send_checks_the_partitions_once_then_produces_one_body_with_its_marker() -> None:
     core = Core(None)
     result, seen = drive(send(core, "orders", {"n": 1}, key="k1", maxlen=10),
-                         lambda r: None if isinstance(r, Get) else b"5-0")
+                         lambda r: None if isinstance(r, Get) else [b"5-0"])
     assert result == "5-0"
     assert seen[0] == Get(StreamKeys.for_stream("orders").partitions)
-    [xadd] = seen[1:]
-    assert isinstance(xadd, Xadd) and xadd.stream == "orders" and xadd.maxlen == 10
-    env = decode_body(xadd.body)
+    [produce] = seen[1:]
+    stream, [body], maxlen, marker = _produced(produce)
+    assert (stream, maxlen) == ("orders", 10)
+    assert marker == StreamKeys.for_stream("orders").sent(marker_token(["k1"]))
+    env = decode_body(body)
     assert (env.key, env.payload) == ("k1", {"n": 1})
-    _, again = drive(send(core, "orders", 2), lambda r: b"6-0")
-    assert [type(r) for r in again] == [Xadd], "the partition count is checked once"
+    _, again = drive(send(core, "orders", 2), lambda r: [b"6-0"])
+    assert [type(r) for r in again] == [Script], "the partition count is checked once"
 
 
 def test_a_delayed_send_is_one_schedule_call_and_returns_the_key() -> None:
@@ -88,12 +99,13 @@ def test_a_delayed_send_is_one_schedule_call_and_returns_the_key() -> None:
 def test_a_partitioned_send_records_the_count_and_refuses_another() -> None:
     core = Core(None, partitions=2)
     result, seen = drive(send(core, "orders", 1, key="k", order_key="acct-1"),
-                         lambda r: None if isinstance(r, SetIfMissing) else b"1-0")
+                         lambda r: None if isinstance(r, SetIfMissing) else [b"1-0"])
     assert result == "1-0"
     assert seen[0] == SetIfMissing(StreamKeys.for_stream("orders").partitions, 2)
-    assert isinstance(seen[1], Xadd)
-    assert seen[1].stream == core._target("orders", "k", "acct-1")
-    assert seen[1].stream in partition_names("orders", 2)
+    stream, _, _, marker = _produced(seen[1])
+    assert stream == core._target("orders", "k", "acct-1")
+    assert stream in partition_names("orders", 2)
+    assert marker == StreamKeys.for_stream(stream).sent(marker_token(["k"]))
     with pytest.raises(ConfigError, match="split into 3 partitions"):
         drive(send(Core(None, partitions=2), "orders", 1), lambda r: b"3")
 
@@ -114,7 +126,7 @@ def test_transient_errors_are_retried_then_raised_as_redis_unavailable() -> None
     assert failures == 2, "a failure is retried at once; the budget of 0 s ends it there"
     assert isinstance(raised.value.__cause__, redis.ConnectionError)
 
-    flaky = iter([redis.ConnectionError("x"), redis.TimeoutError("y"), b"9-0"])
+    flaky = iter([redis.ConnectionError("x"), redis.TimeoutError("y"), [b"9-0"]])
 
     def recovering(request: Request) -> Any:
         if isinstance(request, (Get, Sleep)):
@@ -126,7 +138,61 @@ def test_transient_errors_are_retried_then_raised_as_redis_unavailable() -> None
 
     result, seen = drive(send(Core(None), "orders", 1), recovering)
     assert result == "9-0"
-    assert [type(r) for r in seen] == [Get, Xadd, Xadd, Sleep, Xadd]
+    assert [type(r) for r in seen] == [Get, Script, Script, Sleep, Script]
+    assert all(r == seen[1] for r in seen[1:] if isinstance(r, Script)), "one marker"
+
+
+class _Client:
+    """Stands in for a redis-py client that says its timeouts and makes no retries."""
+
+    def get_connection_kwargs(self) -> dict[str, Any]:
+        return {"socket_timeout": 1.0, "socket_connect_timeout": 0.5,
+                "retry": redis.retry.Retry(redis.backoff.NoBackoff(), 0)}
+
+
+@pytest.mark.parametrize(("errors", "outcome"), [
+    ([redis.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")],
+     "not stored"),
+    ([redis.TimeoutError("Timeout connecting to server"),
+      redis.ResponseError("LOADING Redis is loading the dataset in memory")], "not stored"),
+    ([redis.TimeoutError("Timeout reading from socket"),
+      redis.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")],
+     "unknown"),
+    ([redis.ConnectionError("Connection closed by server.")], "unknown"),
+])
+def test_a_send_without_an_answer_says_whether_it_may_be_stored(
+        errors: list[Exception], outcome: str) -> None:
+    """SendFailed's outcome: "not stored" only when no attempt can have reached Redis (it
+    failed to connect, or Redis answered with an error); any timeout or connection lost
+    after connecting makes it "unknown". The bound is the retry budget plus two attempts."""
+    core = Core(_Client(), retry_timeout=0)
+    assert core.send_bound == 0 + 2 * (0.5 + 1.0)
+    failing = iter(errors * 2)
+
+    def down(request: Request) -> Any:
+        if isinstance(request, (Get, Sleep)):
+            return None
+        raise next(failing)
+
+    with pytest.raises(SendFailed) as raised:
+        drive(send(core, "orders", 1, key="k"), down)
+    assert (raised.value.outcome, raised.value.keys) == (outcome, ["k"])
+    assert isinstance(raised.value, RedisUnavailable)
+
+
+def test_a_client_that_retries_on_its_own_makes_every_outcome_unknown() -> None:
+    """A client whose own retries may have resent the request (or one that does not say):
+    even a connect error at the end leaves the outcome unknown."""
+    refused = redis.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+
+    def down(request: Request) -> Any:
+        if isinstance(request, (Get, Sleep)):
+            return None
+        raise refused
+
+    with pytest.raises(SendFailed) as raised:
+        drive(send(Core(None, retry_timeout=0), "orders", 1, key="k"), down)
+    assert raised.value.outcome == "unknown"
 
 
 def test_other_errors_are_not_retried() -> None:

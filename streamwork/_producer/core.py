@@ -282,6 +282,18 @@ class Core:
         """One round trip, retried while Redis is unreachable (``what`` names it then)."""
         return attempt(request, what, self.url, self.retry_timeout, tally)
 
+    def _before_write(self, what: str, stream: str, keys: Sequence[str]) -> Steps[None]:
+        """What a send reads before it writes (`_check_recorded`); Redis not answering
+        there raises SendFailed with outcome "not stored": nothing was written yet."""
+        began = time.monotonic()
+        try:
+            yield from self._check_recorded(stream)
+        except RedisUnavailable as exc:
+            raise SendFailed(what, self.url, exc.__cause__, stream=stream,
+                             outcome="not stored", keys=list(keys),
+                             resend_window=self.marker_ttl_ms / 1000,
+                             waited=time.monotonic() - began) from exc.__cause__
+
     def _write(self, what: str, stream: str, request: Script,
                keys: Sequence[str]) -> Steps[Any]:
         """One idempotent send script (its marker in its KEYS), retried as `_io` does; no
@@ -321,7 +333,7 @@ class Core:
         options by send keyword (`job_options`)."""
         with telemetry.producer_span(stream):
             single = self._plan_send(stream, payload, key, headers, maxlen, options)
-            yield from self._check_recorded(stream)
+            yield from self._before_write(f"send to {stream!r}", stream, [single.job_key])
             reply = yield from self._write(f"send to {stream!r}", stream, single.request,
                                            [single.job_key])
             result = single.key if single.key is not None else ids(reply)[0]
@@ -339,12 +351,12 @@ class Core:
         priority = self._level(stream, opts, due)
         job_key = new_key() if key is None else key
         target = self._target(stream, job_key, opts.get("order_key"))
+        body = pack_body(job_key, to_plain(payload, self.codec), hdrs, int(time.time() * 1000),
+                         self.max_payload_bytes, wire_map(opts, job_key), self.codec)
         # the marker lives with the stream's (partition's) other keys, whatever the level
         marker = keys_of(target).sent(marker_token([job_key]))
         if priority != DEFAULT:
             target = level_stream(keys_of(stream), priority)
-        body = pack_body(job_key, to_plain(payload, self.codec), hdrs, int(time.time() * 1000),
-                         self.max_payload_bytes, wire_map(opts, job_key), self.codec)
         if due is not None:
             return Single(Script(scripts.schedule(keys_of(target), *due, [_member(body)],
                                                   marker, self.marker_ttl_ms)),
@@ -360,8 +372,8 @@ class Core:
         options by send_many keyword."""
         with telemetry.producer_span(stream, len(payloads)):
             batches = self._plan_send_many(stream, payloads, keys, headers, maxlen, options)
-        yield from self._check_recorded(stream)
         what = f"send_many to {stream!r}"
+        yield from self._before_write(what, stream, [k for b in batches for k in b.job_keys])
         results: list[list[str]] = []
         plan = [(batch, _chunks(batch, self.marker_ttl_ms)) for batch in batches]
         order = [k for _, chunks in plan for c in chunks for k in c.job_keys]

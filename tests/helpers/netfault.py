@@ -185,7 +185,14 @@ class Forwarder:
             started.set()
 
         self._loop.run_until_complete(listen())
-        self._loop.run_forever()
+        try:
+            self._loop.run_forever()
+        finally:
+            pending = asyncio.all_tasks(self._loop)
+            for task in pending:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            self._loop.close()
 
     async def _accept(self, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
@@ -246,11 +253,12 @@ class Forwarder:
         async def shut() -> None:
             if self._server is not None:
                 self._server.close()
+                await self._server.wait_closed()
             for writer in list(self._writers):
                 writer.close()
             for task in list(self._tasks):
                 task.cancel()
-            await asyncio.sleep(0)
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(shut(), self._loop).result(10)
