@@ -157,6 +157,7 @@ class Forwarder:
         self._loop = asyncio.new_event_loop()
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        self._upstream: set[asyncio.StreamWriter] = set()
         self._server: asyncio.AbstractServer | None = None
         started = threading.Event()
         self._thread = threading.Thread(target=self._main, args=(started,), daemon=True,
@@ -176,6 +177,16 @@ class Forwarder:
     def heal(self) -> None:
         """No more latency nor loss (chunks already held back still arrive, in order)."""
         self.impairment = None
+
+    def upstream_ports(self) -> set[int]:
+        """The local ports of its open connections to the server (what the server's CLIENT
+        LIST shows as their ``addr``): which server clients are this forwarder's."""
+        ports = set()
+        for up in list(self._upstream):
+            name = up.get_extra_info("sockname")
+            if name:
+                ports.add(int(name[1]))
+        return ports
 
     def _main(self, started: threading.Event) -> None:
         asyncio.set_event_loop(self._loop)
@@ -203,6 +214,7 @@ class Forwarder:
             writer.close()
             return
         self._writers |= {writer, up_writer}
+        self._upstream.add(up_writer)
         for src, dst in ((reader, up_writer), (up_reader, writer)):
             task = asyncio.ensure_future(self._pump(src, dst))
             self._tasks.add(task)
@@ -243,6 +255,7 @@ class Forwarder:
             pass
         finally:
             self._writers.discard(dst)
+            self._upstream.discard(dst)
             dst.close()
 
     def close(self) -> None:
