@@ -81,6 +81,12 @@ class Producer(Joining):
         level it is sent at. With ``delay`` (seconds) or ``at`` (aware datetime) the job
         waits in ``{S}:delayed`` and the return value is its key, since its entry id is
         only assigned when it falls due.
+
+        While Redis does not answer, it retries (the same request: the job is stored at
+        most once) and blocks at most ``send_bound`` seconds (``retry_timeout`` plus twice
+        the client's connect and socket timeouts; 34 s by default), then raises
+        `SendFailed`, whose ``outcome`` says whether the job may be stored ("unknown": send
+        it again with the same key) or is not ("not stored").
         """
         return self._run(self._send_steps(stream, payload, key, headers, maxlen, options))
 
@@ -97,12 +103,14 @@ class Producer(Joining):
         """Enqueue many jobs; returns their entry ids in order. Each chunk of up to
         SEND_CHUNK (1000) jobs is ONE script call that adds all of them or none (a pipeline
         could fail half way); a longer list is sent chunk after chunk, so a failure there
-        leaves the chunks before it enqueued (their ids are lost with the exception).
+        leaves the chunks before it enqueued (their ids are in the error, see below).
         ``delay``/``at`` delay them all (one script call per chunk too) and return their
         keys instead of ids; ``maxlen`` and the job options as for `send`, ``order_keys``
         one per job and the others (``timeout``, ``priority``, ...) for all of them.
         On a partitioned stream each partition's jobs are sent as above, partition after
-        partition: atomic per partition, in order within each."""
+        partition: atomic per partition, in order within each. A chunk that gets no answer
+        raises `SendFailed` as `send` does, with the ids of the chunks stored before it
+        (``stored``) and the keys of those after it (``unsent``)."""
         return self._run(self._send_many_steps(stream, payloads, keys, headers, maxlen,
                                                  options))
 
