@@ -86,32 +86,29 @@ class RedisUnavailable(StreamworkError):
 
 class SendFailed(RedisUnavailable):
     """A send (``send``, ``send_many``) got no answer from Redis within its time bound
-    (`Producer` says how long that is: ``retry_timeout`` plus twice the client's connect
-    and socket timeouts; 34 s by default). What is known of its jobs:
+    (``producer.send_bound``: ``retry_timeout`` plus twice the client's connect and socket
+    timeouts; 34 s by default). What is known of its jobs ``keys``:
 
-    * ``outcome == "not stored"``: no attempt's request can have reached Redis (every one
-      failed to connect, or Redis answered with an error): the jobs ``keys`` are not in the
+    * ``outcome == "not stored"``: no request of it can have reached Redis (every attempt
+      failed to connect, or Redis refused it with an error): the jobs are not in the
       stream; sending them again is safe.
-    * ``outcome == "unknown"``: a request may have reached Redis and its reply was lost
-      (a timeout or a connection lost after the request was written). Redis stored the
-      jobs ``keys`` once or not at all, never twice: the producer retried with the same
-      marker. Send them again **with the same keys** (``key=err.keys[0]``, ``keys=err.keys``)
-      within ``resend_window`` seconds of the first try and a copy already stored is not
-      stored again (the send returns its id); later, a second copy is stored, which the
-      workers' ``dedup`` makes harmless. ``status(stream, key)`` says whether a worker has it.
+    * ``outcome == "unknown"``: a request may have reached Redis and its reply was lost (a
+      timeout, or the connection lost after the request was written). The jobs are stored
+      once or not at all, never twice by this send: its retries carried the same marker.
+      Send them again with the same keys: if the first copy was stored, workers running
+      with ``dedup`` acknowledge the second without running it (without dedup, both run).
+      ``status(stream, key)`` tells a job a worker has taken.
 
-    For ``send_many``, ``stored`` maps the keys of the jobs already stored (chunks before
-    the failing one) to their ids, and ``unsent`` lists the keys of the jobs after it,
-    which were not sent (not stored). For ``send``, ``stored`` and ``unsent`` are empty."""
+    For ``send_many``, ``stored`` maps the keys of the jobs already stored (the chunks before
+    the failing one) to their ids, and ``unsent`` lists the keys of the jobs after it, not
+    sent. For ``send`` both are empty."""
 
     def __init__(self, what: str, url: str, cause: BaseException | None, *, stream: str,
-                 outcome: str, keys: list[str], resend_window: float,
-                 stored: dict[str, str] | None = None, unsent: list[str] | None = None,
-                 waited: float = 0.0) -> None:
+                 outcome: str, keys: list[str], stored: dict[str, str] | None = None,
+                 unsent: list[str] | None = None, waited: float = 0.0) -> None:
         self.stream = stream
         self.outcome = outcome
         self.keys = keys
-        self.resend_window = resend_window
         self.stored = stored or {}
         self.unsent = unsent or []
         self.waited = waited
@@ -122,10 +119,10 @@ class SendFailed(RedisUnavailable):
                     "connect or was refused); sending again is safe.")
         else:
             told = (f"{jobs} stored once or not at all (a request may have reached Redis, "
-                    f"its reply was lost). Send again with the same keys: within "
-                    f"{resend_window:.0f} s of the first try nothing is stored twice (you get "
-                    "the stored id); later a second copy is stored, harmless with the "
-                    f"workers' dedup. Check with status({stream!r}, key).")
+                    "its reply was lost). Send again with the same keys: a second copy of a "
+                    "stored job is acknowledged without running by workers with dedup on "
+                    f"(without dedup it runs twice); status({stream!r}, key) tells a job a "
+                    "worker has taken.")
         if self.stored:
             told += f" {len(self.stored)} earlier jobs of this send_many were stored (.stored)."
         if self.unsent:

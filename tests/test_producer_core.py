@@ -12,7 +12,7 @@ import redis
 import redis.backoff
 import redis.retry
 
-from streamwork._producer.core import SEND_CHUNK, Core, ids, marker_token, new_key
+from streamwork._producer.core import SEND_CHUNK, Core, ids, new_key
 from streamwork._producer.jobs import Jobs
 from streamwork._producer.rounds import (
     Get,
@@ -80,11 +80,13 @@ def test_send_checks_the_partitions_once_then_produces_one_body_with_its_marker(
     [produce] = seen[1:]
     stream, [body], maxlen, marker = _produced(produce)
     assert (stream, maxlen) == ("orders", 10)
-    assert marker == StreamKeys.for_stream("orders").sent(marker_token(["k1"]))
+    sent = StreamKeys.for_stream("orders").sent("")
+    assert marker.startswith(sent) and len(marker) == len(sent) + 32
     env = decode_body(body)
     assert (env.key, env.payload) == ("k1", {"n": 1})
-    _, again = drive(send(core, "orders", 2), lambda r: [b"6-0"])
+    _, again = drive(send(core, "orders", 2, key="k1"), lambda r: [b"6-0"])
     assert [type(r) for r in again] == [Script], "the partition count is checked once"
+    assert _produced(again[0])[3] != marker, "each call has a marker of its own"
 
 
 def test_a_delayed_send_is_one_schedule_call_and_returns_the_key() -> None:
@@ -105,7 +107,7 @@ def test_a_partitioned_send_records_the_count_and_refuses_another() -> None:
     stream, _, _, marker = _produced(seen[1])
     assert stream == core._target("orders", "k", "acct-1")
     assert stream in partition_names("orders", 2)
-    assert marker == StreamKeys.for_stream(stream).sent(marker_token(["k"]))
+    assert marker.startswith(StreamKeys.for_stream(stream).sent(""))
     with pytest.raises(ConfigError, match="split into 3 partitions"):
         drive(send(Core(None, partitions=2), "orders", 1), lambda r: b"3")
 
@@ -287,3 +289,25 @@ def test_result_pauses_between_looks_and_gives_up_at_its_timeout() -> None:
     with pytest.raises(TimeoutError, match="did not finish"):
         drive(Jobs(None)._result_steps("orders", "k", "g", 0, None),
               lambda r: [{"name": b"g"}] if isinstance(r, Groups) else None)
+
+
+def test_a_send_shares_one_retry_deadline_between_its_check_and_its_write() -> None:
+    """A send's partition check that failed and was answered only at its retry deadline
+    leaves no time for the write: the write is not tried (the send stays within
+    send_bound) and the job is known not stored."""
+    answers = iter([redis.TimeoutError("Timeout reading from socket"), None])
+    seen: list[Request] = []
+
+    def late(request: Request) -> Any:
+        seen.append(request)
+        if isinstance(request, Sleep):
+            return None
+        reply = next(answers)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    with pytest.raises(SendFailed) as raised:
+        drive(send(Core(_Client(), retry_timeout=0), "orders", 1, key="k"), late)
+    assert [type(r) for r in seen] == [Get, Get], "the write was not tried"
+    assert (raised.value.outcome, raised.value.keys) == ("not stored", ["k"])

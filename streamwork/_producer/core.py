@@ -7,7 +7,6 @@ the round trips.
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 import os
 import time
@@ -15,7 +14,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from streamwork._producer.rounds import Command, Get, Script, SetIfMissing, Steps, Tally, attempt
+from streamwork._producer.rounds import (
+    Budget,
+    Command,
+    Get,
+    Script,
+    SetIfMissing,
+    Steps,
+    Tally,
+    attempt,
+)
 from streamwork._redis import scripts
 from streamwork._redis.replies import ProduceReply
 from streamwork._telemetry import api as telemetry
@@ -44,21 +52,11 @@ DEFAULT_RETRY_TIMEOUT: Final = 10.0  #: seconds a send keeps retrying while Redi
 #: Redis time (about 1 us per XADD inside Lua); or this many bytes of bodies
 SEND_CHUNK: Final = 1000
 SEND_CHUNK_BYTES: Final = 4 * 1024 * 1024
-#: least seconds a send's marker is kept (``{S}:sent:<digest>``): a send repeated with the
-#: same job keys meanwhile (the producer's own retry, or the caller's after SendFailed)
-#: stores nothing twice; it is kept twice the send's time bound when that is longer
+#: least seconds a send's marker is kept (``{S}:sent:<token>``, a random token per call):
+#: while it lives, a repeat of that call (the producer's own retry, redis-py's, or the
+#: first request arriving late) stores nothing twice; kept twice the send's time bound
+#: when that is longer
 MIN_MARKER_TTL: Final = 60.0
-
-
-def marker_token(keys: Sequence[str]) -> str:
-    """The digest naming the marker of a send of the jobs ``keys`` (in order): the same
-    keys give the same marker, so a repeated send is recognised."""
-    digest = hashlib.blake2b(digest_size=16)
-    for key in keys:
-        raw = key.encode()
-        digest.update(b"%d:" % len(raw))
-        digest.update(raw)
-    return digest.hexdigest()
 
 
 def client_timeouts(client: Any) -> tuple[float, float, bool]:
@@ -278,37 +276,38 @@ class Core:
                                           "the normal level only; drop priority=")
         return priority
 
-    def _io(self, what: str, request: Command, tally: Tally | None = None) -> Steps[Any]:
+    def _io(self, what: str, request: Command, tally: Tally | None = None,
+            budget: Budget | None = None) -> Steps[Any]:
         """One round trip, retried while Redis is unreachable (``what`` names it then)."""
-        return attempt(request, what, self.url, self.retry_timeout, tally)
+        return attempt(request, what, self.url, self.retry_timeout, tally, budget)
 
-    def _before_write(self, what: str, stream: str, keys: Sequence[str]) -> Steps[None]:
+    def _before_write(self, what: str, stream: str, keys: Sequence[str],
+                      budget: Budget) -> Steps[None]:
         """What a send reads before it writes (`_check_recorded`); Redis not answering
         there raises SendFailed with outcome "not stored": nothing was written yet."""
         began = time.monotonic()
         try:
-            yield from self._check_recorded(stream)
+            yield from self._check_recorded(stream, budget)
         except RedisUnavailable as exc:
             raise SendFailed(what, self.url, exc.__cause__, stream=stream,
                              outcome="not stored", keys=list(keys),
-                             resend_window=self.marker_ttl_ms / 1000,
                              waited=time.monotonic() - began) from exc.__cause__
 
-    def _write(self, what: str, stream: str, request: Script,
-               keys: Sequence[str]) -> Steps[Any]:
-        """One idempotent send script (its marker in its KEYS), retried as `_io` does; no
-        answer in time raises SendFailed, saying whether the jobs ``keys`` may be stored."""
+    def _write(self, what: str, stream: str, request: Script, keys: Sequence[str],
+               budget: Budget) -> Steps[Any]:
+        """One idempotent send script (its marker in its KEYS), retried as `_io` does
+        within the send's ``budget``; no answer in time raises SendFailed, saying whether
+        the jobs ``keys`` may be stored."""
         tally = Tally(self._blind_retries)
         try:
-            return (yield from self._io(what, request, tally))
+            return (yield from self._io(what, request, tally, budget))
         except RedisUnavailable as exc:
             raise SendFailed(
                 what, self.url, exc.__cause__, stream=stream,
                 outcome="unknown" if tally.reached else "not stored", keys=list(keys),
-                resend_window=self.marker_ttl_ms / 1000,
                 waited=time.monotonic() - tally.began) from exc.__cause__
 
-    def _check_recorded(self, stream: str) -> Steps[None]:
+    def _check_recorded(self, stream: str, budget: Budget | None = None) -> Steps[None]:
         """A stream's first send from this producer: a partitioned stream records its
         partition count (or finds it recorded), an unpartitioned one checks none is
         recorded; a different count is refused. Nothing when already checked."""
@@ -317,10 +316,11 @@ class Core:
         count = self.partitions_of(stream)
         key = keys_of(stream).partitions
         if count == 1:
-            reply = yield from self._io(f"check the partitions of {stream!r}", Get(key))
+            reply = yield from self._io(f"check the partitions of {stream!r}", Get(key),
+                                        budget=budget)
         else:
             reply = yield from self._io(f"record the partitions of {stream!r}",
-                                       SetIfMissing(key, count))
+                                        SetIfMissing(key, count), budget=budget)
         check_recorded(stream, reply, count, "producer")
         if len(self._recorded) >= 10_000:  # a producer of very many streams: check again
             self._recorded.clear()
@@ -333,9 +333,11 @@ class Core:
         options by send keyword (`job_options`)."""
         with telemetry.producer_span(stream):
             single = self._plan_send(stream, payload, key, headers, maxlen, options)
-            yield from self._before_write(f"send to {stream!r}", stream, [single.job_key])
+            budget = Budget()
+            yield from self._before_write(f"send to {stream!r}", stream, [single.job_key],
+                                          budget)
             reply = yield from self._write(f"send to {stream!r}", stream, single.request,
-                                           [single.job_key])
+                                           [single.job_key], budget)
             result = single.key if single.key is not None else ids(reply)[0]
         telemetry.count("produced", 1, stream)
         return result
@@ -353,8 +355,8 @@ class Core:
         target = self._target(stream, job_key, opts.get("order_key"))
         body = pack_body(job_key, to_plain(payload, self.codec), hdrs, int(time.time() * 1000),
                          self.max_payload_bytes, wire_map(opts, job_key), self.codec)
-        # the marker lives with the stream's (partition's) other keys, whatever the level
-        marker = keys_of(target).sent(marker_token([job_key]))
+        # this call's marker, with the stream's (partition's) other keys
+        marker = keys_of(target).sent(new_key())
         if priority != DEFAULT:
             target = level_stream(keys_of(stream), priority)
         if due is not None:
@@ -373,7 +375,9 @@ class Core:
         with telemetry.producer_span(stream, len(payloads)):
             batches = self._plan_send_many(stream, payloads, keys, headers, maxlen, options)
         what = f"send_many to {stream!r}"
-        yield from self._before_write(what, stream, [k for b in batches for k in b.job_keys])
+        budget = Budget()  # the check's and the first chunk's; each later chunk its own
+        yield from self._before_write(what, stream, [k for b in batches for k in b.job_keys],
+                                      budget)
         results: list[list[str]] = []
         plan = [(batch, _chunks(batch, self.marker_ttl_ms)) for batch in batches]
         order = [k for _, chunks in plan for c in chunks for k in c.job_keys]
@@ -383,15 +387,16 @@ class Core:
             for chunk in chunks:
                 try:
                     reply = yield from self._write(what, stream, Script(chunk.call),
-                                                   chunk.job_keys)
+                                                   chunk.job_keys, budget)
                 except SendFailed as exc:  # say what the chunks before it stored
                     stored = dict(zip(order[:done], [v for r in results for v in r] + got,
                                       strict=True))
                     raise SendFailed(
                         what, self.url, exc.__cause__, stream=stream, outcome=exc.outcome,
-                        keys=exc.keys, resend_window=exc.resend_window, stored=stored,
+                        keys=exc.keys, stored=stored,
                         unsent=order[done + chunk.count:], waited=exc.waited) from exc.__cause__
                 got += list(chunk.keys) if chunk.keys else ids(reply)
+                budget = Budget()
                 done += chunk.count
                 telemetry.count("produced", chunk.count, stream)
             results.append(got)
@@ -456,7 +461,7 @@ class Core:
 def _chunks(batch: Batch, marker_ttl_ms: int) -> list[Chunk]:
     """``batch``'s bodies as script calls of at most SEND_CHUNK jobs (or about
     SEND_CHUNK_BYTES): each one atomic, and short enough not to hold Redis up; each with
-    its marker (a digest of its job keys: sent again, it stores nothing twice)."""
+    its marker (a random token: the call repeated, it stores nothing twice)."""
     keys, bodies, jk = StreamKeys.of_any(batch.stream), batch.bodies, batch.job_keys
     if sum(map(len, bodies)) < SEND_CHUNK_BYTES:  # the usual case: cut by count alone
         bounds = [(i, min(i + SEND_CHUNK, len(bodies)))
@@ -468,15 +473,12 @@ def _chunks(batch: Batch, marker_ttl_ms: int) -> list[Chunk]:
             if i + 1 - start >= SEND_CHUNK or size >= SEND_CHUNK_BYTES or i + 1 == len(bodies):
                 bounds.append((start, i + 1))
                 start, size = i + 1, 0
-    def marker(start: int, end: int) -> str:
-        return keys.sent(marker_token(jk[start:end]))
-
     if batch.due is not None:
         return [Chunk(scripts.schedule(keys, *batch.due, [_member(b) for b in bodies[start:end]],
-                                       marker(start, end), marker_ttl_ms),
+                                       keys.sent(new_key()), marker_ttl_ms),
                       end - start, batch.keys[start:end], jk[start:end])
                 for start, end in bounds]
-    return [Chunk(scripts.produce(keys, bodies[start:end], batch.maxlen, marker(start, end),
+    return [Chunk(scripts.produce(keys, bodies[start:end], batch.maxlen, keys.sent(new_key()),
                                   marker_ttl_ms), end - start, (), jk[start:end])
             for start, end in bounds]
 

@@ -184,33 +184,49 @@ def _before_request(exc: BaseException) -> bool:
     return " connecting to " in text or text.startswith("Timeout connecting to server")
 
 
+class Budget:
+    """The retry deadline the round trips of one call share (a send's partition check and
+    its write), so that the call as a whole retries no longer than ``retry_timeout`` after
+    its first failure; ``last`` is the latest error, ``failures`` the count after the first
+    (for the backoff)."""
+
+    __slots__ = ("deadline", "failures", "last")
+
+    def __init__(self) -> None:
+        self.deadline: float | None = None
+        self.failures = 0
+        self.last: BaseException | None = None
+
+
 def attempt(request: Command, what: str, url: str, retry_timeout: float,
-            tally: Tally | None = None) -> Steps[Any]:
-    """The reply to ``request``, retried while its errors are transient: at once, then
-    after a backoff (50 ms doubling to 2 s, jittered, never past the deadline), until
-    ``retry_timeout`` seconds have passed since the retries began; then RedisUnavailable
-    (``what`` says what failed). No retry starts after the deadline, so the whole takes at
-    most one attempt more than ``retry_timeout`` plus the first. ``tally`` (a write's)
-    records what the failures tell of whether the request reached Redis."""
-    try:
-        return (yield request)  # the usual case: no retry state built at all
-    except Exception as exc:
-        if not is_transient(exc):
-            raise
-        if tally is not None:
-            tally.failed(exc)
-    started, failures = time.monotonic(), 0
-    deadline = started + retry_timeout
+            tally: Tally | None = None, budget: Budget | None = None) -> Steps[Any]:
+    """The reply to ``request``, retried while its errors are transient: the first failure
+    at once (a pooled connection the server closed), then after a backoff (50 ms doubling
+    to 2 s, jittered, never past the deadline), until ``retry_timeout`` seconds have passed
+    since the first failure; then RedisUnavailable (``what`` says what failed). No attempt
+    starts after the deadline, so the whole takes at most ``retry_timeout`` plus two
+    attempts (the one that failed first, and the last). ``tally`` (a write's) records what
+    the failures tell of whether the request reached Redis; ``budget`` shares the deadline
+    with the other round trips of the same call (one that begins past it is not tried)."""
+    if budget is None:
+        budget = Budget()
+    elif budget.deadline is not None and time.monotonic() >= budget.deadline:
+        raise RedisUnavailable(what, url, budget.last) from budget.last
     while True:
         try:
-            return (yield request)
+            return (yield request)  # the usual case: no retry state touched at all
         except Exception as exc:
             if not is_transient(exc):
                 raise
             if tally is not None:
                 tally.failed(exc)
-            failures += 1
-            left = deadline - time.monotonic()
+            budget.last = exc
+            now = time.monotonic()
+            if budget.deadline is None:  # the call's first failure: retried at once
+                budget.deadline = now + retry_timeout
+                continue
+            left = budget.deadline - now
             if left <= 0:
                 raise RedisUnavailable(what, url, exc) from exc
-        yield Sleep(min(connection.reconnect_delay(failures), left))
+            budget.failures += 1
+        yield Sleep(min(connection.reconnect_delay(budget.failures), left))

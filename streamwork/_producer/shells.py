@@ -4,9 +4,9 @@ Both are thin I/O shells over steps that do no I/O (`core` for sending, `jobs` f
 job's status, cancel and result): each public method runs its steps with the shell's one
 `_run`, which performs the round trips they yield, the sync one blocking, the async one
 awaiting. A transport failure is retried with backoff for ``retry_timeout`` seconds, then
-raised as RedisUnavailable. A send is idempotent (its script keeps a marker named after
-its job keys): retried after a lost reply it stores nothing twice, and when no answer
-comes in time it raises SendFailed, which says whether the jobs may be stored.
+raised as RedisUnavailable. A send is idempotent within itself (its script keeps a
+marker for the call): retried after a lost reply it stores nothing twice, and when no
+answer comes in time it raises SendFailed, which says whether the jobs may be stored.
 `from_url` builds a client that makes no retries of its own (redis-py's ``retry``), so
 every attempt is one request the producer sees, and a send's time bound holds.
 """

@@ -12,8 +12,8 @@ Periodic jobs add ``{S}:tick:<len(G)>:G:<schedule>`` (its last tick decided) and
 ``{S}:schedules:<len(G)>:G`` (the schedules the group's workers publish). Job chains on
 Redis Cluster add ``{S}:outbox`` (jobs sent to other slots, not moved yet) and, on a
 target ``T``, ``{T}:chained:<len(S)>:S`` (the last outbox entry of ``S`` moved to ``T``).
-Each send leaves ``{S}:sent:<digest of its job keys>`` for a minute or so (its marker:
-repeated after a lost reply, it stores nothing twice).
+Each send leaves ``{S}:sent:<token>`` for a minute or so (its marker: retried after a
+lost reply, it stores nothing twice).
 Jobs sent at priority ``high`` or ``low`` go onto ``{S}:p:high`` / ``{S}:p:low``
 (``_wire/priorities.py``); ``normal`` ones onto ``S`` itself.
 A name carrying its own tag (``{orders}:eu``) gets the prefix
@@ -131,8 +131,8 @@ class StreamKeys:
         return f"{self.prefix}:partitions"
 
     def sent(self, token: str) -> str:
-        """A send's marker (``token``: a digest of its job keys), kept a minute or so: a
-        send repeated after its reply was lost finds it and stores nothing twice."""
+        """A send's marker (``token``: random, one per call), kept a minute or so: the call
+        repeated after its reply was lost finds it and stores nothing twice."""
         return f"{self.prefix}:sent:{token}"
 
     @property
