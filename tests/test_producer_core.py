@@ -64,17 +64,19 @@ def send_many(core: Core, stream: str, payloads: list[Any], keys: list[str] | No
 
 
 def _produced(request: Request) -> tuple[str, list[bytes], Any, str]:
-    """(stream, bodies, maxlen, marker) of a produce.lua call."""
-    assert isinstance(request, Script) and request.call.script == "produce"
+    """(stream, bodies, maxlen, marker) of a send.lua (one body) or produce.lua call."""
+    assert isinstance(request, Script) and request.call.script in ("send", "produce")
     stream, marker = request.call.keys
-    return (str(stream), msgpack.unpackb(request.call.args[0], raw=True),
-            request.call.args[1], str(marker))
+    body = request.call.args[0]
+    bodies = ([body] if request.call.script == "send"
+              else msgpack.unpackb(body, raw=True))
+    return str(stream), bodies, request.call.args[1], str(marker)
 
 
 def test_send_checks_the_partitions_once_then_produces_one_body_with_its_marker() -> None:
     core = Core(None)
     result, seen = drive(send(core, "orders", {"n": 1}, key="k1", maxlen=10),
-                         lambda r: None if isinstance(r, Get) else [b"5-0"])
+                         lambda r: None if isinstance(r, Get) else b"5-0")
     assert result == "5-0"
     assert seen[0] == Get(StreamKeys.for_stream("orders").partitions)
     [produce] = seen[1:]
@@ -84,7 +86,7 @@ def test_send_checks_the_partitions_once_then_produces_one_body_with_its_marker(
     assert marker.startswith(sent) and len(marker) == len(sent) + 32
     env = decode_body(body)
     assert (env.key, env.payload) == ("k1", {"n": 1})
-    _, again = drive(send(core, "orders", 2, key="k1"), lambda r: [b"6-0"])
+    _, again = drive(send(core, "orders", 2, key="k1"), lambda r: b"6-0")
     assert [type(r) for r in again] == [Script], "the partition count is checked once"
     assert _produced(again[0])[3] != marker, "each call has a marker of its own"
 
@@ -101,7 +103,7 @@ def test_a_delayed_send_is_one_schedule_call_and_returns_the_key() -> None:
 def test_a_partitioned_send_records_the_count_and_refuses_another() -> None:
     core = Core(None, partitions=2)
     result, seen = drive(send(core, "orders", 1, key="k", order_key="acct-1"),
-                         lambda r: None if isinstance(r, SetIfMissing) else [b"1-0"])
+                         lambda r: None if isinstance(r, SetIfMissing) else b"1-0")
     assert result == "1-0"
     assert seen[0] == SetIfMissing(StreamKeys.for_stream("orders").partitions, 2)
     stream, _, _, marker = _produced(seen[1])
@@ -128,7 +130,7 @@ def test_transient_errors_are_retried_then_raised_as_redis_unavailable() -> None
     assert failures == 2, "a failure is retried at once; the budget of 0 s ends it there"
     assert isinstance(raised.value.__cause__, redis.ConnectionError)
 
-    flaky = iter([redis.ConnectionError("x"), redis.TimeoutError("y"), [b"9-0"]])
+    flaky = iter([redis.ConnectionError("x"), redis.TimeoutError("y"), b"9-0"])
 
     def recovering(request: Request) -> Any:
         if isinstance(request, (Get, Sleep)):

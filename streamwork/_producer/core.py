@@ -175,8 +175,9 @@ def _consecutive(first: bytes | str, count: int) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class Single:
-    """A send's one round trip (an XADD, or schedule.lua when delayed) and, when delayed,
-    the key it returns (its entry id is assigned only when it falls due)."""
+    """A send's one round trip (send.lua, or schedule.lua when delayed; either with the
+    call's marker), its job key and, when delayed, the key it returns (its entry id is
+    assigned only when it falls due)."""
 
     request: Script
     key: str | None
@@ -338,7 +339,7 @@ class Core:
                                           budget)
             reply = yield from self._write(f"send to {stream!r}", stream, single.request,
                                            [single.job_key], budget)
-            result = single.key if single.key is not None else ids(reply)[0]
+            result = single.key if single.key is not None else ids([reply])[0]
         telemetry.count("produced", 1, stream)
         return result
 
@@ -363,8 +364,8 @@ class Core:
             return Single(Script(scripts.schedule(keys_of(target), *due, [_member(body)],
                                                   marker, self.marker_ttl_ms)),
                           job_key, job_key)
-        return Single(Script(scripts.produce(StreamKeys.of_any(target), [body], maxlen,
-                                             marker, self.marker_ttl_ms)), None, job_key)
+        return Single(Script(scripts.send(StreamKeys.of_any(target), body, maxlen, marker,
+                                          self.marker_ttl_ms)), None, job_key)
 
     def _send_many_steps(self, stream: str, payloads: Sequence[Payload],
                          keys: Sequence[str] | None, headers: Mapping[str, str] | None,

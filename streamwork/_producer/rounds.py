@@ -17,7 +17,6 @@ import redis
 
 from streamwork._redis import connection, scripts
 from streamwork._redis.faults import is_transient
-from streamwork._wire.codec import BODY_FIELD
 from streamwork.errors import RedisUnavailable
 
 T = TypeVar("T")
@@ -25,19 +24,6 @@ T = TypeVar("T")
 
 # Each command's ``issue`` makes its call on a redis-py client (and its script registry):
 # the reply from a sync client, an awaitable of it from an asyncio one.
-
-
-@dataclass(frozen=True, slots=True)
-class Xadd:
-    """XADD one encoded job; ``maxlen``: trim the stream to about that many entries."""
-
-    stream: str
-    body: bytes
-    maxlen: int | None
-
-    def issue(self, client: Any, runner: Any) -> Any:
-        return client.xadd(self.stream, {BODY_FIELD: self.body}, maxlen=self.maxlen,
-                           approximate=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +115,7 @@ class Sleep:
     seconds: float
 
 
-Command: TypeAlias = (Xadd | Script | Get | MGet | SetIfMissing | Groups | HashSet | HashGetAll
+Command: TypeAlias = (Script | Get | MGet | SetIfMissing | Groups | HashSet | HashGetAll
                      | Delete)
 Request: TypeAlias = "Command | Sleep"
 Steps: TypeAlias = Generator[Request, Any, T]

@@ -43,6 +43,7 @@ PRELUDES: Final = {name: ("fields", "lib") for name in _WORKER} | {
 #: script flags on servers that have them; scripts not named here get no ``#!lua`` line
 FLAGS: Final = {
     "cancel": "", "claim": "", "complete": "", "fail": "", "produce": "", "promote": "",
+    "send": "",
     "rate": "", "reclaim": "", "semaphore": "allow-oom",
     "read": "allow-oom",  # reads (and creates a level's group): never refused under OOM
     "ack": "allow-oom", "adopt": "allow-oom", "heartbeat": "allow-oom", "reap": "allow-oom",
@@ -105,6 +106,13 @@ def produce(keys: StreamKeys, bodies: Sequence[bytes], maxlen: int | None = None
         return Call("produce", [keys.stream], [pack(list(bodies)), maxlen or ""])
     return Call("produce", [keys.stream, marker],
                 [pack(list(bodies)), maxlen or "", marker_ttl_ms])
+
+
+def send(keys: StreamKeys, body: bytes, maxlen: int | None, marker: str,
+         marker_ttl_ms: int) -> Call:
+    """send.lua: XADD one job (trimming to about ``maxlen`` entries when given) unless the
+    call's ``marker`` says it was added (kept ``marker_ttl_ms``); returns its id."""
+    return Call("send", [keys.stream, marker], [body, maxlen or "", marker_ttl_ms])
 
 
 def rate(bucket: str, per_ms: float, burst: float) -> Call:
