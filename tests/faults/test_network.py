@@ -120,6 +120,13 @@ class Rig:
     def applied_by(self, name: str) -> int:
         return int(self.r.hget(BY_PID, str(self.pid(name))) or 0)
 
+    def held_by(self, name: str) -> int:
+        """How many deliveries worker ``name`` holds (its consumers' pending entries)."""
+        pid = f"-{self.pid(name)}-"
+        return sum(int(c["pending"]) for c in self.r.xpending(STREAM, GROUP)["consumers"]
+                   if pid in (c["name"].decode() if isinstance(c["name"], bytes)
+                              else c["name"]))
+
     def _produce(self) -> None:
         """Steady load; a key whose send raised SendFailed is sent again with the same key
         (what SendFailed's message says to do) until a send of it returns."""
@@ -164,6 +171,8 @@ class Rig:
         before = self.applied_by("A")
         wait_for(lambda: self.applied_by("A") > before, 30, interval=0.05,
                  message="worker A applying jobs before the partition")
+        held = wait_for(lambda: self.held_by("A"), 30, interval=0.01,
+                        message="worker A holding jobs as it is cut off")
         cut = time.monotonic()
         with self.net.partition(self.fwd_a, self.fwd_p):
             detected = wait_for(
@@ -180,7 +189,8 @@ class Rig:
         back = time.monotonic()
         lying = [s for s in during if s[1] == 200]
         assert not lying, f"A's /readyz said 200 while it could not reach Redis: {lying[:3]}"
-        return {"partition_s": round(healed - cut, 2), "detected_s": round(detected - cut, 2),
+        return {"partition_s": round(healed - cut, 2), "a_held_at_cut": held,
+                "detected_s": round(detected - cut, 2),
                 "ready_after_heal_s": round(ready - healed, 2),
                 "back_to_work_s": round(back - healed, 2)}
 
@@ -305,6 +315,7 @@ def test_latency_and_loss(rig: Rig) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not SOAK, reason="set STREAMWORK_SOAK=1 for the soak variant")
+@pytest.mark.timeout(SOAK_SECONDS + 300)
 def test_network_soak(rig: Rig) -> None:
     """A seeded mix of the three faults for STREAMWORK_SOAK_SECONDS, then the same checks."""
     rnd = random.Random(SEED)
