@@ -313,3 +313,22 @@ def test_a_send_shares_one_retry_deadline_between_its_check_and_its_write() -> N
         drive(send(Core(_Client(), retry_timeout=0), "orders", 1, key="k"), late)
     assert [type(r) for r in seen] == [Get, Get], "the write was not tried"
     assert (raised.value.outcome, raised.value.keys) == ("not stored", ["k"])
+
+
+def test_send_bound_counts_the_clients_own_tries() -> None:
+    """send_bound: retry_timeout plus two attempts, an attempt being all of a client's own
+    tries (and backoffs) when it retries on its own; unbounded for a client that does not
+    say."""
+    no_retries = redis.Redis(socket_timeout=1.0, socket_connect_timeout=0.5,
+                             retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0))
+    assert Core(no_retries, retry_timeout=2).send_bound == 2 + 2 * 1.5
+    default = redis.Redis()  # redis-py 8's: 10 retries, backoff capped at 1 s, 5 s timeouts
+    kwargs = default.get_connection_kwargs()
+    retry: Any = default.get_retry()
+    tries, cap = retry._retries, retry._backoff._cap
+    one = (tries + 1) * (kwargs["socket_timeout"] + kwargs["socket_connect_timeout"]) \
+        + tries * cap
+    assert Core(default, retry_timeout=2).send_bound == 2 + 2 * one
+    assert Core(None).send_bound == float("inf")
+    no_retries.close()
+    default.close()

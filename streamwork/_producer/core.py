@@ -59,22 +59,32 @@ SEND_CHUNK_BYTES: Final = 4 * 1024 * 1024
 MIN_MARKER_TTL: Final = 60.0
 
 
-def client_timeouts(client: Any) -> tuple[float, float, bool]:
-    """(connect timeout, socket timeout, retries on its own) of a redis-py client, as far
-    as it says: a timeout it does not give is infinite, and a client that does not say it
-    makes no retries of its own (redis-py's ``retry``) is taken to make some."""
+def client_timeouts(client: Any) -> tuple[float, bool]:
+    """(the longest one attempt of a redis-py client's may take, whether it retries on its
+    own), as far as the client says: a timeout it does not give is infinite; an attempt of
+    a client with retries of its own (redis-py's ``retry``) is all its tries and backoffs
+    (10 s per backoff when it does not say); one that says nothing is taken to retry,
+    without a bound."""
     kwargs: dict[str, Any] = {}
     getter = getattr(client, "get_connection_kwargs", None)
     try:
         kwargs = dict(getter()) if callable(getter) else {}
     except Exception:  # a cluster client, or a stand-in: nothing known
         kwargs = {}
+    if not kwargs:
+        return math.inf, True
     sock = kwargs.get("socket_timeout")
     conn = kwargs.get("socket_connect_timeout", sock)
+    one = (math.inf if conn is None else float(conn)) + (math.inf if sock is None
+                                                          else float(sock))
     retry = kwargs.get("retry")
-    blind = not kwargs or (retry is not None and getattr(retry, "_retries", 1) != 0)
-    return (math.inf if conn is None else float(conn),
-            math.inf if sock is None else float(sock), bool(blind))
+    tries = 0 if retry is None else getattr(retry, "_retries", -1)
+    if tries == 0:
+        return one, False
+    if tries < 0:  # retries for ever
+        return math.inf, True
+    cap = float(getattr(getattr(retry, "_backoff", None), "_cap", 10.0) or 0.0)
+    return (tries + 1) * one + tries * cap, True
 
 
 @functools.lru_cache(maxsize=1024)
@@ -235,11 +245,12 @@ class Core:
         self.partitions = _check_partition_option(partitions)
         self._recorded: set[str] = set()  # partitioned streams whose count was checked
         self._groups_seen: set[tuple[str, str]] = set()  # (stream, group) found to exist
-        connect, sock, self._blind_retries = client_timeouts(client)
+        one, self._blind_retries = client_timeouts(client)
         #: the longest a send blocks while Redis does not answer: its first attempt, the
         #: retries for ``retry_timeout``, and one more attempt (each at most the client's
-        #: connect and socket timeouts); infinite for a client without timeouts
-        self.send_bound = retry_timeout + 2 * (connect + sock)
+        #: connect and socket timeouts, times its own tries if it makes any); infinite for
+        #: a client without timeouts
+        self.send_bound = retry_timeout + 2 * one
         #: how long a send's marker is kept, in ms
         self.marker_ttl_ms = round(1000 * (max(MIN_MARKER_TTL, 2 * self.send_bound)
                                            if math.isfinite(self.send_bound)
