@@ -784,9 +784,12 @@ def _campaign(make_server: Callable[..., Any],
         c.faults.t0 = sup.t0 = time.monotonic()
         c.ticks_from_ms = _server_ms(admin)
         producer = threading.Thread(target=_produce, args=(c, server.url), daemon=True)
+        # a campaign without a partition drawn by half time gets one then
         nemesis = threading.Thread(target=run_nemesis, args=(
             _actions(c, sup, server, admin, net, forwarders), seed, seconds, c.faults,
-            c.stop_nemesis, c.errors), daemon=True)
+            c.stop_nemesis, c.errors), kwargs={
+                "first": (seconds / 2, "partition") if net is not None else None},
+            daemon=True)
         producer.start()
         nemesis.start()
         nemesis.join(seconds + 120)
