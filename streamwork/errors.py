@@ -72,7 +72,9 @@ class PayloadTooLarge(StreamworkError, ValueError):
 
 
 class RedisUnavailable(StreamworkError):
-    """Redis did not answer within the retry budget; the operation did not complete."""
+    """Redis did not answer within the retry budget; the operation did not complete. A
+    send raises `SendFailed`, this error's subclass, instead: a write whose reply was lost
+    may have completed, and it says what is known."""
 
     def __init__(self, what: str, url: str, cause: BaseException | None = None) -> None:
         self.url = url
