@@ -39,8 +39,9 @@ lint: $(STAMP)
 # deployment (they take minutes; both servers pass them) or that test streamwork's own
 # processes, web page, CLI, docs, start-up checks, user-code containment, outage
 # reporting, log lines, codec, examples, benchmark harness, pausing, process-killing jobs,
-# Redlock's client-side algorithm, middleware, job options and old wire versions rather
-# than what the server does; and TLS, which the embedded Valkey is built without).
+# Redlock's client-side algorithm, middleware, job options, old wire versions and network
+# faults (a forwarder of the test's between streamwork and the server) rather than what
+# the server does; and TLS, which the embedded Valkey is built without).
 SERVER_AGNOSTIC := tests/test_dashboard.py tests/test_processes.py tests/test_health.py \
 	tests/test_alerts.py tests/test_bench.py tests/test_examples.py \
 	tests/test_typed_payloads.py tests/test_cli.py tests/test_function_worker.py \
@@ -52,7 +53,7 @@ SERVER_AGNOSTIC := tests/test_dashboard.py tests/test_processes.py tests/test_he
 	tests/test_redlock_leases.py tests/test_middleware.py tests/test_job_options.py \
 	tests/test_wire_v2.py tests/test_packaging.py tests/test_reload.py \
 	tests/test_pytest_plugin.py tests/test_node_producer.py tests/test_wire_doc.py \
-	tests/test_tls.py
+	tests/test_tls.py tests/faults/test_network.py
 PARALLEL := -n 4 --dist loadfile --durations=15
 test: lint
 	$(BIN)/pytest -q $(PARALLEL)

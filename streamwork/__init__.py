@@ -27,6 +27,7 @@ from streamwork.errors import (
     PermissionDenied,
     RedisUnavailable,
     Retry,
+    SendFailed,
     StreamworkError,
     WorkerFailed,
 )
@@ -119,6 +120,7 @@ __all__ = [
     "RedisUnavailable",
     "Redlock",
     "Retry",
+    "SendFailed",
     "StreamWorker",
     "StreamworkError",
     "WorkerFailed",

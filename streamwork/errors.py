@@ -6,6 +6,7 @@ The tree, by what the caller does next::
     ├── ConfigError (ValueError)     fix the option named in the message
     ├── PayloadTooLarge (ValueError) send less, or raise max_payload_bytes
     ├── RedisUnavailable             Redis could not be reached within the retry budget
+    │   └── SendFailed               a send got no answer: ``outcome`` says if it was stored
     ├── PermissionDenied             the ACL user lacks a command or key: grant it
     ├── StreamNotFound               no such stream: check the name, --url and database
     ├── GroupNotFound                no such consumer group on the stream: check the name
@@ -41,6 +42,7 @@ __all__ = [
     "PermissionDenied",
     "RedisUnavailable",
     "Retry",
+    "SendFailed",
     "StreamNotFound",
     "StreamworkError",
     "WorkerFailed",
@@ -72,7 +74,9 @@ class PayloadTooLarge(StreamworkError, ValueError):
 
 
 class RedisUnavailable(StreamworkError):
-    """Redis did not answer within the retry budget; the operation did not complete."""
+    """Redis did not answer within the retry budget; the operation did not complete. A
+    send raises `SendFailed`, this error's subclass, instead: a write whose reply was lost
+    may have completed, and it says what is known."""
 
     def __init__(self, what: str, url: str, cause: BaseException | None = None) -> None:
         self.url = url
@@ -107,6 +111,63 @@ class PermissionDenied(StreamworkError):
             f"Redis refused ACL user {user!r} {refused} (NOPERM: {detail}). A permission "
             f"is missing; this is no outage and retrying cannot help: {grant}, or connect "
             f"as a user holding the rules of its role, see {ACL_GUIDE}.")
+
+
+class SendFailed(RedisUnavailable):
+    """A send (``send``, ``send_many``) got no answer from Redis within its time bound
+    (``producer.send_bound``: ``retry_timeout`` plus twice the client's connect and socket
+    timeouts; 34 s by default). What is known of its jobs ``keys``:
+
+    * ``outcome == "not stored"``: no request of it can have reached Redis (every attempt
+      failed to connect, or Redis refused it with an error): the jobs are not in the
+      stream; sending them again is safe.
+    * ``outcome == "unknown"``: a request may have reached Redis and its reply was lost (a
+      timeout, or the connection lost after the request was written). The jobs are stored
+      once or not at all, never twice by this send: its retries carried the same marker.
+      Send them again with the same keys: if the first copy was stored, workers running
+      with ``dedup`` acknowledge the second without running it (without dedup, both run).
+      ``status(stream, key)`` tells a job a worker has taken.
+
+    For ``send_many``, ``stored`` maps the keys of the jobs already stored (the chunks before
+    the failing one) to their ids, and ``unsent`` lists the keys of the jobs after it, not
+    sent. For ``send`` both are empty."""
+
+    def __init__(self, what: str, url: str, cause: BaseException | None, *, stream: str,
+                 outcome: str, keys: list[str], stored: dict[str, str] | None = None,
+                 unsent: list[str] | None = None, waited: float = 0.0) -> None:
+        self.stream = stream
+        self.outcome = outcome
+        self.keys = keys
+        self.stored = stored or {}
+        self.unsent = unsent or []
+        self.waited = waited
+        RedisUnavailable.__init__(self, what, url, cause)
+        jobs = _jobs(keys)
+        if outcome == "not stored":
+            told = (f"{jobs} NOT stored: no request reached Redis (every attempt failed to "
+                    "connect or was refused); sending again is safe.")
+        else:
+            told = (f"{jobs} stored once or not at all (a request may have reached Redis, "
+                    "its reply was lost). Send again with the same keys: a second copy of a "
+                    "stored job is acknowledged without running by workers with dedup on "
+                    f"(without dedup it runs twice); status({stream!r}, key) tells a job a "
+                    "worker has taken.")
+        if self.stored:
+            told += f" {len(self.stored)} earlier jobs of this send_many were stored (.stored)."
+        if self.unsent:
+            told += f" {len(self.unsent)} later jobs were not sent (.unsent)."
+        self.args = (f"{what}: no answer from Redis at {redact_url(url)} within "
+                     f"{waited:.1f} s{_detail(cause)}. {told}",)
+
+
+def _jobs(keys: list[str]) -> str:
+    if len(keys) == 1:
+        return f"job {keys[0]!r} was"
+    return f"its {len(keys)} jobs ({keys[0]!r} ... {keys[-1]!r}) were"
+
+
+def _detail(cause: BaseException | None) -> str:
+    return f" ({type(cause).__name__}: {cause})" if cause else ""
 
 
 class StreamNotFound(StreamworkError):

@@ -9,6 +9,8 @@ from typing import Any, TypeVar
 import msgpack
 import pytest
 import redis
+import redis.backoff
+import redis.retry
 
 from streamwork._producer.core import SEND_CHUNK, Core, ids, new_key
 from streamwork._producer.jobs import Jobs
@@ -22,13 +24,12 @@ from streamwork._producer.rounds import (
     SetIfMissing,
     Sleep,
     Steps,
-    Xadd,
     advance,
 )
 from streamwork._wire.codec import decode_body
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names
-from streamwork.errors import ConfigError, RedisUnavailable, StreamNotFound
+from streamwork.errors import ConfigError, RedisUnavailable, SendFailed, StreamNotFound
 
 T = TypeVar("T")
 
@@ -62,18 +63,32 @@ def send_many(core: Core, stream: str, payloads: list[Any], keys: list[str] | No
     return core._send_many_steps(stream, payloads, keys, headers, maxlen, options)
 
 
-def test_send_checks_the_partitions_once_then_xadds_one_body() -> None:
+def _produced(request: Request) -> tuple[str, list[bytes], Any, str]:
+    """(stream, bodies, maxlen, marker) of a send.lua (one body) or produce.lua call."""
+    assert isinstance(request, Script) and request.call.script in ("send", "produce")
+    stream, marker = request.call.keys
+    body = request.call.args[0]
+    bodies = ([body] if request.call.script == "send"
+              else msgpack.unpackb(body, raw=True))
+    return str(stream), bodies, request.call.args[1], str(marker)
+
+
+def test_send_checks_the_partitions_once_then_produces_one_body_with_its_marker() -> None:
     core = Core(None)
     result, seen = drive(send(core, "orders", {"n": 1}, key="k1", maxlen=10),
                          lambda r: None if isinstance(r, Get) else b"5-0")
     assert result == "5-0"
     assert seen[0] == Get(StreamKeys.for_stream("orders").partitions)
-    [xadd] = seen[1:]
-    assert isinstance(xadd, Xadd) and xadd.stream == "orders" and xadd.maxlen == 10
-    env = decode_body(xadd.body)
+    [produce] = seen[1:]
+    stream, [body], maxlen, marker = _produced(produce)
+    assert (stream, maxlen) == ("orders", 10)
+    sent = StreamKeys.for_stream("orders").sent("")
+    assert marker.startswith(sent) and len(marker) == len(sent) + 32
+    env = decode_body(body)
     assert (env.key, env.payload) == ("k1", {"n": 1})
-    _, again = drive(send(core, "orders", 2), lambda r: b"6-0")
-    assert [type(r) for r in again] == [Xadd], "the partition count is checked once"
+    _, again = drive(send(core, "orders", 2, key="k1"), lambda r: b"6-0")
+    assert [type(r) for r in again] == [Script], "the partition count is checked once"
+    assert _produced(again[0])[3] != marker, "each call has a marker of its own"
 
 
 def test_a_delayed_send_is_one_schedule_call_and_returns_the_key() -> None:
@@ -91,9 +106,10 @@ def test_a_partitioned_send_records_the_count_and_refuses_another() -> None:
                          lambda r: None if isinstance(r, SetIfMissing) else b"1-0")
     assert result == "1-0"
     assert seen[0] == SetIfMissing(StreamKeys.for_stream("orders").partitions, 2)
-    assert isinstance(seen[1], Xadd)
-    assert seen[1].stream == core._target("orders", "k", "acct-1")
-    assert seen[1].stream in partition_names("orders", 2)
+    stream, _, _, marker = _produced(seen[1])
+    assert stream == core._target("orders", "k", "acct-1")
+    assert stream in partition_names("orders", 2)
+    assert marker.startswith(StreamKeys.for_stream(stream).sent(""))
     with pytest.raises(ConfigError, match="split into 3 partitions"):
         drive(send(Core(None, partitions=2), "orders", 1), lambda r: b"3")
 
@@ -126,7 +142,61 @@ def test_transient_errors_are_retried_then_raised_as_redis_unavailable() -> None
 
     result, seen = drive(send(Core(None), "orders", 1), recovering)
     assert result == "9-0"
-    assert [type(r) for r in seen] == [Get, Xadd, Xadd, Sleep, Xadd]
+    assert [type(r) for r in seen] == [Get, Script, Script, Sleep, Script]
+    assert all(r == seen[1] for r in seen[1:] if isinstance(r, Script)), "one marker"
+
+
+class _Client:
+    """Stands in for a redis-py client that says its timeouts and makes no retries."""
+
+    def get_connection_kwargs(self) -> dict[str, Any]:
+        return {"socket_timeout": 1.0, "socket_connect_timeout": 0.5,
+                "retry": redis.retry.Retry(redis.backoff.NoBackoff(), 0)}
+
+
+@pytest.mark.parametrize(("errors", "outcome"), [
+    ([redis.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")],
+     "not stored"),
+    ([redis.TimeoutError("Timeout connecting to server"),
+      redis.ResponseError("LOADING Redis is loading the dataset in memory")], "not stored"),
+    ([redis.TimeoutError("Timeout reading from socket"),
+      redis.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")],
+     "unknown"),
+    ([redis.ConnectionError("Connection closed by server.")], "unknown"),
+])
+def test_a_send_without_an_answer_says_whether_it_may_be_stored(
+        errors: list[Exception], outcome: str) -> None:
+    """SendFailed's outcome: "not stored" only when no attempt can have reached Redis (it
+    failed to connect, or Redis answered with an error); any timeout or connection lost
+    after connecting makes it "unknown". The bound is the retry budget plus two attempts."""
+    core = Core(_Client(), retry_timeout=0)
+    assert core.send_bound == 0 + 2 * (0.5 + 1.0)
+    failing = iter(errors * 2)
+
+    def down(request: Request) -> Any:
+        if isinstance(request, (Get, Sleep)):
+            return None
+        raise next(failing)
+
+    with pytest.raises(SendFailed) as raised:
+        drive(send(core, "orders", 1, key="k"), down)
+    assert (raised.value.outcome, raised.value.keys) == (outcome, ["k"])
+    assert isinstance(raised.value, RedisUnavailable)
+
+
+def test_a_client_that_retries_on_its_own_makes_every_outcome_unknown() -> None:
+    """A client whose own retries may have resent the request (or one that does not say):
+    even a connect error at the end leaves the outcome unknown."""
+    refused = redis.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+
+    def down(request: Request) -> Any:
+        if isinstance(request, (Get, Sleep)):
+            return None
+        raise refused
+
+    with pytest.raises(SendFailed) as raised:
+        drive(send(Core(None, retry_timeout=0), "orders", 1, key="k"), down)
+    assert raised.value.outcome == "unknown"
 
 
 def test_other_errors_are_not_retried() -> None:
@@ -221,3 +291,44 @@ def test_result_pauses_between_looks_and_gives_up_at_its_timeout() -> None:
     with pytest.raises(TimeoutError, match="did not finish"):
         drive(Jobs(None)._result_steps("orders", "k", "g", 0, None),
               lambda r: [{"name": b"g"}] if isinstance(r, Groups) else None)
+
+
+def test_a_send_shares_one_retry_deadline_between_its_check_and_its_write() -> None:
+    """A send's partition check that failed and was answered only at its retry deadline
+    leaves no time for the write: the write is not tried (the send stays within
+    send_bound) and the job is known not stored."""
+    answers = iter([redis.TimeoutError("Timeout reading from socket"), None])
+    seen: list[Request] = []
+
+    def late(request: Request) -> Any:
+        seen.append(request)
+        if isinstance(request, Sleep):
+            return None
+        reply = next(answers)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    with pytest.raises(SendFailed) as raised:
+        drive(send(Core(_Client(), retry_timeout=0), "orders", 1, key="k"), late)
+    assert [type(r) for r in seen] == [Get, Get], "the write was not tried"
+    assert (raised.value.outcome, raised.value.keys) == ("not stored", ["k"])
+
+
+def test_send_bound_counts_the_clients_own_tries() -> None:
+    """send_bound: retry_timeout plus two attempts, an attempt being all of a client's own
+    tries (and backoffs) when it retries on its own; unbounded for a client that does not
+    say."""
+    no_retries = redis.Redis(socket_timeout=1.0, socket_connect_timeout=0.5,
+                             retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0))
+    assert Core(no_retries, retry_timeout=2).send_bound == 2 + 2 * 1.5
+    default = redis.Redis()  # redis-py 8's: 10 retries, backoff capped at 1 s, 5 s timeouts
+    kwargs = default.get_connection_kwargs()
+    retry: Any = default.get_retry()
+    tries, cap = retry._retries, retry._backoff._cap
+    one = (tries + 1) * (kwargs["socket_timeout"] + kwargs["socket_connect_timeout"]) \
+        + tries * cap
+    assert Core(default, retry_timeout=2).send_bound == 2 + 2 * one
+    assert Core(None).send_bound == float("inf")
+    no_retries.close()
+    default.close()

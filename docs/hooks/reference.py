@@ -166,6 +166,7 @@ KEY_TYPES = {
     "members": "zset", "rate": "hash", "semaphore": "zset", "job": "string",
     "tick": "string", "schedules": "hash", "outbox": "stream", "chained": "string",
     "paused": "hash", "progress": "string", "join": "hash", "join_results": "hash",
+    "sent": "string",
 }
 
 

@@ -7,13 +7,23 @@ the round trips.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from streamwork._producer.rounds import Command, Get, Script, SetIfMissing, Steps, Xadd, attempt
+from streamwork._producer.rounds import (
+    Budget,
+    Command,
+    Get,
+    Script,
+    SetIfMissing,
+    Steps,
+    Tally,
+    attempt,
+)
 from streamwork._redis import scripts
 from streamwork._redis.replies import ProduceReply
 from streamwork._telemetry import api as telemetry
@@ -35,13 +45,46 @@ from streamwork._wire.partitions import (
 )
 from streamwork._wire.payloads import PLAIN, to_plain
 from streamwork._wire.priorities import DEFAULT, level_stream
-from streamwork.errors import ConfigError
+from streamwork.errors import ConfigError, RedisUnavailable, SendFailed
 
 DEFAULT_RETRY_TIMEOUT: Final = 10.0  #: seconds a send keeps retrying while Redis is unreachable
 #: most jobs one produce.lua call adds (send_many): one atomic call stays well under 2 ms of
 #: Redis time (about 1 us per XADD inside Lua); or this many bytes of bodies
 SEND_CHUNK: Final = 1000
 SEND_CHUNK_BYTES: Final = 4 * 1024 * 1024
+#: least seconds a send's marker is kept (``{S}:sent:<token>``, a random token per call):
+#: while it lives, a repeat of that call (the producer's own retry, redis-py's, or the
+#: first request arriving late) stores nothing twice; kept twice the send's time bound
+#: when that is longer
+MIN_MARKER_TTL: Final = 60.0
+
+
+def client_timeouts(client: Any) -> tuple[float, bool]:
+    """(the longest one attempt of a redis-py client's may take, whether it retries on its
+    own), as far as the client says: a timeout it does not give is infinite; an attempt of
+    a client with retries of its own (redis-py's ``retry``) is all its tries and backoffs
+    (10 s per backoff when it does not say); one that says nothing is taken to retry,
+    without a bound."""
+    kwargs: dict[str, Any] = {}
+    getter = getattr(client, "get_connection_kwargs", None)
+    try:
+        kwargs = dict(getter()) if callable(getter) else {}
+    except Exception:  # a cluster client, or a stand-in: nothing known
+        kwargs = {}
+    if not kwargs:
+        return math.inf, True
+    sock = kwargs.get("socket_timeout")
+    conn = kwargs.get("socket_connect_timeout", sock)
+    one = (math.inf if conn is None else float(conn)) + (math.inf if sock is None
+                                                          else float(sock))
+    retry = kwargs.get("retry")
+    tries = 0 if retry is None else getattr(retry, "_retries", -1)
+    if tries == 0:
+        return one, False
+    if tries < 0:  # retries for ever
+        return math.inf, True
+    cap = float(getattr(getattr(retry, "_backoff", None), "_cap", 10.0) or 0.0)
+    return (tries + 1) * one + tries * cap, True
 
 
 @functools.lru_cache(maxsize=1024)
@@ -142,11 +185,13 @@ def _consecutive(first: bytes | str, count: int) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class Single:
-    """A send's one round trip (an XADD, or schedule.lua when delayed) and, when delayed,
-    the key it returns (its entry id is assigned only when it falls due)."""
+    """A send's one round trip (send.lua, or schedule.lua when delayed; either with the
+    call's marker), its job key and, when delayed, the key it returns (its entry id is
+    assigned only when it falls due)."""
 
-    request: Xadd | Script
+    request: Script
     key: str | None
+    job_key: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +206,7 @@ class Batch:
     maxlen: int | None
     due: tuple[str, str] | None
     keys: Sequence[str]
+    job_keys: Sequence[str] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +217,7 @@ class Chunk:
     call: scripts.Call
     count: int
     keys: Sequence[str]
+    job_keys: Sequence[str]
 
 
 class Core:
@@ -198,6 +245,16 @@ class Core:
         self.partitions = _check_partition_option(partitions)
         self._recorded: set[str] = set()  # partitioned streams whose count was checked
         self._groups_seen: set[tuple[str, str]] = set()  # (stream, group) found to exist
+        one, self._blind_retries = client_timeouts(client)
+        #: the longest a send blocks while Redis does not answer: its first attempt, the
+        #: retries for ``retry_timeout``, and one more attempt (each at most the client's
+        #: connect and socket timeouts, times its own tries if it makes any); infinite for
+        #: a client without timeouts
+        self.send_bound = retry_timeout + 2 * one
+        #: how long a send's marker is kept, in ms
+        self.marker_ttl_ms = round(1000 * (max(MIN_MARKER_TTL, 2 * self.send_bound)
+                                           if math.isfinite(self.send_bound)
+                                           else 5 * MIN_MARKER_TTL))
 
     def partitions_of(self, stream: str) -> int:
         """How many partitions ``stream`` is split into (the ``partitions`` option)."""
@@ -231,11 +288,38 @@ class Core:
                                           "the normal level only; drop priority=")
         return priority
 
-    def _io(self, what: str, request: Command) -> Steps[Any]:
+    def _io(self, what: str, request: Command, tally: Tally | None = None,
+            budget: Budget | None = None) -> Steps[Any]:
         """One round trip, retried while Redis is unreachable (``what`` names it then)."""
-        return attempt(request, what, self.url, self.retry_timeout)
+        return attempt(request, what, self.url, self.retry_timeout, tally, budget)
 
-    def _check_recorded(self, stream: str) -> Steps[None]:
+    def _before_write(self, what: str, stream: str, keys: Sequence[str],
+                      budget: Budget) -> Steps[None]:
+        """What a send reads before it writes (`_check_recorded`); Redis not answering
+        there raises SendFailed with outcome "not stored": nothing was written yet."""
+        began = time.monotonic()
+        try:
+            yield from self._check_recorded(stream, budget)
+        except RedisUnavailable as exc:
+            raise SendFailed(what, self.url, exc.__cause__, stream=stream,
+                             outcome="not stored", keys=list(keys),
+                             waited=time.monotonic() - began) from exc.__cause__
+
+    def _write(self, what: str, stream: str, request: Script, keys: Sequence[str],
+               budget: Budget) -> Steps[Any]:
+        """One idempotent send script (its marker in its KEYS), retried as `_io` does
+        within the send's ``budget``; no answer in time raises SendFailed, saying whether
+        the jobs ``keys`` may be stored."""
+        tally = Tally(self._blind_retries)
+        try:
+            return (yield from self._io(what, request, tally, budget))
+        except RedisUnavailable as exc:
+            raise SendFailed(
+                what, self.url, exc.__cause__, stream=stream,
+                outcome="unknown" if tally.reached else "not stored", keys=list(keys),
+                waited=time.monotonic() - tally.began) from exc.__cause__
+
+    def _check_recorded(self, stream: str, budget: Budget | None = None) -> Steps[None]:
         """A stream's first send from this producer: a partitioned stream records its
         partition count (or finds it recorded), an unpartitioned one checks none is
         recorded; a different count is refused. Nothing when already checked."""
@@ -244,10 +328,11 @@ class Core:
         count = self.partitions_of(stream)
         key = keys_of(stream).partitions
         if count == 1:
-            reply = yield from self._io(f"check the partitions of {stream!r}", Get(key))
+            reply = yield from self._io(f"check the partitions of {stream!r}", Get(key),
+                                        budget=budget)
         else:
             reply = yield from self._io(f"record the partitions of {stream!r}",
-                                       SetIfMissing(key, count))
+                                        SetIfMissing(key, count), budget=budget)
         check_recorded(stream, reply, count, "producer")
         if len(self._recorded) >= 10_000:  # a producer of very many streams: check again
             self._recorded.clear()
@@ -260,8 +345,11 @@ class Core:
         options by send keyword (`job_options`)."""
         with telemetry.producer_span(stream):
             single = self._plan_send(stream, payload, key, headers, maxlen, options)
-            yield from self._check_recorded(stream)
-            reply = yield from self._io(f"send to {stream!r}", single.request)
+            budget = Budget()
+            yield from self._before_write(f"send to {stream!r}", stream, [single.job_key],
+                                          budget)
+            reply = yield from self._write(f"send to {stream!r}", stream, single.request,
+                                           [single.job_key], budget)
             result = single.key if single.key is not None else ids([reply])[0]
         telemetry.count("produced", 1, stream)
         return result
@@ -277,14 +365,18 @@ class Core:
         priority = self._level(stream, opts, due)
         job_key = new_key() if key is None else key
         target = self._target(stream, job_key, opts.get("order_key"))
-        if priority != DEFAULT:
-            target = level_stream(keys_of(stream), priority)
         body = pack_body(job_key, to_plain(payload, self.codec), hdrs, int(time.time() * 1000),
                          self.max_payload_bytes, wire_map(opts, job_key), self.codec)
+        # this call's marker, with the stream's (partition's) other keys
+        marker = keys_of(target).sent(new_key())
+        if priority != DEFAULT:
+            target = level_stream(keys_of(stream), priority)
         if due is not None:
-            return Single(Script(scripts.schedule(keys_of(target), *due, [_member(body)])),
-                          job_key)
-        return Single(Xadd(target, body, maxlen), None)
+            return Single(Script(scripts.schedule(keys_of(target), *due, [_member(body)],
+                                                  marker, self.marker_ttl_ms)),
+                          job_key, job_key)
+        return Single(Script(scripts.send(StreamKeys.of_any(target), body, maxlen, marker,
+                                          self.marker_ttl_ms)), None, job_key)
 
     def _send_many_steps(self, stream: str, payloads: Sequence[Payload],
                          keys: Sequence[str] | None, headers: Mapping[str, str] | None,
@@ -294,14 +386,30 @@ class Core:
         options by send_many keyword."""
         with telemetry.producer_span(stream, len(payloads)):
             batches = self._plan_send_many(stream, payloads, keys, headers, maxlen, options)
-        yield from self._check_recorded(stream)
         what = f"send_many to {stream!r}"
-        results = []
-        for batch in batches:
+        budget = Budget()  # the check's and the first chunk's; each later chunk its own
+        yield from self._before_write(what, stream, [k for b in batches for k in b.job_keys],
+                                      budget)
+        results: list[list[str]] = []
+        plan = [(batch, _chunks(batch, self.marker_ttl_ms)) for batch in batches]
+        order = [k for _, chunks in plan for c in chunks for k in c.job_keys]
+        done = 0
+        for _, chunks in plan:
             got: list[str] = []
-            for chunk in _chunks(batch):
-                reply = yield from self._io(what, Script(chunk.call))
+            for chunk in chunks:
+                try:
+                    reply = yield from self._write(what, stream, Script(chunk.call),
+                                                   chunk.job_keys, budget)
+                except SendFailed as exc:  # say what the chunks before it stored
+                    stored = dict(zip(order[:done], [v for r in results for v in r] + got,
+                                      strict=True))
+                    raise SendFailed(
+                        what, self.url, exc.__cause__, stream=stream, outcome=exc.outcome,
+                        keys=exc.keys, stored=stored,
+                        unsent=order[done + chunk.count:], waited=exc.waited) from exc.__cause__
                 got += list(chunk.keys) if chunk.keys else ids(reply)
+                budget = Budget()
+                done += chunk.count
                 telemetry.count("produced", chunk.count, stream)
             results.append(got)
         return _place(batches, results, len(payloads))
@@ -354,16 +462,19 @@ class Core:
                 groups.setdefault(names[partition_of(o, count)], []).append(i)
         if len(groups) == 1:  # one stream: the lists as they are
             [target] = groups
-            return [Batch(target, bodies, None, maxlen, due, () if due is None else job_keys)]
+            return [Batch(target, bodies, None, maxlen, due, () if due is None else job_keys,
+                          job_keys)]
         return [Batch(target, [bodies[i] for i in at_], at_, maxlen, due,
-                      () if due is None else [job_keys[i] for i in at_])
+                      () if due is None else [job_keys[i] for i in at_],
+                      [job_keys[i] for i in at_])
                 for target, at_ in groups.items()]
 
 
-def _chunks(batch: Batch) -> list[Chunk]:
+def _chunks(batch: Batch, marker_ttl_ms: int) -> list[Chunk]:
     """``batch``'s bodies as script calls of at most SEND_CHUNK jobs (or about
-    SEND_CHUNK_BYTES): each one atomic, and short enough not to hold Redis up."""
-    keys, bodies = StreamKeys.of_any(batch.stream), batch.bodies
+    SEND_CHUNK_BYTES): each one atomic, and short enough not to hold Redis up; each with
+    its marker (a random token: the call repeated, it stores nothing twice)."""
+    keys, bodies, jk = StreamKeys.of_any(batch.stream), batch.bodies, batch.job_keys
     if sum(map(len, bodies)) < SEND_CHUNK_BYTES:  # the usual case: cut by count alone
         bounds = [(i, min(i + SEND_CHUNK, len(bodies)))
                   for i in range(0, len(bodies), SEND_CHUNK)]
@@ -375,10 +486,12 @@ def _chunks(batch: Batch) -> list[Chunk]:
                 bounds.append((start, i + 1))
                 start, size = i + 1, 0
     if batch.due is not None:
-        return [Chunk(scripts.schedule(keys, *batch.due, [_member(b) for b in bodies[start:end]]),
-                      end - start, batch.keys[start:end])
+        return [Chunk(scripts.schedule(keys, *batch.due, [_member(b) for b in bodies[start:end]],
+                                       keys.sent(new_key()), marker_ttl_ms),
+                      end - start, batch.keys[start:end], jk[start:end])
                 for start, end in bounds]
-    return [Chunk(scripts.produce(keys, bodies[start:end], batch.maxlen), end - start, ())
+    return [Chunk(scripts.produce(keys, bodies[start:end], batch.maxlen, keys.sent(new_key()),
+                                  marker_ttl_ms), end - start, (), jk[start:end])
             for start, end in bounds]
 
 

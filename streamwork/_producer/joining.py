@@ -78,7 +78,7 @@ class Joining(Pausing):
         for stream in {j.stream for j in jobs}:
             yield from self._check_recorded(stream)
         for batch in plans:
-            for chunk in _chunks(batch):
+            for chunk in _chunks(batch, self.marker_ttl_ms):
                 yield from self._io(what, Script(chunk.call))
                 telemetry.count("produced", chunk.count, batch.stream)
         return join_key

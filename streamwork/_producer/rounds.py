@@ -13,9 +13,10 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeAlias, TypeVar
 
+import redis
+
 from streamwork._redis import acl, connection, scripts
 from streamwork._redis.faults import is_transient
-from streamwork._wire.codec import BODY_FIELD
 from streamwork.errors import PermissionDenied, RedisUnavailable
 
 T = TypeVar("T")
@@ -23,19 +24,6 @@ T = TypeVar("T")
 
 # Each command's ``issue`` makes its call on a redis-py client (and its script registry):
 # the reply from a sync client, an awaitable of it from an asyncio one.
-
-
-@dataclass(frozen=True, slots=True)
-class Xadd:
-    """XADD one encoded job; ``maxlen``: trim the stream to about that many entries."""
-
-    stream: str
-    body: bytes
-    maxlen: int | None
-
-    def issue(self, client: Any, runner: Any) -> Any:
-        return client.xadd(self.stream, {BODY_FIELD: self.body}, maxlen=self.maxlen,
-                           approximate=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +115,7 @@ class Sleep:
     seconds: float
 
 
-Command: TypeAlias = (Xadd | Script | Get | MGet | SetIfMissing | Groups | HashSet | HashGetAll
+Command: TypeAlias = (Script | Get | MGet | SetIfMissing | Groups | HashSet | HashGetAll
                      | Delete)
 Request: TypeAlias = "Command | Sleep"
 Steps: TypeAlias = Generator[Request, Any, T]
@@ -152,7 +140,7 @@ def advance(steps: Steps[T], reply: Any, error: BaseException | None) -> Request
 
 
 #: the command each request sends (a refused key is then told with its command)
-_COMMANDS: Final = {"Xadd": "xadd", "Get": "get", "MGet": "mget", "SetIfMissing": "set",
+_COMMANDS: Final = {"Get": "get", "MGet": "mget", "SetIfMissing": "set",
                     "Groups": "xinfo|groups", "HashSet": "hset", "HashGetAll": "hgetall",
                     "Delete": "del"}
 
@@ -168,29 +156,83 @@ def _refused(exc: BaseException, request: Command, url: str) -> PermissionDenied
                        command=_COMMANDS.get(type(request).__name__))
 
 
-def attempt(request: Command, what: str, url: str, retry_timeout: float) -> Steps[Any]:
-    """The reply to ``request``, retried while its errors are transient: at once, then
-    after a backoff (50 ms doubling to 2 s, jittered), until ``retry_timeout`` seconds have
-    passed since the retries began; then RedisUnavailable (``what`` says what failed)."""
-    try:
-        return (yield request)  # the usual case: no retry state built at all
-    except Exception as exc:
-        if not is_transient(exc):
-            denied = _refused(exc, request, url)
-            if denied is None:
-                raise
-            raise denied from exc
-    started, failures = time.monotonic(), 0
+class Tally:
+    """What the failed attempts of one write tell (`attempt` fills it in): how many failed,
+    whether any of them may have reached Redis (its request written, its reply lost: a
+    timeout or a connection lost after connecting), and when the first began."""
+
+    __slots__ = ("began", "failures", "reached")
+
+    def __init__(self, blind_retries: bool = False) -> None:
+        #: the client retries on its own (redis-py's ``retry``): an attempt may be several
+        #: requests, any of which may have reached Redis whatever the last one's error
+        self.reached = blind_retries
+        self.failures = 0
+        self.began = time.monotonic()
+
+    def failed(self, exc: BaseException) -> None:
+        self.failures += 1
+        if not _before_request(exc):
+            self.reached = True
+
+
+def _before_request(exc: BaseException) -> bool:
+    """Whether ``exc`` proves the request was never written: the connection could not be
+    opened (redis-py's "Error ... connecting to ..." / "Timeout connecting to server"), or
+    Redis answered with an error (LOADING, READONLY, OOM, BUSY, ...: a script refused
+    whole)."""
+    if isinstance(exc, redis.ResponseError):
+        return True
+    text = str(exc)
+    return " connecting to " in text or text.startswith("Timeout connecting to server")
+
+
+class Budget:
+    """The retry deadline the round trips of one call share (a send's partition check and
+    its write), so that the call as a whole retries no longer than ``retry_timeout`` after
+    its first failure; ``last`` is the latest error, ``failures`` the count after the first
+    (for the backoff)."""
+
+    __slots__ = ("deadline", "failures", "last")
+
+    def __init__(self) -> None:
+        self.deadline: float | None = None
+        self.failures = 0
+        self.last: BaseException | None = None
+
+
+def attempt(request: Command, what: str, url: str, retry_timeout: float,
+            tally: Tally | None = None, budget: Budget | None = None) -> Steps[Any]:
+    """The reply to ``request``, retried while its errors are transient: the first failure
+    at once (a pooled connection the server closed), then after a backoff (50 ms doubling
+    to 2 s, jittered, never past the deadline), until ``retry_timeout`` seconds have passed
+    since the first failure; then RedisUnavailable (``what`` says what failed). No attempt
+    starts after the deadline, so the whole takes at most ``retry_timeout`` plus two
+    attempts (the one that failed first, and the last). ``tally`` (a write's) records what
+    the failures tell of whether the request reached Redis; ``budget`` shares the deadline
+    with the other round trips of the same call (one that begins past it is not tried)."""
+    if budget is None:
+        budget = Budget()
+    elif budget.deadline is not None and time.monotonic() >= budget.deadline:
+        raise RedisUnavailable(what, url, budget.last) from budget.last
     while True:
         try:
-            return (yield request)
+            return (yield request)  # the usual case: no retry state touched at all
         except Exception as exc:
             if not is_transient(exc):
                 denied = _refused(exc, request, url)
                 if denied is None:
                     raise
                 raise denied from exc
-            failures += 1
-            if time.monotonic() - started >= retry_timeout:
+            if tally is not None:
+                tally.failed(exc)
+            budget.last = exc
+            now = time.monotonic()
+            if budget.deadline is None:  # the call's first failure: retried at once
+                budget.deadline = now + retry_timeout
+                continue
+            left = budget.deadline - now
+            if left <= 0:
                 raise RedisUnavailable(what, url, exc) from exc
-        yield Sleep(connection.reconnect_delay(failures))
+            budget.failures += 1
+        yield Sleep(min(connection.reconnect_delay(budget.failures), left))

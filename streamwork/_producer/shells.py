@@ -4,8 +4,11 @@ Both are thin I/O shells over steps that do no I/O (`core` for sending, `jobs` f
 job's status, cancel and result): each public method runs its steps with the shell's one
 `_run`, which performs the round trips they yield, the sync one blocking, the async one
 awaiting. A transport failure is retried with backoff for ``retry_timeout`` seconds, then
-raised as RedisUnavailable. A send retried after a lost reply may enqueue the job twice:
-give jobs a ``key`` and run the worker with ``dedup`` to make that harmless.
+raised as RedisUnavailable. A send is idempotent within itself (its script keeps a
+marker for the call): retried after a lost reply it stores nothing twice, and when no
+answer comes in time it raises SendFailed, which says whether the jobs may be stored.
+`from_url` builds a client that makes no retries of its own (redis-py's ``retry``), so
+every attempt is one request the producer sees, and a send's time bound holds.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
+import redis.asyncio.retry
+import redis.retry
+from redis.backoff import NoBackoff
 from typing_extensions import Unpack
 
 from streamwork._producer.jobs import CANCEL_TTL
@@ -46,7 +52,9 @@ class Producer(Joining):
         ``options``: ``max_payload_bytes``, ``retry_timeout``, ``partitions`` and ``codec``
         (a `Codec`: your own types in the payloads it sends and the results it reads)."""
         resolved = connection.resolve_url(url)
-        return cls(connection.sync_client(resolved), url=resolved, **options)
+        single = ({"retry": redis.retry.Retry(NoBackoff(), 0)}
+                  if connection.is_plain_url(resolved) else {})
+        return cls(connection.sync_client(resolved, **single), url=resolved, **options)
 
     def send(
         self,
@@ -73,6 +81,12 @@ class Producer(Joining):
         level it is sent at. With ``delay`` (seconds) or ``at`` (aware datetime) the job
         waits in ``{S}:delayed`` and the return value is its key, since its entry id is
         only assigned when it falls due.
+
+        While Redis does not answer, it retries (the same request: the job is stored at
+        most once) and blocks at most ``send_bound`` seconds (``retry_timeout`` plus twice
+        the client's connect and socket timeouts; 34 s by default), then raises
+        `SendFailed`, whose ``outcome`` says whether the job may be stored ("unknown": send
+        it again with the same key) or is not ("not stored").
         """
         return self._run(self._send_steps(stream, payload, key, headers, maxlen, options))
 
@@ -89,12 +103,14 @@ class Producer(Joining):
         """Enqueue many jobs; returns their entry ids in order. Each chunk of up to
         SEND_CHUNK (1000) jobs is ONE script call that adds all of them or none (a pipeline
         could fail half way); a longer list is sent chunk after chunk, so a failure there
-        leaves the chunks before it enqueued (their ids are lost with the exception).
+        leaves the chunks before it enqueued (their ids are in the error, see below).
         ``delay``/``at`` delay them all (one script call per chunk too) and return their
         keys instead of ids; ``maxlen`` and the job options as for `send`, ``order_keys``
         one per job and the others (``timeout``, ``priority``, ...) for all of them.
         On a partitioned stream each partition's jobs are sent as above, partition after
-        partition: atomic per partition, in order within each."""
+        partition: atomic per partition, in order within each. A chunk that gets no answer
+        raises `SendFailed` as `send` does, with the ids of the chunks stored before it
+        (``stored``) and the keys of those after it (``unsent``)."""
         return self._run(self._send_many_steps(stream, payloads, keys, headers, maxlen,
                                                  options))
 
@@ -222,7 +238,9 @@ class AsyncProducer(Joining):
     def from_url(cls, url: str | None = None, **options: Any) -> AsyncProducer:
         """An async producer for ``url`` (default ``$REDIS_URL``, else the local default)."""
         resolved = connection.resolve_url(url)
-        return cls(connection.async_client(resolved), url=resolved, **options)
+        single = ({"retry": redis.asyncio.retry.Retry(NoBackoff(), 0)}
+                  if connection.is_plain_url(resolved) else {})
+        return cls(connection.async_client(resolved, **single), url=resolved, **options)
 
     async def send(
         self,

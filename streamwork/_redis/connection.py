@@ -94,16 +94,22 @@ def sync_client(url: str, **options: Any) -> Any:
     return redis.Redis.from_url(url, **{**_OPTIONS, **options})
 
 
-def async_client(url: str) -> Any:
+def async_client(url: str, **options: Any) -> Any:
     """An asyncio client (redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster; for a
-    sentinel URL a redis.asyncio.Redis of the service's current primary)."""
+    sentinel URL a redis.asyncio.Redis of the service's current primary); ``options``
+    override the usual ones."""
     if sentinel.is_sentinel_url(url):
-        return sentinel.async_client(url, **_async_options())
+        return sentinel.async_client(url, **{**_async_options(), **options})
     if url.startswith("redis+cluster://"):
         return redis.asyncio.cluster.RedisCluster.from_url(
-            "redis://" + url[len("redis+cluster://"):], **_OPTIONS
+            "redis://" + url[len("redis+cluster://"):], **{**_OPTIONS, **options}
         )
     if url.startswith("rediss://"):
-        return redis.asyncio.Redis.from_url(url, connection_class=tls_connections.AsyncConnection,
-                                            **_async_options())
-    return redis.asyncio.Redis.from_url(url, **_async_options())
+        options = {"connection_class": tls_connections.AsyncConnection, **options}
+    return redis.asyncio.Redis.from_url(url, **{**_async_options(), **options})
+
+
+def is_plain_url(url: str) -> bool:
+    """Whether ``url`` names one server directly (redis://, rediss://, unix://): no cluster
+    nor sentinel client, whose own retries follow failovers and slot moves."""
+    return url.startswith(("redis://", "rediss://", "unix://"))

@@ -44,6 +44,7 @@ PRELUDES: Final = {name: ("fields", "lib") for name in _WORKER} | {
 #: script flags on servers that have them; scripts not named here get no ``#!lua`` line
 FLAGS: Final = {
     "cancel": "", "claim": "", "complete": "", "fail": "", "produce": "", "promote": "",
+    "send": "",
     "rate": "", "reclaim": "", "semaphore": "allow-oom",
     "read": "allow-oom",  # reads (and creates a level's group): never refused under OOM
     "ack": "allow-oom", "adopt": "allow-oom", "heartbeat": "allow-oom", "reap": "allow-oom",
@@ -107,10 +108,23 @@ class Call:
 # ---- the scripts' calling conventions (pure: each builds the KEYS and ARGV of one script)
 
 
-def produce(keys: StreamKeys, bodies: Sequence[bytes], maxlen: int | None = None) -> Call:
+def produce(keys: StreamKeys, bodies: Sequence[bytes], maxlen: int | None = None,
+            marker: str | None = None, marker_ttl_ms: int = 0) -> Call:
     """produce.lua: XADD ``bodies`` to the stream in one atomic step (trimming to about
-    ``maxlen`` entries when given); returns their ids."""
-    return Call("produce", [keys.stream], [pack(list(bodies)), maxlen or ""])
+    ``maxlen`` entries when given); returns their ids. With ``marker`` (a key of
+    ``keys``, kept ``marker_ttl_ms``) the call is idempotent: repeated while the marker
+    lives, it adds nothing and returns the first call's ids."""
+    if marker is None:
+        return Call("produce", [keys.stream], [pack(list(bodies)), maxlen or ""])
+    return Call("produce", [keys.stream, marker],
+                [pack(list(bodies)), maxlen or "", marker_ttl_ms])
+
+
+def send(keys: StreamKeys, body: bytes, maxlen: int | None, marker: str,
+         marker_ttl_ms: int) -> Call:
+    """send.lua: XADD one job (trimming to about ``maxlen`` entries when given) unless the
+    call's ``marker`` says it was added (kept ``marker_ttl_ms``); returns its id."""
+    return Call("send", [keys.stream, marker], [body, maxlen or "", marker_ttl_ms])
 
 
 def rate(bucket: str, per_ms: float, burst: float) -> Call:
@@ -237,9 +251,14 @@ def tick(stream: str, last_tick: str, upto_ms: int,
     return Call("tick", [stream, last_tick], [str(upto_ms), pack([list(t) for t in ticks])])
 
 
-def schedule(k: StreamKeys, delay_ms: str, at_ms: str, members: Sequence[bytes]) -> Call:
-    """schedule.lua: add members to the delayed ZSET, due after a delay or at a time."""
-    return Call("schedule", [k.delayed], [delay_ms, at_ms, pack(list(members))])
+def schedule(k: StreamKeys, delay_ms: str, at_ms: str, members: Sequence[bytes],
+             marker: str | None = None, marker_ttl_ms: int = 0) -> Call:
+    """schedule.lua: add members to the delayed ZSET, due after a delay or at a time;
+    idempotent with ``marker`` as `produce` is."""
+    if marker is None:
+        return Call("schedule", [k.delayed], [delay_ms, at_ms, pack(list(members))])
+    return Call("schedule", [k.delayed, marker],
+                [delay_ms, at_ms, pack(list(members)), marker_ttl_ms])
 
 
 def chain(target: StreamKeys, source: str, entries: list[list[Any]]) -> Call:

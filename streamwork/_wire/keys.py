@@ -12,6 +12,8 @@ Periodic jobs add ``{S}:tick:<len(G)>:G:<schedule>`` (its last tick decided) and
 ``{S}:schedules:<len(G)>:G`` (the schedules the group's workers publish). Job chains on
 Redis Cluster add ``{S}:outbox`` (jobs sent to other slots, not moved yet) and, on a
 target ``T``, ``{T}:chained:<len(S)>:S`` (the last outbox entry of ``S`` moved to ``T``).
+Each send leaves ``{S}:sent:<token>`` for a minute or so (its marker: retried after a
+lost reply, it stores nothing twice).
 Jobs sent at priority ``high`` or ``low`` go onto ``{S}:p:high`` / ``{S}:p:low``
 (``_wire/priorities.py``); ``normal`` ones onto ``S`` itself.
 A name carrying its own tag (``{orders}:eu``) gets the prefix
@@ -37,7 +39,7 @@ _BAD_CHARS: Final = re.compile(r"[\s\x00]")
 _OWNED: Final = re.compile(
     r"^\{[^{}]+\}(~|:(dead|delayed|fence|partitions|outbox)$"
     r"|:(retry|retries|job|owner|members|rate|sem|tick|schedules|settings|chained|p|paused"
-    r"|progress|join|join-results):)")
+    r"|progress|join|join-results|sent):)")
 
 
 def check_name(option: str, name: object, *, allow_tag: bool = False) -> str:
@@ -127,6 +129,11 @@ class StreamKeys:
         """How many partitions this stream is split into, as its first partitioned producer
         or worker recorded it (absent: not partitioned); a mismatch is refused."""
         return f"{self.prefix}:partitions"
+
+    def sent(self, token: str) -> str:
+        """A send's marker (``token``: random, one per call), kept a minute or so: the call
+        repeated after its reply was lost finds it and stores nothing twice."""
+        return f"{self.prefix}:sent:{token}"
 
     @property
     def outbox(self) -> str:

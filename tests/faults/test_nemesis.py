@@ -5,7 +5,10 @@ steady producer load with bursts (a ``send_many`` of BURST quick jobs now and th
 nemesis thread, driven by ``random.Random(seed)``, keeps doing one of: SIGKILL a worker (a
 small supervisor restarts dead workers), SIGSTOP a worker for longer than its visibility
 timeout, restart redis-server (AOF, appendfsync always: nothing acknowledged is lost), CLIENT
-PAUSE ~1 s, an OOM window (maxmemory just above the memory in use for 1-2 s), DEBUG SLEEP 1.
+PAUSE ~1 s, an OOM window (maxmemory just above the memory in use for 1-2 s), DEBUG SLEEP 1,
+a silent network partition of one worker for 0.5-2 visibility timeouts (each worker talks
+to Redis through its own TCP forwarder, tests/helpers/netfault.py; iptables DROP both ways
+on that forwarder's port, no reset; left out, and said so, where iptables is unavailable).
 Some jobs are poison: 1 in 200 always raises, 1 in 500 kills its process every time. The
 workers run under a group rate limit (RATE_LIMIT jobs/s), a cap of PER_KEY jobs in flight per
 concurrency key (a quarter of the single sends share the key "hot", and run longest) and a
@@ -82,6 +85,7 @@ from tests.helpers.nemesis_kit import (
     run_nemesis,
     safe,
 )
+from tests.helpers.netfault import Forwarder, NetFaults, iptables_problem
 from tests.workers.nemesis import (
     GROUP,
     LEDGER,
@@ -118,9 +122,21 @@ TICK_MS = TICK.interval_ms
 
 #: nemesis actions and their weights; STREAMWORK_NEMESIS_ACTIONS="kill,stop" narrows them
 WEIGHTS = {"kill": 3, "stop": 2, "restart_redis": 1, "client_pause": 1, "oom": 2,
-           "debug_sleep": 1, "cancel": 4}
+           "debug_sleep": 1, "cancel": 4, "partition": 2}
 if os.environ.get("STREAMWORK_NEMESIS_ACTIONS"):
     WEIGHTS = {a: WEIGHTS[a] for a in os.environ["STREAMWORK_NEMESIS_ACTIONS"].split(",")}
+
+
+class _Forwarded(dict[int, str]):
+    """Supervisor.urls (pid -> URL) that also fills FORWARDED (pid -> its forwarder)."""
+
+    def __init__(self, urls: dict[int, str], forwarders: dict[str, Forwarder]) -> None:
+        super().__init__(urls)
+        self.forwarders = forwarders
+
+    def __setitem__(self, pid: int, url: str) -> None:
+        super().__setitem__(pid, url)
+        FORWARDED[pid] = self.forwarders[url]
 
 
 @dataclass(frozen=True)
@@ -236,8 +252,9 @@ def _produce(c: Campaign, url: str) -> None:
         c.errors.append(f"producer died: {exc!r}")
 
 
-def _actions(c: Campaign, sup: Supervisor, server: Any,
-             admin: redis.Redis) -> dict[str, tuple[int, Action]]:
+def _actions(c: Campaign, sup: Supervisor, server: Any, admin: redis.Redis,
+             net: NetFaults | None, forwarders: dict[str, Forwarder],
+             ) -> dict[str, tuple[int, Action]]:
     """The nemesis's faults (those in WEIGHTS), each drawing what it needs from the
     generator it is given. A new kind of fault goes here and into WEIGHTS ("cancel" cancels
     a random recent job; `_check_cancels` judges it by the answer its cancel returned)."""
@@ -317,10 +334,27 @@ def _actions(c: Campaign, sup: Supervisor, server: Any,
         c.cancels.append(Cancel(key, answer, held, int(fence or 0)))
         return f"cancel {key}: {answer}"
 
+    def partition(rnd: random.Random) -> str | None:
+        # a worker cut off as by a silent partition: its calls go unanswered (its socket
+        # timeout is 10 s, longer than most cuts: TCP resends what it wrote after the heal);
+        # the window counts as a stop for the key cap (kit.in_flight)
+        slot, length = rnd.randrange(WORKERS), rnd.uniform(0.5 * VT, 2.0 * VT)
+        pid = sup.alive_pid(slot)
+        if pid is None or net is None:
+            return None
+        fwd = forwarders[sup.urls[pid]]
+        began = time.monotonic()
+        with net.partition(fwd):
+            c.stop_nemesis.wait(length)
+        sup.stops[pid].append((began, time.monotonic()))
+        return f"partition worker slot {slot} pid {pid} for {length:.1f}s (DROP both ways), healed"
+
     every: dict[str, Action] = {"kill": kill, "stop": stop, "restart_redis": restart_redis,
                                 "client_pause": client_pause, "oom": oom,
-                                "debug_sleep": debug_sleep, "cancel": cancel}
-    return {name: (weight, every[name]) for name, weight in WEIGHTS.items()}
+                                "debug_sleep": debug_sleep, "cancel": cancel,
+                                "partition": partition}
+    return {name: (weight, every[name]) for name, weight in WEIGHTS.items()
+            if name != "partition" or net is not None}
 
 
 @dataclass
@@ -611,6 +645,10 @@ def _consumer_idle(admin: redis.Redis) -> dict[int, int]:
     return idle
 
 
+#: worker pid -> the forwarder it talks to Redis through (filled while a campaign runs)
+FORWARDED: dict[int, Forwarder] = {}
+
+
 def _reader_pids(admin: redis.Redis, pids: set[int]) -> set[int]:
     """Those of ``pids`` with a connection blocked in XREADGROUP right now (CLIENT LIST
     addr -> local port -> socket inode -> the process holding it, via /proc)."""
@@ -618,6 +656,9 @@ def _reader_pids(admin: redis.Redis, pids: set[int]) -> set[int]:
     for c in admin.client_list():
         if c.get("cmd") == "xreadgroup" and "b" in c.get("flags", ""):
             ports.add(int(c["addr"].rsplit(":", 1)[1]))
+    if FORWARDED:  # the workers talk through forwarders: the server sees those
+        return {pid for pid in pids
+                if pid in FORWARDED and FORWARDED[pid].upstream_ports() & ports}
     if not os.path.exists("/proc/net/tcp"):  # not Linux: only count them
         return set(pids) if len(ports) >= len(pids) else set()
     inode_of_port = {}
@@ -715,20 +756,40 @@ def _campaign(make_server: Callable[..., Any],
     server = make_server(appendfsync="always", extra_args=["--enable-debug-command", "yes"])
     admin = redis.Redis.from_url(server.url, socket_timeout=10)
     c = Campaign(seed, seconds, server.url)
-    sup = Supervisor(spawn_worker, TARGET, server.url, tmp_path, c.t0,
+    # each worker through a forwarder of its own, which a partition cuts off
+    no_net = iptables_problem() if "partition" in WEIGHTS else "not drawn"
+    net = NetFaults(seed=seed) if no_net is None else None
+    forwarders: dict[str, Forwarder] = {}
+
+    def worker_url() -> str:
+        if net is None:
+            return str(server.url)
+        fwd = net.forwarder(server.port)
+        forwarders[fwd.url] = fwd
+        return fwd.url
+
+    if no_net is not None:
+        print(f"nemesis: no network partitions ({no_net})")
+        c.figures["partitions"] = f"left out: {no_net}"
+    sup = Supervisor(spawn_worker, TARGET, worker_url, tmp_path, c.t0,
                      restart_delay=RESTART_DELAY)
+    if net is not None:  # a worker's forwarder, looked up when its pid is
+        sup.urls = _Forwarded(sup.urls, forwarders)
     sup.start(WORKERS)
     problems: list[str] = []
     try:
         pids = {p.pid for p in sup.live()}
-        wait_for(lambda: safe(lambda: _reader_pids(admin, pids) >= pids, False), 60,
+        wait_for(lambda: safe(lambda: _reading(admin, pids) >= pids, False), 60,
                  interval=0.1, message="the worker processes reading")
         c.faults.t0 = sup.t0 = time.monotonic()
         c.ticks_from_ms = _server_ms(admin)
         producer = threading.Thread(target=_produce, args=(c, server.url), daemon=True)
+        # a campaign without a partition drawn by half time gets one then
         nemesis = threading.Thread(target=run_nemesis, args=(
-            _actions(c, sup, server, admin), seed, seconds, c.faults, c.stop_nemesis,
-            c.errors), daemon=True)
+            _actions(c, sup, server, admin, net, forwarders), seed, seconds, c.faults,
+            c.stop_nemesis, c.errors), kwargs={
+                "first": (seconds / 2, "partition") if net is not None else None},
+            daemon=True)
         producer.start()
         nemesis.start()
         nemesis.join(seconds + 120)
@@ -768,6 +829,9 @@ def _campaign(make_server: Callable[..., Any],
         c.stop_producing.set()
         sup.close()
         admin.close()
+        if net is not None:
+            net.close()  # heals whatever is still cut; the workers are ended after the test
+            FORWARDED.clear()
 
     by_why = Counter(e.why for e in sup.exits)
     c.figures.update(

@@ -84,9 +84,11 @@ class Supervisor:
         self.lock = threading.Lock()
         self.slots: list[subprocess.Popen[bytes]] = []
         self.logs: dict[int, Path] = {}
+        self.urls: dict[int, str] = {}  # pid -> the URL it was started with
         self.killed: dict[int, float] = {}  # pid -> when the nemesis sent it SIGKILL
         self.died: dict[int, float] = {}  # pid -> when its exit was seen
-        self.stops: dict[int, list[tuple[float, float]]] = defaultdict(list)  # SIGSTOP..CONT
+        #: pid -> its SIGSTOP..SIGCONT windows, and its network partitions (cut..heal)
+        self.stops: dict[int, list[tuple[float, float]]] = defaultdict(list)
         self.exits: list[Exit] = []
         self.spawned = 0
         self._dead_since: dict[int, float] = {}
@@ -111,6 +113,7 @@ class Supervisor:
             proc = self.spawn_worker(self.target, url, *self.args, stdout=out,
                                      env={EVENTS_ENV: str(self.events)})
         self.logs[proc.pid] = path
+        self.urls[proc.pid] = url
         return proc
 
     def _run(self) -> None:
@@ -173,6 +176,12 @@ class Supervisor:
                 os.kill(proc.pid, signal.SIGCONT)
             self.stops[proc.pid].append((began, resumed))
         return proc.pid
+
+    def alive_pid(self, slot: int) -> int | None:
+        """The pid of the worker in ``slot`` if it is alive, else None."""
+        with self.lock:
+            proc = self.slots[slot]
+            return proc.pid if proc.poll() is None else None
 
     def live(self) -> list[subprocess.Popen[bytes]]:
         with self.lock:
@@ -302,10 +311,10 @@ def max_starts_per_window(starts: list[float], window: float = 1.0) -> tuple[int
 
 def in_flight(call: Call, sup: Supervisor) -> tuple[float, float]:
     """The time ``call``'s handler held its job: from its start to its end, or to its
-    process's death when it has none; cut at the start of a SIGSTOP of its process that it
-    overlaps (stopped longer than a visibility timeout, the process's holds lapse and its
-    job is someone else's: what it does after SIGCONT is the documented case of a paused
-    worker, not a second holder)."""
+    process's death when it has none; cut at the start of a SIGSTOP (or a network partition)
+    of its process that it overlaps (stopped or cut off longer than a visibility timeout,
+    the process's holds lapse and its job is someone else's: what it does after SIGCONT or
+    the heal is the documented case of a paused worker, not a second holder)."""
     end = call.end if call.end is not None else sup.death(call.pid)
     for began, resumed in sup.stops.get(call.pid, ()):
         if call.start <= resumed and end >= began:
@@ -330,7 +339,9 @@ def most_in_flight(calls: list[Call], sup: Supervisor) -> dict[str, Crowd]:
     by_key: dict[str, list[tuple[float, float, Call]]] = defaultdict(list)
     for call in calls:
         start, end = in_flight(call, sup)
-        by_key[call.concurrency_key].append((start, end, call))
+        if end > start:  # cut to nothing (begun as its process was cut off): not in flight;
+            # counted, its end would sort before its start and it would stay in flight
+            by_key[call.concurrency_key].append((start, end, call))
     out: dict[str, Crowd] = {}
     for key, spans in by_key.items():
         points = sorted([(s, 1, i) for i, (s, _, _) in enumerate(spans)]
