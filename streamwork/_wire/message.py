@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol
@@ -91,6 +92,8 @@ class Message(Generic[P]):
     consumer: str = ""
     options: Mapping[str, Any] = field(default_factory=lambda: NO_OPTIONS)
     _lost: bool = field(default=False, repr=False)
+    #: monotonic time its lease runs out unless confirmed again (0.0: no lease to judge)
+    _deadline: float = field(default=0.0, repr=False)
     _cancelled: bool = field(default=False, repr=False)
     #: the staged writes: (command, keys, args), keys and args as the bytes sent to Redis
     staged: list[tuple[str, tuple[bytes, ...], tuple[bytes, ...]]] = field(
@@ -198,12 +201,19 @@ class Message(Generic[P]):
 
     @property
     def lock_lost(self) -> bool:
-        """True once this delivery's lease was lost; its result will not be acknowledged."""
+        """True once this delivery's lease is lost: taken over, given up by the worker, or
+        run out by this machine's monotonic clock (the time the lease was last confirmed
+        plus its validity, less the clock-drift margin), whether or not a heartbeat has
+        come back yet. Final: it never turns false again. Another worker may take the job
+        from then on: stop, and write nothing more outside ``msg.stage``."""
+        if not self._lost and self._deadline and time.monotonic() >= self._deadline:
+            self._lost = True
         return self._lost
 
     def check(self) -> None:
-        """Raise LockLost if the lease was lost; call it before each external write."""
-        if self._lost:
+        """Raise LockLost if the lease is lost (`lock_lost`); call it before each external
+        write."""
+        if self.lock_lost:
             raise LockLost(
                 f"job {self.key!r} (entry {self.id}) lost its lease: another worker may run it "
                 "now; stop and do not write",

@@ -71,7 +71,9 @@ class LeaseStrategy:
         return ds, []
 
     async def extended(self, kept: Sequence[Delivery], sent: float) -> None:
-        """heartbeat.lua kept ``kept`` (beat sent at ``sent``): move their deadlines."""
+        """heartbeat.lua kept ``kept`` (beat sent at ``sent``): move their deadlines, but
+        never that of a lease whose deadline passed before the reply came (its handler may
+        have seen ``msg.lock_lost``: the heartbeat gives it up)."""
 
     async def release(self, ds: Sequence[Delivery]) -> None:
         """Give back leases held outside the stream's Redis (finished or lost jobs)."""
@@ -106,20 +108,21 @@ class RedisLease(LeaseStrategy):
         for d, token in zip(batch, res, strict=True):
             if token > 0:
                 d.lease_id = f"{owner}:{token}"
-                d.deadline = deadline
+                d.msg._deadline = deadline
         return res
 
     def value(self, d: Delivery) -> str:
         return d.lease_id
 
     def expired(self, d: Delivery, now: float) -> bool:
-        return now >= d.deadline
+        return now >= d.msg._deadline
 
     def sort_spent(self, ds: list[Delivery]) -> tuple[list[Delivery], list[Delivery]]:
         """``ds`` sorted into (not spent, `spent`), in order."""
         return ds, []
 
     async def extended(self, kept: Sequence[Delivery], sent: float) -> None:
-        deadline = lease_deadline(sent, self.cfg.visibility_timeout)
+        deadline, now = lease_deadline(sent, self.cfg.visibility_timeout), time.monotonic()
         for d in kept:
-            d.deadline = deadline
+            if now < d.msg._deadline:  # one that ran out before the reply stays lost (final)
+                d.msg._deadline = deadline
