@@ -52,6 +52,7 @@ from streamwork._worker.core.loops.filling import Fill
 from streamwork._worker.core.options import CoreConfig
 from streamwork._worker.core.outage import Fold
 from streamwork._worker.core.outcomes import Outcomes
+from streamwork._worker.core.quorum import Quorum
 from streamwork._worker.core.runqueue import RunQueue
 from streamwork._worker.core.seam import Feature, Hooks, Parts
 from streamwork._worker.core.start import Starts
@@ -104,6 +105,7 @@ class Consumer:
         self.gate = Gate()
         queue = RunQueue(self.gate)
         self.holdings = h = Holdings(ctx, queue)
+        self.quorum = Quorum(ctx, h, self.gate)  # a lock quorum's outages, if it has one
         self.sup = Supervisor(self._recreate_group, self._distrust_cache, link=link,
                               stream=cfg.stream, group=cfg.group, consumer=name)
         self._hooks_of: list[Feature] = []
@@ -186,7 +188,7 @@ class Consumer:
         background = [
             sup.loop("reader", self._read_once),
             sup.loop("reclaimer", lambda: reclaim.reclaim_once(
-                ctx, h, self.admit, lambda: sup.stopping)),
+                ctx, h, self.admit, lambda: sup.stopping or not self.quorum.up)),
             sup.loop("promoter", lambda: upkeep.promote_once(ctx)),
             sup.loop("upkeep", lambda: upkeep.upkeep_step(ctx)),
             sup.loop("gauges", lambda: gauges.gauges_step(ctx)),
@@ -196,6 +198,7 @@ class Consumer:
         runners.append(sup.loop("leaser", self.claimer.retry_once))
         if self.leases.claims:
             runners.append(sup.loop("claimer", self.claimer.claim_once))
+        runners += [sup.loop(what, step) for what, step in self.quorum.loops()]
         keepers = [sup.loop("flusher", self.outcomes.step),
                    *(sup.loop(what, step) for f in hooks.features for what, step in f.keepers())]
         if self.cfg.heartbeat:
@@ -236,7 +239,8 @@ class Consumer:
         the group joined, no Redis outage under way (from a failed call until a call made
         after it answers), and not draining."""
         alive = self.sup.alive() and not self.stopped
-        return alive, alive and self.joined and not self.sup.failures and not self.stopping
+        return alive, (alive and self.joined and not self.sup.failures and not self.stopping
+                       and self.quorum.up)
 
     def _distrust_cache(self) -> None:
         """Redis failed or came back: completions we cached may not have survived it (a
@@ -366,6 +370,7 @@ class Consumer:
         h, count = self.holdings, self.tally.count
         waiting, expired, queued = h.waiting, self.leases.expired, State.QUEUED
         ready: list[Delivery] = []
+        unlocked: list[Delivery] = []  # no lock quorum: let go (quorum.py)
         for d, token in zip(batch, res, strict=True):
             if token > 0:
                 waiting.pop(d.ref, None)
@@ -374,6 +379,8 @@ class Consumer:
                     h.lose(d, "the lease expired before the handler started")
                 d.state = queued  # queued below, with the others of the batch
                 ready.append(d)
+            elif token == Claim.UNREACHABLE:
+                unlocked.append(d)
             elif token == Claim.BUSY:
                 if not d.waiting_since:
                     d.waiting_since = now
@@ -390,4 +397,6 @@ class Consumer:
         if ready:
             self._queue(ready)
             count("consumed", len(ready))
+        if unlocked:
+            await self.quorum.let_go(unlocked)
         return self.leases.claims  # a strategy that claims asks the stream's Redis first

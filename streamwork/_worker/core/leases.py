@@ -117,10 +117,6 @@ class RedisLease(LeaseStrategy):
     def expired(self, d: Delivery, now: float) -> bool:
         return now >= d.msg._deadline
 
-    def sort_spent(self, ds: list[Delivery]) -> tuple[list[Delivery], list[Delivery]]:
-        """``ds`` sorted into (not spent, `spent`), in order."""
-        return ds, []
-
     async def extended(self, kept: Sequence[Delivery], sent: float) -> None:
         deadline, now = lease_deadline(sent, self.cfg.visibility_timeout), time.monotonic()
         for d in kept:

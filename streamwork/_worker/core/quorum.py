@@ -1,0 +1,131 @@
+"""A lock-quorum outage: a worker taking job leases from a Redlock (``lock_urls``) that
+cannot reach a quorum of its masters cannot lock anything, while a worker that can might
+run the jobs. So it does not hoard them: for as long as the quorum is unreachable it
+
+* reads nothing new and starts nothing (it holds the start gate, gate.py, closed);
+* hands every job it could not lock back to the group at once (`hand_back`): dropped here
+  unrun, its delivery made idle for the visibility timeout (``XCLAIM ... IDLE``) so the
+  next reclaim sweep of a worker that reaches the quorum takes it, without counting the
+  delivery it never ran (``RETRYCOUNT``);
+* takes nothing back (the reclaimer skips its sweeps);
+* is not ready (``/readyz`` 503), and says so in one WARNING (`supervisor.QuorumLink`).
+
+Jobs leased before the outage keep their leases until the deadline: their handlers see
+``msg.lock_lost`` then. `Quorum.step` pings the masters with the backoff of a Redis outage;
+once a quorum answers (or a lease is granted or refused by one), one INFO line, and the
+gate opens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+from streamwork._telemetry.logs import WORKER_LOGGER
+from streamwork._worker.core.context import Context
+from streamwork._worker.core.delivery import Delivery
+from streamwork._worker.core.gate import Gate
+from streamwork._worker.core.holdings import Holdings
+from streamwork._worker.core.redlock_lease import RedlockLease
+from streamwork._worker.core.supervisor import Link
+
+log = logging.getLogger(WORKER_LOGGER)
+
+HOLDER: Final = "lock quorum"  #: who holds the start gate closed in such an outage
+
+
+class Quorum:
+    """One consumer's watch over the lock quorum its lease strategy uses, if it uses one
+    (else it watches nothing, and the quorum is always up)."""
+
+    def __init__(self, ctx: Context, h: Holdings, gate: Gate) -> None:
+        self.ctx = ctx
+        self.h = h
+        self.gate = gate
+        lease = ctx.leases
+        self.lease = lease if isinstance(lease, RedlockLease) else None
+        self._lost = asyncio.Event()  # set when jobs were let go for want of the quorum
+
+    @property
+    def link(self) -> Link:
+        assert self.lease is not None
+        return self.lease.outage
+
+    @property
+    def up(self) -> bool:
+        """Whether the quorum is reachable (no outage under way, or no quorum to reach)."""
+        return self.lease is None or self.lease.outage.up
+
+    def loops(self) -> list[tuple[str, Callable[[], Awaitable[bool]]]]:
+        """Its loop step, by name, when there is a quorum to watch."""
+        return [] if self.lease is None else [("quorum", self.step)]
+
+    async def let_go(self, ds: list[Delivery]) -> None:
+        """``ds`` (waiting, unleased) could not be locked for want of the quorum: close
+        the gate and hand them back."""
+        self.gate.close(HOLDER)
+        self._lost.set()
+        h = self.h
+        gone = [d for d in ds if h.waiting.get(d.ref) is d and not d.dropped]
+        for d in gone:
+            d.dropped = True
+            h.waiting.pop(d.ref, None)
+            h.forget(d, "released")
+        if gone:
+            self.ctx.count("lock_unreachable", len(gone))
+            await hand_back(self.ctx, gone)
+
+    async def step(self) -> bool:
+        """One turn of the watch: while the quorum answers, wait for an outage; in one,
+        wait the backoff and ping the masters; open the gate once it is back. Never asks
+        the stream's Redis (returns False: it proves nothing about it)."""
+        if self.link.up:
+            self.gate.release(HOLDER)
+            self._lost.clear()
+            await self._lost.wait()
+            return False
+        await asyncio.sleep(self.link.delay())
+        since = time.monotonic()
+        assert self.lease is not None
+        reached = await self.lease.reached()
+        if not reached:
+            self.link.failed(ConnectionError("too few masters answer a PING"), since)
+            return False
+        self.link.answered(since)  # asked after the outage began: it ends it
+        self.gate.release(HOLDER)
+        return False
+
+
+async def hand_back(ctx: Context, ds: list[Delivery]) -> None:
+    """Make the pending deliveries ``ds`` (let go here unrun) idle for the visibility
+    timeout, so the next reclaim sweep of any worker takes them, and take back the
+    delivery each never ran from its count. Only those still this consumer's
+    (``XPENDING``) are touched. Best effort: one left as it is comes back a visibility
+    timeout later (it is no longer heartbeated)."""
+    cfg, name = ctx.cfg, ctx.name
+    try:
+        for src, stream in ctx.sources.read_now():
+            ids = sorted((d.entry_id for d in ds if d.src == src), key=_id_order)
+            if not ids:
+                continue
+            rows = await ctx.redis.xpending_range(stream, cfg.group, min=ids[0], max=ids[-1],
+                                                  count=len(ids) + 10_000, consumername=name)
+            counts = {row["message_id"]: int(row["times_delivered"]) for row in rows}
+            pipe = ctx.redis.pipeline(transaction=False)
+            for entry_id in ids:
+                if entry_id in counts:
+                    pipe.xclaim(stream, cfg.group, name, 0, [entry_id], justid=True,
+                                idle=cfg.visibility_ms,
+                                retrycount=max(counts[entry_id] - 1, 0))
+            await pipe.execute()
+    except Exception as exc:  # Redis trouble too: they come back once their idle time is up
+        log.debug("could not hand back jobs for want of the lock quorum: %s", exc,
+                  extra=ctx.fields())
+
+
+def _id_order(entry_id: bytes) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition(b"-")
+    return int(ms), int(seq or 0)
