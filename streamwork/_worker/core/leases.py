@@ -66,9 +66,10 @@ class LeaseStrategy:
         return False
 
     def sort_spent(self, ds: list[Delivery]) -> tuple[list[Delivery], list[Delivery]]:
-        """``ds`` sorted, in order, into those whose lease holds and those whose lease,
-        held outside the stream's Redis, ran out (the scripts check the others)."""
-        return ds, []
+        """``ds`` sorted, in order, into those whose lease holds and those whose lease ran
+        out (`expired`): lost, never completed, whatever a server would still accept."""
+        now, expired = time.monotonic(), self.expired
+        return [d for d in ds if not expired(d, now)], [d for d in ds if expired(d, now)]
 
     async def extended(self, kept: Sequence[Delivery], sent: float) -> None:
         """heartbeat.lua kept ``kept`` (beat sent at ``sent``): move their deadlines, but

@@ -120,13 +120,6 @@ class RedlockLease(LeaseStrategy):
         """Whether ``d``'s Redlock grant ran out."""
         return d.grant is not None and d.grant.valid_for <= 0
 
-    def sort_spent(self, ds: list[Delivery]) -> tuple[list[Delivery], list[Delivery]]:
-        live: list[Delivery] = []
-        spent: list[Delivery] = []
-        for d in ds:
-            (spent if self.spent(d) else live).append(d)
-        return live, spent
-
     async def extended(self, kept: Sequence[Delivery], sent: float) -> None:
         ds = [d for d in kept if d.grant is not None]
         results = await asyncio.gather(
