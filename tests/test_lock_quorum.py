@@ -187,6 +187,46 @@ def test_a_worker_cut_off_from_its_lock_masters_hoards_nothing(
             f.close()
 
 
+def test_leases_lost_in_a_lock_quorum_outage_are_folded_into_it(
+    redis_url: str, r: redis.Redis, make_server: Any, spawn_worker: Spawn, tmp_path: Path
+) -> None:
+    """A is cut off while its handlers run: their leases run out (their outcomes are not
+    written), the jobs run again at B, once each, and A logs the outage's WARNING, at most
+    one line for the leases it lost meanwhile, and no ERROR per lost lease."""
+    masters = [make_server() for _ in range(3)]
+    forwarders = [Forwarder(m.port) for m in masters]
+    log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
+    port_a, port_b = free_port(), free_port()
+    producer = sw.Producer.from_url(redis_url)
+    try:
+        _spawn(spawn_worker, redis_url, [f.url for f in forwarders], log_a, port_a)
+        wait_probe(port_a, "/readyz", 200)
+        slow = [f"s{i}" for i in range(8)]  # one per handler of A
+        producer.send_many(STREAM, [{"sleep": 3 * VISIBILITY}] * len(slow), keys=slow)
+        wait_for(lambda: r.llen("granted") == len(slow), timeout=20,
+                 message="A to run every slow job")
+        _spawn(spawn_worker, redis_url, [m.url for m in masters], log_b, port_b)
+        wait_probe(port_b, "/readyz", 200)
+        for f in forwarders:
+            f.cut()
+        fresh = [f"f{i}" for i in range(50)]  # A reads them: its takes find no quorum
+        producer.send_many(STREAM, [{}] * len(fresh), keys=fresh)
+        wait_for(lambda: Ledger(r).report(slow + fresh).applied == len(slow + fresh),
+                 timeout=60, message="B to run every job, the slow ones again")
+        report = Ledger(r).report(slow + fresh)
+        assert report.exactly_once, (report.lost[:3], list(report.twice.items())[:3])
+        text_a = log_a.read_text(errors="replace")
+        assert text_a.count(LOST) == 1, [ln for ln in text_a.splitlines() if LOST in ln]
+        lost_lines = [ln for ln in text_a.splitlines() if "lease lost" in ln]
+        assert not [ln for ln in lost_lines if " ERROR " in ln], lost_lines
+        assert len(lost_lines) <= 1, lost_lines
+        print(f"\nA's lines about lost leases: {lost_lines}")
+    finally:
+        producer.close()
+        for f in forwarders:
+            f.close()
+
+
 def test_the_forwarder_relays_and_goes_silent(make_server: Any) -> None:
     """The harness itself: commands pass through, hang while cut, pass again healed."""
     server = make_server()

@@ -126,7 +126,8 @@ class Consumer:
         # work to come (max_held: all); a batch handler's call runs up to batch_max jobs
         self.capacity = cfg.concurrency * per_call(handle, cfg.batch_max) + cfg.batch_size
         self.outcomes = Outcomes(ctx, h, codec, hooks.done, hooks.before_done)
-        h.let_go.redis_down = lambda: self.sup.link.down_lately(cfg.visibility_timeout)
+        h.let_go.redis_down = lambda: (self.sup.link.down_lately(cfg.visibility_timeout)
+                                       or self.quorum.down_lately(cfg.visibility_timeout))
         h.fold = Fold(h.let_go.redis_down,
                       lambda deadline: self.sup.link.in_outage(deadline, cfg.visibility_timeout),
                       quiet=2 * cfg.visibility_timeout)

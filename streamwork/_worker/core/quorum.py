@@ -8,7 +8,9 @@ run the jobs. So it does not hoard them: for as long as the quorum is unreachabl
   next reclaim sweep of a worker that reaches the quorum takes it, without counting the
   delivery it never ran (``RETRYCOUNT``);
 * takes nothing back (the reclaimer skips its sweeps);
-* is not ready (``/readyz`` 503), and says so in one WARNING (`supervisor.QuorumLink`).
+* is not ready (``/readyz`` 503), and says so in one WARNING (`supervisor.QuorumLink`);
+  the leases it loses meanwhile are folded into that outage's lines (outage.py), not
+  logged one ERROR each.
 
 Jobs leased before the outage keep their leases until the deadline: their handlers see
 ``msg.lock_lost`` then. `Quorum.step` pings the masters with the backoff of a Redis outage;
@@ -58,6 +60,11 @@ class Quorum:
     def up(self) -> bool:
         """Whether the quorum is reachable (no outage under way, or no quorum to reach)."""
         return self.lease is None or self.lease.outage.up
+
+    def down_lately(self, within: float) -> bool:
+        """Whether the quorum is unreachable now, or was less than ``within`` s ago: leases
+        lost meanwhile are the outage's, not each a fault of its own (outage.py)."""
+        return self.lease is not None and self.lease.outage.down_lately(within)
 
     def loops(self) -> list[tuple[str, Callable[[], Awaitable[bool]]]]:
         """Its loop step, by name, when there is a quorum to watch."""
