@@ -190,9 +190,10 @@ def test_a_worker_cut_off_from_its_lock_masters_hoards_nothing(
 def test_leases_lost_in_a_lock_quorum_outage_are_folded_into_it(
     redis_url: str, r: redis.Redis, make_server: Any, spawn_worker: Spawn, tmp_path: Path
 ) -> None:
-    """A is cut off while its handlers run: their leases run out (their outcomes are not
-    written), the jobs run again at B, once each, and A logs the outage's WARNING, at most
-    one line for the leases it lost meanwhile, and no ERROR per lost lease."""
+    """A is cut off while its handlers run and it reads nothing new: its heartbeats find
+    the outage (/readyz 503, one WARNING); their leases run out (their outcomes are not
+    written), the jobs run again at B, once each, and A logs at most one line for the
+    leases it lost meanwhile, no ERROR per lost lease; healed, A is ready again."""
     masters = [make_server() for _ in range(3)]
     forwarders = [Forwarder(m.port) for m in masters]
     log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
@@ -209,7 +210,9 @@ def test_leases_lost_in_a_lock_quorum_outage_are_folded_into_it(
         wait_probe(port_b, "/readyz", 200)
         for f in forwarders:
             f.cut()
-        fresh = [f"f{i}" for i in range(50)]  # A reads them: its takes find no quorum
+        down = wait_probe(port_a, "/readyz", 503, live_too=True, timeout=15)
+        assert "lock quorum" in down["reason"], down
+        fresh = [f"f{i}" for i in range(50)]  # A reads none: its gate is closed
         producer.send_many(STREAM, [{}] * len(fresh), keys=fresh)
         wait_for(lambda: Ledger(r).report(slow + fresh).applied == len(slow + fresh),
                  timeout=60, message="B to run every job, the slow ones again")
@@ -220,6 +223,9 @@ def test_leases_lost_in_a_lock_quorum_outage_are_folded_into_it(
         lost_lines = [ln for ln in text_a.splitlines() if "lease lost" in ln]
         assert not [ln for ln in lost_lines if " ERROR " in ln], lost_lines
         assert len(lost_lines) <= 1, lost_lines
+        for f in forwarders:
+            f.heal()
+        wait_probe(port_a, "/readyz", 200, live_too=True, timeout=30)
         print(f"\nA's lines about lost leases: {lost_lines}")
     finally:
         producer.close()

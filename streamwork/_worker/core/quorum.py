@@ -15,7 +15,9 @@ run the jobs. So it does not hoard them: for as long as the quorum is unreachabl
 Jobs leased before the outage keep their leases until the deadline: their handlers see
 ``msg.lock_lost`` then. `Quorum.step` pings the masters with the backoff of a Redis outage;
 once a quorum answers (or a lease is granted or refused by one), one INFO line, and the
-gate opens.
+gate opens. The outage is found by the leases the worker takes, and by its heartbeats:
+when none of their extensions goes through and a quorum does not answer a PING either
+(a worker that reads nothing new still learns it).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from streamwork._worker.core.supervisor import Link
 log = logging.getLogger(WORKER_LOGGER)
 
 HOLDER: Final = "lock quorum"  #: who holds the start gate closed in such an outage
+WATCH_EVERY: Final = 0.1  #: s between two looks at the quorum's state while it answers
 
 
 class Quorum:
@@ -49,7 +52,6 @@ class Quorum:
         self.gate = gate
         lease = ctx.leases
         self.lease = lease if isinstance(lease, RedlockLease) else None
-        self._lost = asyncio.Event()  # set when jobs were let go for want of the quorum
 
     @property
     def link(self) -> Link:
@@ -74,7 +76,6 @@ class Quorum:
         """``ds`` (waiting, unleased) could not be locked for want of the quorum: close
         the gate and hand them back."""
         self.gate.close(HOLDER)
-        self._lost.set()
         h = self.h
         gone = [d for d in ds if h.waiting.get(d.ref) is d and not d.dropped]
         for d in gone:
@@ -86,14 +87,15 @@ class Quorum:
             await hand_back(self.ctx, gone)
 
     async def step(self) -> bool:
-        """One turn of the watch: while the quorum answers, wait for an outage; in one,
-        wait the backoff and ping the masters; open the gate once it is back. Never asks
-        the stream's Redis (returns False: it proves nothing about it)."""
+        """One turn of the watch: while the quorum answers, look again in a moment (no
+        I/O); in an outage (found by a lease or a heartbeat's extensions), hold the gate
+        closed, wait the backoff and ping the masters; open the gate once it is back.
+        Never asks the stream's Redis (returns False: it proves nothing about it)."""
         if self.link.up:
             self.gate.release(HOLDER)
-            self._lost.clear()
-            await self._lost.wait()
+            await asyncio.sleep(WATCH_EVERY)
             return False
+        self.gate.close(HOLDER)
         await asyncio.sleep(self.link.delay())
         since = time.monotonic()
         assert self.lease is not None

@@ -129,6 +129,11 @@ class RedlockLease(LeaseStrategy):
         for d, validity in zip(ds, results, strict=True):
             if isinstance(validity, float) and validity > 0 and now < d.msg._deadline:
                 d.msg._deadline = now + validity
+        if any(isinstance(v, float) for v in results):
+            self.outage.answered(sent)
+        elif ds and not await self.reached():  # none went through: is the quorum there?
+            self.outage.failed(ConnectionError(
+                "no lease extension went through and too few masters answer a PING"), sent)
 
     async def release(self, ds: Sequence[Delivery]) -> None:
         grants = [d.grant for d in ds if d.grant is not None]
