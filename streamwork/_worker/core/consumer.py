@@ -105,9 +105,9 @@ class Consumer:
         self.gate = Gate()
         queue = RunQueue(self.gate)
         self.holdings = h = Holdings(ctx, queue)
-        self.quorum = Quorum(ctx, h, self.gate)  # a lock quorum's outages, if it has one
         self.sup = Supervisor(self._recreate_group, self._distrust_cache, link=link,
                               stream=cfg.stream, group=cfg.group, consumer=name)
+        self.quorum = Quorum(ctx, h, self.gate, self.sup)  # a lock quorum's, if it has one
         self._hooks_of: list[Feature] = []
         self.starts: Starts  # set below, once the features are built (they may hold it)
         parts = Parts(ctx, h, self.gate, self.admit, self._queue, self, self.sup.link,

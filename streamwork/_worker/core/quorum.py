@@ -8,6 +8,8 @@ run the jobs. So it does not hoard them: for as long as the quorum is unreachabl
   next reclaim sweep of a worker that reaches the quorum takes it, without counting the
   delivery it never ran (``RETRYCOUNT``);
 * takes nothing back (the reclaimer skips its sweeps);
+* stopping, hands back at once what it has not started, rather than letting the drain
+  wait for jobs that cannot start;
 * is not ready (``/readyz`` 503), and says so in one WARNING (`supervisor.QuorumLink`);
   the leases it loses meanwhile are folded into that outage's lines (outage.py), not
   logged one ERROR each.
@@ -30,11 +32,11 @@ from typing import Final
 
 from streamwork._telemetry.logs import WORKER_LOGGER
 from streamwork._worker.core.context import Context
-from streamwork._worker.core.delivery import Delivery
+from streamwork._worker.core.delivery import Delivery, State
 from streamwork._worker.core.gate import Gate
 from streamwork._worker.core.holdings import Holdings
 from streamwork._worker.core.redlock_lease import RedlockLease
-from streamwork._worker.core.supervisor import Link
+from streamwork._worker.core.supervisor import Link, Supervisor
 
 log = logging.getLogger(WORKER_LOGGER)
 
@@ -46,10 +48,11 @@ class Quorum:
     """One consumer's watch over the lock quorum its lease strategy uses, if it uses one
     (else it watches nothing, and the quorum is always up)."""
 
-    def __init__(self, ctx: Context, h: Holdings, gate: Gate) -> None:
+    def __init__(self, ctx: Context, h: Holdings, gate: Gate, sup: Supervisor) -> None:
         self.ctx = ctx
         self.h = h
         self.gate = gate
+        self.sup = sup  # a stop asked in an outage lets go of what has not started
         lease = ctx.leases
         self.lease = lease if isinstance(lease, RedlockLease) else None
 
@@ -86,6 +89,21 @@ class Quorum:
             self.ctx.count("lock_unreachable", len(gone))
             await hand_back(self.ctx, gone)
 
+    async def _unstarted(self) -> None:
+        """Stopping in an outage: let go of what has not started (queued behind the closed
+        gate, or waiting), give back its leases (best effort: the masters may not answer;
+        unreleased, they expire) and hand it back, so the drain does not wait for it."""
+        h = self.h
+        gone = [d for d in h.inflight.values()
+                if d.state in (State.QUEUED, State.WAITING) and not d.dropped]
+        for d in gone:
+            d.dropped = True
+            h.waiting.pop(d.ref, None)
+            h.forget(d, "released")
+        if gone:
+            await self.ctx.leases.release(gone)
+            await hand_back(self.ctx, gone)
+
     async def step(self) -> bool:
         """One turn of the watch: while the quorum answers, look again in a moment (no
         I/O); in an outage (found by a lease or a heartbeat's extensions), hold the gate
@@ -96,6 +114,8 @@ class Quorum:
             await asyncio.sleep(WATCH_EVERY)
             return False
         self.gate.close(HOLDER)
+        if self.sup.stopping:  # nothing held unstarted could start: hand it back now
+            await self._unstarted()
         await asyncio.sleep(self.link.delay())
         since = time.monotonic()
         assert self.lease is not None
