@@ -14,12 +14,15 @@ run the jobs. So it does not hoard them: for as long as the quorum is unreachabl
   the leases it loses meanwhile are folded into that outage's lines (outage.py), not
   logged one ERROR each.
 
-Jobs leased before the outage keep their leases until the deadline: their handlers see
-``msg.lock_lost`` then. `Quorum.step` pings the masters with the backoff of a Redis outage;
-once a quorum answers (or a lease is granted or refused by one), one INFO line, and the
-gate opens. The outage is found by the leases the worker takes, and by its heartbeats:
-when none of their extensions goes through and a quorum does not answer a PING either
-(a worker that reads nothing new still learns it).
+Jobs locked before the outage cannot have their leases extended: the first extension that
+fails gives a lease up (a lost Redlock is never revived) and the next heartbeat drops the
+job; its handler sees ``msg.lock_lost`` then, at the latest at the lease's deadline.
+
+`Quorum.step` pings the masters with the backoff of a Redis outage; once a quorum answers
+(or a lease is granted or refused by one), one INFO line, and the gate opens. The outage
+is found by the leases the worker takes, and by its heartbeats: when none of their
+extensions goes through and a quorum does not answer a PING either (a worker that reads
+nothing new still learns it).
 """
 
 from __future__ import annotations
