@@ -196,9 +196,9 @@ class StreamWorker(WorkerOptions, Generic[P]):
             return Health(False, False, False, False, ())
         alive, ready = c.health()
         pausing = c.feature(Pausing)
-        return Health(alive, ready, c.stopping, not c.sup.failures and c.joined,
-                      tuple(c.sup.dead_tasks), pausing.state() if pausing else None,
-                      c.quorum.up)
+        return Health(alive, ready and c.quorum.up, c.stopping,
+                      not c.sup.failures and c.joined, tuple(c.sup.dead_tasks),
+                      pausing.state() if pausing else None, c.quorum.up)
 
     @property
     def counts(self) -> Counter[str]:

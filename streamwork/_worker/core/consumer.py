@@ -72,7 +72,8 @@ READ_AHEAD: Final = 2
 #: what claim.lua's refusals count (counter, outcome) and how the delivery leaves
 GONE: Final[dict[int, tuple[str, str | None, str]]] = {
     Claim.DUPLICATE: ("deduplicated", "duplicate", "deduplicated"),
-    Claim.CANCELLED: ("cancelled", "queued", "cancelled")}
+    Claim.CANCELLED: ("cancelled", "queued", "cancelled"),
+    Claim.UNREACHABLE: ("lock_unreachable", None, "released")}  # handed back: quorum.py
 #: the outcome counters the "worker stopped" line reports, each on its own
 STOP_COUNTS: Final = ("acked", "retried", "dead_lettered", "deduplicated", "cancelled")
 
@@ -107,8 +108,6 @@ class Consumer:
         self.holdings = h = Holdings(ctx, queue)
         self.sup = Supervisor(self._recreate_group, self._distrust_cache, link=link,
                               stream=cfg.stream, group=cfg.group, consumer=name)
-        self.quorum = Quorum(ctx, h, self.gate, self.sup)  # a lock quorum's, if it has one
-        self._hooks_of: list[Feature] = []
         self.starts: Starts  # set below, once the features are built (they may hold it)
         parts = Parts(ctx, h, self.gate, self.admit, self._queue, self, self.sup.link,
                       dict(extras or {}), codec, url)
@@ -126,8 +125,8 @@ class Consumer:
         # work to come (max_held: all); a batch handler's call runs up to batch_max jobs
         self.capacity = cfg.concurrency * per_call(handle, cfg.batch_max) + cfg.batch_size
         self.outcomes = Outcomes(ctx, h, codec, hooks.done, hooks.before_done)
-        h.let_go.redis_down = lambda: (self.sup.link.down_lately(cfg.visibility_timeout)
-                                       or self.quorum.down_lately(cfg.visibility_timeout))
+        h.let_go.redis_down = lambda: self.sup.link.down_lately(cfg.visibility_timeout)
+        self.quorum = Quorum(ctx, h, self.gate, self.sup)  # its lock quorum's outages, if any
         h.fold = Fold(h.let_go.redis_down,
                       lambda deadline: self.sup.link.in_outage(deadline, cfg.visibility_timeout),
                       quiet=2 * cfg.visibility_timeout)
@@ -196,10 +195,9 @@ class Consumer:
             *(sup.loop(what, step) for f in hooks.features for what, step in f.loops()),
         ]
         runners = [sup.spawn("runner", self.runner.loop()) for _ in range(self.cfg.concurrency)]
-        runners.append(sup.loop("leaser", self.claimer.retry_once))
+        runners += [sup.loop("leaser", self.claimer.retry_once), *self.quorum.loops(sup)]
         if self.leases.claims:
             runners.append(sup.loop("claimer", self.claimer.claim_once))
-        runners += [sup.loop(what, step) for what, step in self.quorum.loops()]
         keepers = [sup.loop("flusher", self.outcomes.step),
                    *(sup.loop(what, step) for f in hooks.features for what, step in f.keepers())]
         if self.cfg.heartbeat:
@@ -240,8 +238,7 @@ class Consumer:
         the group joined, no Redis outage under way (from a failed call until a call made
         after it answers), and not draining."""
         alive = self.sup.alive() and not self.stopped
-        return alive, (alive and self.joined and not self.sup.failures and not self.stopping
-                       and self.quorum.up)
+        return alive, alive and self.joined and not self.sup.failures and not self.stopping
 
     def _distrust_cache(self) -> None:
         """Redis failed or came back: completions we cached may not have survived it (a
@@ -371,7 +368,6 @@ class Consumer:
         h, count = self.holdings, self.tally.count
         waiting, expired, queued = h.waiting, self.leases.expired, State.QUEUED
         ready: list[Delivery] = []
-        unlocked: list[Delivery] = []  # no lock quorum: let go (quorum.py)
         for d, token in zip(batch, res, strict=True):
             if token > 0:
                 waiting.pop(d.ref, None)
@@ -380,8 +376,6 @@ class Consumer:
                     h.lose(d, "the lease expired before the handler started")
                 d.state = queued  # queued below, with the others of the batch
                 ready.append(d)
-            elif token == Claim.UNREACHABLE:
-                unlocked.append(d)
             elif token == Claim.BUSY:
                 if not d.waiting_since:
                     d.waiting_since = now
@@ -398,6 +392,4 @@ class Consumer:
         if ready:
             self._queue(ready)
             count("consumed", len(ready))
-        if unlocked:
-            await self.quorum.let_go(unlocked)
         return self.leases.claims  # a strategy that claims asks the stream's Redis first

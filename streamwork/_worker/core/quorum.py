@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import Final
 
 from streamwork._telemetry.logs import WORKER_LOGGER
@@ -39,17 +38,19 @@ from streamwork._worker.core.delivery import Delivery, State
 from streamwork._worker.core.gate import Gate
 from streamwork._worker.core.holdings import Holdings
 from streamwork._worker.core.redlock_lease import RedlockLease
-from streamwork._worker.core.supervisor import Link, Supervisor
+from streamwork._worker.core.supervisor import Supervisor
 
 log = logging.getLogger(WORKER_LOGGER)
 
 HOLDER: Final = "lock quorum"  #: who holds the start gate closed in such an outage
-WATCH_EVERY: Final = 0.1  #: s between two looks at the quorum's state while it answers
+WATCH_EVERY: Final = 0.1  #: s between two turns of the watch (no I/O unless there is news)
 
 
 class Quorum:
     """One consumer's watch over the lock quorum its lease strategy uses, if it uses one
-    (else it watches nothing, and the quorum is always up)."""
+    (else it watches nothing, and the quorum is always up). Built once the consumer's
+    `LetGo` knows of Redis outages: deliveries let go in a quorum outage count as let go
+    innocent too, and leases lost in one are folded into it (outage.py)."""
 
     def __init__(self, ctx: Context, h: Holdings, gate: Gate, sup: Supervisor) -> None:
         self.ctx = ctx
@@ -58,11 +59,10 @@ class Quorum:
         self.sup = sup  # a stop asked in an outage lets go of what has not started
         lease = ctx.leases
         self.lease = lease if isinstance(lease, RedlockLease) else None
-
-    @property
-    def link(self) -> Link:
-        assert self.lease is not None
-        return self.lease.outage
+        self._probe_at = 0.0  # monotonic time of the next PING round, in an outage
+        if self.lease is not None:
+            redis_down, within = h.let_go.redis_down, ctx.cfg.visibility_timeout
+            h.let_go.redis_down = lambda: redis_down() or self.down_lately(within)
 
     @property
     def up(self) -> bool:
@@ -70,26 +70,47 @@ class Quorum:
         return self.lease is None or self.lease.outage.up
 
     def down_lately(self, within: float) -> bool:
-        """Whether the quorum is unreachable now, or was less than ``within`` s ago: leases
-        lost meanwhile are the outage's, not each a fault of its own (outage.py)."""
+        """Whether the quorum is unreachable now, or was less than ``within`` s ago."""
         return self.lease is not None and self.lease.outage.down_lately(within)
 
-    def loops(self) -> list[tuple[str, Callable[[], Awaitable[bool]]]]:
-        """Its loop step, by name, when there is a quorum to watch."""
-        return [] if self.lease is None else [("quorum", self.step)]
+    def loops(self, sup: Supervisor) -> list[asyncio.Task[None]]:
+        """Its loop, started under ``sup``, when there is a quorum to watch."""
+        return [] if self.lease is None else [sup.loop("quorum", self.step)]
 
-    async def let_go(self, ds: list[Delivery]) -> None:
-        """``ds`` (waiting, unleased) could not be locked for want of the quorum: close
-        the gate and hand them back."""
-        self.gate.close(HOLDER)
-        h = self.h
-        gone = [d for d in ds if h.waiting.get(d.ref) is d and not d.dropped]
-        for d in gone:
-            d.dropped = True
-            h.waiting.pop(d.ref, None)
-            h.forget(d, "released")
+    async def step(self) -> bool:
+        """One turn of the watch, every `WATCH_EVERY`: hand back the deliveries the
+        consumer let go for want of the quorum; in an outage (found by a lease or by a
+        heartbeat's extensions) hold the gate closed and ping the masters with the backoff;
+        open the gate once a quorum answers. Never asks the stream's Redis (returns False:
+        it proves nothing about it)."""
+        lease = self.lease
+        assert lease is not None
+        await self._give_back(lease)
+        link = lease.outage
+        if link.up:
+            self.gate.release(HOLDER)
+        else:
+            self.gate.close(HOLDER)
+            if self.sup.stopping:  # nothing held unstarted could start: hand it back now
+                await self._unstarted()
+            if time.monotonic() >= self._probe_at:
+                since = time.monotonic()
+                if await lease.reached():
+                    link.answered(since)  # asked after the outage began: it ends it
+                    self.gate.release(HOLDER)
+                else:
+                    link.failed(ConnectionError("too few masters answer a PING"), since)
+                    self._probe_at = time.monotonic() + link.delay()
+        await asyncio.sleep(WATCH_EVERY)
+        return False
+
+    async def _give_back(self, lease: RedlockLease) -> None:
+        """Hand back the deliveries let go for want of the quorum, once the consumer no
+        longer holds them (a heartbeat after the hand-back would make them busy again)."""
+        inflight = self.h.inflight
+        gone = [d for d in lease.unreached if inflight.get(d.ref) is not d]
         if gone:
-            self.ctx.count("lock_unreachable", len(gone))
+            lease.unreached = [d for d in lease.unreached if inflight.get(d.ref) is d]
             await hand_back(self.ctx, gone)
 
     async def _unstarted(self) -> None:
@@ -106,29 +127,6 @@ class Quorum:
         if gone:
             await self.ctx.leases.release(gone)
             await hand_back(self.ctx, gone)
-
-    async def step(self) -> bool:
-        """One turn of the watch: while the quorum answers, look again in a moment (no
-        I/O); in an outage (found by a lease or a heartbeat's extensions), hold the gate
-        closed, wait the backoff and ping the masters; open the gate once it is back.
-        Never asks the stream's Redis (returns False: it proves nothing about it)."""
-        if self.link.up:
-            self.gate.release(HOLDER)
-            await asyncio.sleep(WATCH_EVERY)
-            return False
-        self.gate.close(HOLDER)
-        if self.sup.stopping:  # nothing held unstarted could start: hand it back now
-            await self._unstarted()
-        await asyncio.sleep(self.link.delay())
-        since = time.monotonic()
-        assert self.lease is not None
-        reached = await self.lease.reached()
-        if not reached:
-            self.link.failed(ConnectionError("too few masters answer a PING"), since)
-            return False
-        self.link.answered(since)  # asked after the outage began: it ends it
-        self.gate.release(HOLDER)
-        return False
 
 
 async def hand_back(ctx: Context, ds: list[Delivery]) -> None:

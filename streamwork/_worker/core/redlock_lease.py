@@ -50,6 +50,9 @@ class RedlockLease(LeaseStrategy):
         self._releasing: set[asyncio.Future[list[Any]]] = set()  # see release and close
         #: whether a quorum of the masters answers (its outage: quorum.py)
         self.outage = QuorumLink(stream=cfg.stream, group=cfg.group, consumer=consumer)
+        #: deliveries too few masters answered for: the consumer lets them go, quorum.py
+        #: hands them back to the group
+        self.unreached: list[Delivery] = []
 
     async def _bounded(self, op: Callable[[], Awaitable[T]]) -> T:
         """Run ``op()`` once a slot is free: the coroutine is made only then, so one whose
@@ -61,8 +64,8 @@ class RedlockLease(LeaseStrategy):
                    starts: Sequence[int] | None = None) -> list[int]:
         """As `LeaseStrategy.take`; a lease a quorum of masters refused is `Claim.BUSY`
         (held elsewhere: it waits), one too few masters answered for (errors, timeouts)
-        `Claim.UNREACHABLE`, and tells `outage` the quorum is lost (the consumer lets it
-        go); any answer from a quorum tells it the quorum is there."""
+        `Claim.UNREACHABLE` (kept in `unreached`), and tells `outage` the quorum is lost
+        (the consumer lets it go); any answer from a quorum tells it the quorum is there."""
         out = await self._claim(batch, "check")  # only look: done records and ownership
         go = [i for i, code in enumerate(out) if code == Claim.GO]
         sent = time.monotonic()
@@ -89,6 +92,7 @@ class RedlockLease(LeaseStrategy):
                     isinstance(grant, Exception) and classify(grant) is not Fault.FATAL):
                 out[i] = Claim.UNREACHABLE
                 unreached = unreached or grant
+                self.unreached.append(batch[i])
             else:
                 raise grant
         if unreached is not None:
