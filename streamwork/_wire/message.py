@@ -59,6 +59,14 @@ def _wire_all(values: object, what: str) -> tuple[bytes, ...]:
 P = TypeVar("P", default=Any)
 
 
+class Lease(Protocol):
+    """What holds a message's lease, as ``msg.lock_lost`` sees it (the worker's delivery)."""
+
+    @property
+    def deadline(self) -> float:
+        """Monotonic time the lease runs out unless confirmed again (0.0: no lease)."""
+
+
 class Sender(Protocol):
     """What stages the jobs a handler sends (``Message.send``): the worker installs one on
     each message it hands a handler."""
@@ -92,8 +100,9 @@ class Message(Generic[P]):
     consumer: str = ""
     options: Mapping[str, Any] = field(default_factory=lambda: NO_OPTIONS)
     _lost: bool = field(default=False, repr=False)
-    #: monotonic time its lease runs out unless confirmed again (0.0: no lease to judge)
-    _deadline: float = field(default=0.0, repr=False)
+    #: what holds its lease (the worker's delivery): its ``deadline`` is the monotonic
+    #: time the lease runs out unless confirmed again (0.0, or no holder: none to judge)
+    _lease: Lease | None = field(default=None, repr=False)
     _cancelled: bool = field(default=False, repr=False)
     #: the staged writes: (command, keys, args), keys and args as the bytes sent to Redis
     staged: list[tuple[str, tuple[bytes, ...], tuple[bytes, ...]]] = field(
@@ -206,7 +215,8 @@ class Message(Generic[P]):
         plus its validity, less the clock-drift margin), whether or not a heartbeat has
         come back yet. Final: it never turns false again. Another worker may take the job
         from then on: stop, and write nothing more outside ``msg.stage``."""
-        if not self._lost and self._deadline and time.monotonic() >= self._deadline:
+        lease = self._lease
+        if not self._lost and lease is not None and 0 < lease.deadline <= time.monotonic():
             self._lost = True
         return self._lost
 

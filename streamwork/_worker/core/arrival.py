@@ -96,4 +96,4 @@ class Arrival:
                       enqueued_ms / 1000, headers, None, cfg.group, self.consumer, options,
                       _sender=self.sender)
         return Delivery(entry_id, src, msg, body, options.get("timeout", cfg.timeout),
-                        ref(src, entry_id), "", self.initial, count=deliveries)
+                        ref(src, entry_id), "", 0.0, self.initial, count=deliveries)

@@ -320,7 +320,7 @@ class Consumer:
                 continue
             got = vet(entry_id, values, src, 1 if deliveries is None else deliveries[i])
             if isinstance(got, Delivery):
-                inflight[key] = got
+                inflight[key] = got.msg._lease = got  # msg.lock_lost reads its deadline
                 fresh.append(got)
             elif got is None:
                 h.ack_known(entry_id, src)

@@ -52,7 +52,7 @@ class Delivery:
     limit: float | None  # the job's time limit, s
     ref: bytes  # what the worker knows it by: ref(src, entry_id)
     lease_id: str = ""  # "<owner>:<token>", what the job record names (dedup on), else ""
-    # (its lease's deadline is msg._deadline: the message judges msg.lock_lost by it)
+    deadline: float = 0.0  # monotonic time after which the lease counts as lost
     state: State = State.WAITING
     started: float = 0.0  # the loop's time (loop.time()) the handler began
     waiting_since: float = 0.0  # monotonic time its lease was first found busy

@@ -229,7 +229,7 @@ class Holdings:
         failed = "" if error is None else f"; its handler had failed: {describe(error)}"
         extra = self.ctx.fields(key=d.msg.key, entry_id=d.msg.id, attempt=d.msg.attempt,
                                 **error_fields(error))
-        if not self.fold.add(counter, f"{what}{failed}", extra, d.msg._deadline):
+        if not self.fold.add(counter, f"{what}{failed}", extra, d.deadline):
             log.error("%s%s", what, failed, extra=extra)
 
     def outage_report(self) -> None:

@@ -109,17 +109,17 @@ class RedisLease(LeaseStrategy):
         for d, token in zip(batch, res, strict=True):
             if token > 0:
                 d.lease_id = f"{owner}:{token}"
-                d.msg._deadline = deadline
+                d.deadline = deadline
         return res
 
     def value(self, d: Delivery) -> str:
         return d.lease_id
 
     def expired(self, d: Delivery, now: float) -> bool:
-        return now >= d.msg._deadline
+        return now >= d.deadline
 
     async def extended(self, kept: Sequence[Delivery], sent: float) -> None:
         deadline, now = lease_deadline(sent, self.cfg.visibility_timeout), time.monotonic()
         for d in kept:
-            if now < d.msg._deadline:  # one that ran out before the reply stays lost (final)
-                d.msg._deadline = deadline
+            if now < d.deadline:  # one that ran out before the reply stays lost (final)
+                d.deadline = deadline

@@ -82,7 +82,7 @@ class RedlockLease(LeaseStrategy):
         for i, grant in zip(go, results, strict=True):
             if isinstance(grant, AsyncHeldLock):
                 batch[i].grant = grant
-                batch[i].msg._deadline = now + grant.valid_for
+                batch[i].deadline = now + grant.valid_for
                 batch[i].lease_id = f"{self.owner}:{grant.fencing_token}"
                 out[i] = grant.fencing_token
                 granted.append(i)
@@ -118,7 +118,7 @@ class RedlockLease(LeaseStrategy):
         return d.lease_id
 
     def expired(self, d: Delivery, now: float) -> bool:
-        return now >= d.msg._deadline or self.spent(d)
+        return now >= d.deadline or self.spent(d)
 
     def spent(self, d: Delivery) -> bool:
         """Whether ``d``'s Redlock grant ran out."""
@@ -131,8 +131,8 @@ class RedlockLease(LeaseStrategy):
             return_exceptions=True)
         now = time.monotonic()  # as in take: the validity returned counts from now
         for d, validity in zip(ds, results, strict=True):
-            if isinstance(validity, float) and validity > 0 and now < d.msg._deadline:
-                d.msg._deadline = now + validity
+            if isinstance(validity, float) and validity > 0 and now < d.deadline:
+                d.deadline = now + validity
         if any(isinstance(v, float) for v in results):
             self.outage.answered(sent)
         elif ds and not await self.reached():  # none went through: is the quorum there?
