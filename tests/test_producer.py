@@ -12,7 +12,7 @@ import pytest
 import redis
 
 import streamwork as sw
-from streamwork._producer.core import SEND_CHUNK
+from streamwork._producer.batching import SEND_CHUNK
 from streamwork._redis.server import free_port
 from streamwork._wire.codec import BODY_FIELD, decode_body
 from streamwork._wire.keys import StreamKeys

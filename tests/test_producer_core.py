@@ -12,7 +12,8 @@ import redis
 import redis.backoff
 import redis.retry
 
-from streamwork._producer.core import SEND_CHUNK, Core, ids, new_key
+from streamwork._producer.batching import SEND_CHUNK, ids, new_key
+from streamwork._producer.core import Core
 from streamwork._producer.jobs import Jobs
 from streamwork._producer.rounds import (
     Get,

@@ -98,8 +98,9 @@ async def test_job_waits_while_its_redlock_lease_is_held_elsewhere(
 async def test_minority_of_lock_masters_down_still_works_majority_down_waits(
     redis_url: str, r: redis.Redis, masters: list[Any]
 ) -> None:
-    """One of three lock masters down: jobs run. Two down: jobs stay pending, none lost,
-    and they run once the masters are back."""
+    """One of three lock masters down: jobs run. Two down: jobs stay pending (handed back
+    to the group: the worker cannot lock them), none lost, the worker is not ready, and
+    they run once the masters are back."""
     urls = [m.url for m in masters]
     producer = sw.Producer.from_url(redis_url)
     masters[0].kill()
@@ -111,9 +112,10 @@ async def test_minority_of_lock_masters_down_still_works_majority_down_waits(
     worker = StagedLedgerWorker.from_url(redis_url, lock_urls=urls)
     task = asyncio.create_task(worker.serve())
     try:
-        await await_for(lambda: worker.counts["lock_contended"] >= 10,
-                        message="all 10 jobs to wait for a lease quorum")
+        await await_for(lambda: worker.counts["lock_unreachable"] >= 10,
+                        message="all 10 jobs handed back for want of a lease quorum")
         assert len(Ledger(r).counts()) == 20, "no job may run without a lease quorum"
+        assert not worker.health().ready and not worker.health().locks_ok
         masters[0].start()
         masters[1].start()
         await await_for(lambda: len(Ledger(r).counts()) == 30, timeout=60,
@@ -145,9 +147,10 @@ async def test_any_job_key_and_tagged_stream_work_with_redlock_leases(
 async def test_jobs_wait_for_a_lock_quorum_instead_of_dying(
     redis_url: str, r: redis.Redis, masters: list[Any]
 ) -> None:
-    """While two of three Redlock masters are down, jobs wait (pending, heartbeated, no
-    attempt used up) for several visibility timeouts; once the quorum is back they run
-    once, and none is dead-lettered as max_deliveries."""
+    """While two of three Redlock masters are down, jobs wait pending in the group, handed
+    back by the worker that cannot lock them (no attempt used up: their delivery counts go
+    back to 0), for several visibility timeouts; once the quorum is back they run once,
+    and none is dead-lettered as max_deliveries."""
     for m in masters[1:]:
         m.kill()
     keys = [f"q{i}" for i in range(20)]
@@ -158,11 +161,14 @@ async def test_jobs_wait_for_a_lock_quorum_instead_of_dying(
                                          max_deliveries=2, visibility_timeout=2.0)
     task = asyncio.create_task(worker.serve())
     try:
-        await await_for(lambda: worker.counts["lock_contended"] >= len(keys), timeout=20,
-                        message="every job waiting for the lock quorum")
+        await await_for(lambda: worker.counts["lock_unreachable"] >= len(keys), timeout=20,
+                        message="every job handed back for want of the lock quorum")
         await asyncio.sleep(6.5)  # the outage lasts over three visibility timeouts
         assert r.hlen("ledger") == 0
         assert r.xlen(StreamKeys.for_stream(STREAM).dead) == 0
+        pending = r.xpending_range(STREAM, "billing", min="-", max="+", count=100)
+        assert len(pending) == len(keys)
+        assert {int(p["times_delivered"]) for p in pending} == {0}, pending[:3]
         for m in masters[1:]:
             m.start()
         await await_for(lambda: r.hlen("ledger") == len(keys), timeout=30,
@@ -172,7 +178,7 @@ async def test_jobs_wait_for_a_lock_quorum_instead_of_dying(
         await task
     assert Ledger(r).report(keys).exactly_once
     assert r.xlen(StreamKeys.for_stream(STREAM).dead) == 0
-    assert worker.counts["reclaimed"] == 0
+    assert worker.counts["reclaimed"] == len(keys)  # taken back once the quorum was back
 
 
 async def test_duplicates_acked_by_a_slow_claim_are_not_counted_lost(

@@ -23,7 +23,7 @@ import pytest
 import redis
 
 import streamwork as sw
-from streamwork._producer.core import SEND_CHUNK
+from streamwork._producer.batching import SEND_CHUNK
 from streamwork._redis.server import RedisServer, free_port
 from streamwork._wire.keys import StreamKeys
 from tests.helpers.netfault import Forwarder, NetFaults

@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from streamwork._cli.common import detect_partitions, fail, partitions_option, url_option
-from streamwork._producer.core import new_key
+from streamwork._producer.batching import new_key
 from streamwork._producer.shells import Producer
 from streamwork._wire.job_options import OPTIONS, JobOption, from_text, type_name
 from streamwork._wire.partitions import partition_names, partition_of

@@ -9,12 +9,13 @@ worker's `Health` on the loop itself, so the answer is one consistent snapshot.
 ``/livez`` is 200 while the loop answers and no worker has failed (an internal task died,
 or ``serve()`` ended on an error): starting (joining the group, Redis not reachable yet),
 serving and draining are all live, because restarting the process would not help any of
-them. ``/readyz`` is 200 while every worker is ready: group joined, Redis answering, not
-draining. So during a drain ``/livez`` stays 200 and ``/readyz`` is 503. Both bodies are
-JSON: ``status`` (``ok``/``fail``), ``reason`` when failing, and one entry per worker with
-the fields of `Health`. A worker whose group is paused stays ready (a pause is deliberate):
-its entry says ``"paused": true`` with ``pause_reason`` and ``paused_since``, and the body
-lists the paused workers' groups under ``paused``.
+them. ``/readyz`` is 200 while every worker is ready: group joined, Redis answering, its
+lock quorum answering (``lock_urls``), not draining. So during a drain ``/livez`` stays
+200 and ``/readyz`` is 503. Both bodies are JSON: ``status`` (``ok``/``fail``), ``reason``
+when failing, and one entry per worker with the fields of `Health`. A worker whose group
+is paused stays ready (a pause is deliberate): its entry says ``"paused": true`` with
+``pause_reason`` and ``paused_since``, and the body lists the paused workers' groups under
+``paused``.
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def judge(w: Watched) -> dict[str, Any]:
         state = "serving"
         if not h.ready:
             reason = ("redis unreachable: retrying with backoff" if not h.redis_ok
-                      else "not ready")
+                      else "lock quorum unreachable (lock_urls): starting no job, handing "
+                      "back those it cannot lock" if not h.locks_ok else "not ready")
     elif not w.was_alive:
         state, reason = "starting", "starting: joining the group (is Redis reachable?)"
     else:
@@ -95,6 +97,7 @@ def judge(w: Watched) -> dict[str, Any]:
         "group": worker.config.group, "consumer": worker.consumer_name, "state": state,
         "live": state != "failed", "ready": h.ready and state == "serving",
         "alive": h.alive, "draining": h.draining, "redis_ok": h.redis_ok,
+        "locks_ok": h.locks_ok,
         "dead_tasks": list(h.dead_tasks), "paused": h.paused is not None}
     if h.paused is not None:  # deliberate: still ready, but say so
         entry["pause_reason"] = h.paused.reason

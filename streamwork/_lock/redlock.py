@@ -166,6 +166,16 @@ class _RedlockBase(Generic[_C]):
     def clock(self) -> Clock:
         return self._core.clock
 
+    @property
+    def clients(self) -> tuple[_C, ...]:
+        """The masters' clients, in order (built from the URLs, or as passed in)."""
+        return tuple(self._clients)
+
+    @property
+    def quorum(self) -> int:
+        """Masters that must agree: a strict majority."""
+        return self._core.quorum
+
 
 class Redlock(_RedlockBase[redis.Redis]):
     """Distributed lock over N independent Redis masters (blocking I/O, thread-safe).

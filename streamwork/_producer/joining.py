@@ -8,7 +8,8 @@ from typing import Any
 
 import redis
 
-from streamwork._producer.core import _chunks, keys_of, new_key
+from streamwork._producer.batching import _chunks, new_key
+from streamwork._producer.core import keys_of
 from streamwork._producer.pausing import Pausing
 from streamwork._producer.rounds import HashGetAll, Script, Steps
 from streamwork._redis import scripts

@@ -28,6 +28,7 @@ class Claim(enum.IntEnum):
     BUSY = -2  #: another holder has the lease: keep waiting
     NOT_OURS = -3  #: reclaimed by another consumer meanwhile
     CANCELLED = -4  #: its job record says cancelled: acknowledged, skip it
+    UNREACHABLE = -5  #: (a lease strategy's) too few lock masters answered: let it go
 
 
 class Start(enum.IntEnum):

@@ -24,7 +24,7 @@ SYSTEM: Final = "redis"  #: messaging.system of every span
 COUNTERS: Final = (
     "produced", "consumed", "acked", "retried", "dead_lettered", "deduplicated", "reclaimed",
 )
-LOCK_COUNTERS: Final = ("contended", "lost")
+LOCK_COUNTERS: Final = ("contended", "lost", "unreachable")
 GAUGES: Final = ("lag", "pending", "delayed", "dead", "oldest_pending_idle", "paused")
 
 _PACKAGE: Final = "streamwork"

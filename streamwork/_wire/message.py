@@ -61,6 +61,14 @@ def _wire_all(values: object, what: str) -> tuple[bytes, ...]:
 P = TypeVar("P", default=Any)
 
 
+class Lease(Protocol):
+    """What holds a message's lease, as ``msg.lock_lost`` sees it (the worker's delivery)."""
+
+    @property
+    def deadline(self) -> float:
+        """Monotonic time the lease runs out unless confirmed again (0.0: no lease)."""
+
+
 class Sender(Protocol):
     """What stages the jobs a handler sends (``Message.send``): the worker installs one on
     each message it hands a handler."""
@@ -102,6 +110,9 @@ class Message(Generic[P]):
     consumer: str = ""
     options: Mapping[str, Any] = field(default_factory=lambda: NO_OPTIONS)
     _lost: bool = field(default=False, repr=False)
+    #: what holds its lease (the worker's delivery): its ``deadline`` is the monotonic
+    #: time the lease runs out unless confirmed again (0.0, or no holder: none to judge)
+    _lease: Lease | None = field(default=None, repr=False)
     _cancelled: bool = field(default=False, repr=False)
     #: the staged writes: (command, keys, args), keys and args as the bytes sent to Redis
     staged: list[tuple[str, tuple[bytes, ...], tuple[bytes, ...]]] = field(
@@ -262,12 +273,20 @@ class Message(Generic[P]):
 
     @property
     def lock_lost(self) -> bool:
-        """True once this delivery's lease was lost; its result will not be acknowledged."""
+        """True once this delivery's lease is lost: taken over, given up by the worker, or
+        run out by this machine's monotonic clock (the time the lease was last confirmed
+        plus its validity, less the clock-drift margin), whether or not a heartbeat has
+        come back yet. Final: it never turns false again. Another worker may take the job
+        from then on: stop, and write nothing more outside ``msg.stage``."""
+        lease = self._lease
+        if not self._lost and lease is not None and 0 < lease.deadline <= time.monotonic():
+            self._lost = True
         return self._lost
 
     def check(self) -> None:
-        """Raise LockLost if the lease was lost; call it before each external write."""
-        if self._lost:
+        """Raise LockLost if the lease is lost (`lock_lost`); call it before each external
+        write."""
+        if self.lock_lost:
             raise LockLost(
                 f"job {self.key!r} (entry {self.id}) lost its lease: another worker may run it "
                 "now; stop and do not write",

@@ -132,7 +132,7 @@ class Partitioned:
         alive = not self.stopping and self.fatal is None and all(
             c.health()[0] or not c.joined for c in self.consumers.values())
         ready = alive and self.joined and self.redis_ok and all(
-            c.health()[1] for c in self.consumers.values() if c.joined)
+            c.health()[1] and c.quorum.up for c in self.consumers.values() if c.joined)
         return alive, ready
 
     def paused(self) -> PauseState | None:

@@ -66,7 +66,8 @@ class Health:
     """A worker's health, for probes: ``alive`` - serving, every internal task running;
     ``ready`` - alive, group joined, Redis answering, not draining; ``paused`` - why and
     since when its group is paused (None: it runs), which leaves it ready: a pause is
-    deliberate, not a fault."""
+    deliberate, not a fault; ``locks_ok`` - the lock quorum (``lock_urls``) answers, or
+    there is none (while it does not, the worker is not ready)."""
 
     alive: bool
     ready: bool
@@ -74,6 +75,7 @@ class Health:
     redis_ok: bool
     dead_tasks: tuple[str, ...]
     paused: PauseState | None = None
+    locks_ok: bool = True
 
 
 class StreamWorker(WorkerOptions, Generic[P]):
@@ -187,14 +189,16 @@ class StreamWorker(WorkerOptions, Generic[P]):
         p = self._partitioned
         if p is not None:
             alive, ready = p.health()
-            return Health(alive, ready, p.stopping, p.redis_ok, p.dead_tasks(), p.paused())
+            return Health(alive, ready, p.stopping, p.redis_ok, p.dead_tasks(), p.paused(),
+                          all(c.quorum.up for c in p.consumers.values()))
         c = self._consumer
         if c is None:
             return Health(False, False, False, False, ())
         alive, ready = c.health()
         pausing = c.feature(Pausing)
-        return Health(alive, ready, c.stopping, not c.sup.failures and c.joined,
-                      tuple(c.sup.dead_tasks), pausing.state() if pausing else None)
+        return Health(alive, ready and c.quorum.up, c.stopping,
+                      not c.sup.failures and c.joined, tuple(c.sup.dead_tasks),
+                      pausing.state() if pausing else None, c.quorum.up)
 
     @property
     def counts(self) -> Counter[str]:

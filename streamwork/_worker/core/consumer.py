@@ -52,6 +52,7 @@ from streamwork._worker.core.loops.filling import Fill
 from streamwork._worker.core.options import CoreConfig
 from streamwork._worker.core.outage import Fold
 from streamwork._worker.core.outcomes import Outcomes
+from streamwork._worker.core.quorum import Quorum
 from streamwork._worker.core.runqueue import RunQueue
 from streamwork._worker.core.seam import Feature, Hooks, Parts
 from streamwork._worker.core.start import Starts
@@ -71,7 +72,8 @@ READ_AHEAD: Final = 2
 #: what claim.lua's refusals count (counter, outcome) and how the delivery leaves
 GONE: Final[dict[int, tuple[str, str | None, str]]] = {
     Claim.DUPLICATE: ("deduplicated", "duplicate", "deduplicated"),
-    Claim.CANCELLED: ("cancelled", "queued", "cancelled")}
+    Claim.CANCELLED: ("cancelled", "queued", "cancelled"),
+    Claim.UNREACHABLE: ("lock_unreachable", None, "released")}  # handed back: quorum.py
 #: the outcome counters the "worker stopped" line reports, each on its own
 STOP_COUNTS: Final = ("acked", "retried", "dead_lettered", "deduplicated", "cancelled")
 
@@ -107,7 +109,6 @@ class Consumer:
         self.sup = Supervisor(self._recreate_group, self._distrust_cache, link=link,
                               explain=acl.explainer(url, cfg.stream),
                               stream=cfg.stream, group=cfg.group, consumer=name)
-        self._hooks_of: list[Feature] = []
         self.starts: Starts  # set below, once the features are built (they may hold it)
         parts = Parts(ctx, h, self.gate, self.admit, self._queue, self, self.sup.link,
                       dict(extras or {}), codec, url)
@@ -118,8 +119,7 @@ class Consumer:
         # batch handler's calls, nor for handler slots shared with other consumers
         self.starts = Starts(ctx, h, queue, hooks,
                              ahead=per_call(handle, cfg.batch_max) == 1 and slots is None)
-        # what is read is decoded with the worker's own ext types (``codec``), converted to
-        # its payload_type (``convert``) and skipped if the done-cache knows its job
+        # entries read are decoded (codec), converted (payload_type), skipped if known done
         self.arrival = Arrival(cfg, name, State.WAITING if self.leases.claims else State.QUEUED,
                                codec, convert, ctx.cache, hooks.sender(),
                                hooks.end_report_of())
@@ -127,6 +127,7 @@ class Consumer:
         self.capacity = cfg.concurrency * per_call(handle, cfg.batch_max) + cfg.batch_size
         self.outcomes = Outcomes(ctx, h, codec, hooks.done, hooks.before_done)
         h.let_go.redis_down = lambda: self.sup.link.down_lately(cfg.visibility_timeout)
+        self.quorum = Quorum(ctx, h, self.gate, self.sup)  # its lock quorum's outages, if any
         h.fold = Fold(h.let_go.redis_down,
                       lambda deadline: self.sup.link.in_outage(deadline, cfg.visibility_timeout),
                       quiet=2 * cfg.visibility_timeout)
@@ -188,14 +189,14 @@ class Consumer:
         background = [
             sup.loop("reader", self._read_once),
             sup.loop("reclaimer", lambda: reclaim.reclaim_once(
-                ctx, h, self.admit, lambda: sup.stopping)),
+                ctx, h, self.admit, lambda: sup.stopping or not self.quorum.up)),
             sup.loop("promoter", lambda: upkeep.promote_once(ctx)),
             sup.loop("upkeep", lambda: upkeep.upkeep_step(ctx)),
             sup.loop("gauges", lambda: gauges.gauges_step(ctx)),
             *(sup.loop(what, step) for f in hooks.features for what, step in f.loops()),
         ]
         runners = [sup.spawn("runner", self.runner.loop()) for _ in range(self.cfg.concurrency)]
-        runners.append(sup.loop("leaser", self.claimer.retry_once))
+        runners += [sup.loop("leaser", self.claimer.retry_once), *self.quorum.loops(sup)]
         if self.leases.claims:
             runners.append(sup.loop("claimer", self.claimer.claim_once))
         keepers = [sup.loop("flusher", self.outcomes.step),
@@ -320,7 +321,7 @@ class Consumer:
                 continue
             got = vet(entry_id, values, src, 1 if deliveries is None else deliveries[i])
             if isinstance(got, Delivery):
-                inflight[key] = got
+                inflight[key] = got.msg._lease = got  # msg.lock_lost reads its deadline
                 fresh.append(got)
             elif got is None:
                 h.ack_known(entry_id, src)

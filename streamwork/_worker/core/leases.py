@@ -67,12 +67,15 @@ class LeaseStrategy:
         return False
 
     def sort_spent(self, ds: list[Delivery]) -> tuple[list[Delivery], list[Delivery]]:
-        """``ds`` sorted, in order, into those whose lease holds and those whose lease,
-        held outside the stream's Redis, ran out (the scripts check the others)."""
-        return ds, []
+        """``ds`` sorted, in order, into those whose lease holds and those whose lease ran
+        out (`expired`): lost, never completed, whatever a server would still accept."""
+        now, expired = time.monotonic(), self.expired
+        return [d for d in ds if not expired(d, now)], [d for d in ds if expired(d, now)]
 
     async def extended(self, kept: Sequence[Delivery], sent: float) -> None:
-        """heartbeat.lua kept ``kept`` (beat sent at ``sent``): move their deadlines."""
+        """heartbeat.lua kept ``kept`` (beat sent at ``sent``): move their deadlines, but
+        never that of a lease whose deadline passed before the reply came (its handler may
+        have seen ``msg.lock_lost``: the heartbeat gives it up)."""
 
     async def release(self, ds: Sequence[Delivery]) -> None:
         """Give back leases held outside the stream's Redis (finished or lost jobs)."""
@@ -115,11 +118,8 @@ class RedisLease(LeaseStrategy):
     def expired(self, d: Delivery, now: float) -> bool:
         return now >= d.deadline
 
-    def sort_spent(self, ds: list[Delivery]) -> tuple[list[Delivery], list[Delivery]]:
-        """``ds`` sorted into (not spent, `spent`), in order."""
-        return ds, []
-
     async def extended(self, kept: Sequence[Delivery], sent: float) -> None:
-        deadline = lease_deadline(sent, self.cfg.visibility_timeout)
+        deadline, now = lease_deadline(sent, self.cfg.visibility_timeout), time.monotonic()
         for d in kept:
-            d.deadline = deadline
+            if now < d.deadline:  # one that ran out before the reply stays lost (final)
+                d.deadline = deadline

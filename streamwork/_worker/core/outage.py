@@ -40,9 +40,9 @@ class Fold:
         self._counts[counter] = self._counts.get(counter, 0) + 1
         self._last = time.monotonic()
         if sum(self._counts.values()) == 1:
-            log.warning("%s (in a Redis outage: the other jobs this worker gives up "
-                        "meanwhile are counted, and summed up once Redis is back)", line,
-                        extra=extra)
+            log.warning("%s (in an outage of Redis or of the lock quorum: the other jobs "
+                        "this worker gives up meanwhile are counted, and summed up once it is "
+                        "over)", line, extra=extra)
         else:
             log.debug("%s", line, extra=extra)
         return True

@@ -117,9 +117,9 @@ class Outcomes:
         """complete.lua over the live ones of ``done``; False if none was (not sent)."""
         ctx, h = self.ctx, self.holdings
         lease = ctx.leases
-        live, spent = lease.sort_spent(done)  # a Redlock lease ran out: another may run it
+        live, spent = lease.sort_spent(done)  # its lease ran out: another may run it
         for d in spent:
-            h.lose(d, "the Redlock lease expired before completion", leave=True)
+            h.lose(d, "the lease ran out before its completion was written", leave=True)
         await lease.release(spent)
         for finish in self._before_done:  # a feature may finish what a handler staged
             refused = await finish(live)

@@ -16,7 +16,8 @@ from streamwork._redis.faults import Fault, classify
 from streamwork._redis.replies import Claim, LeaseMode
 from streamwork._wire.keys import GroupKeys, redlock_resource
 from streamwork._worker.core.leases import LeaseStrategy
-from streamwork.errors import LockError
+from streamwork._worker.core.supervisor import QuorumLink
+from streamwork.errors import LockError, LockNotAcquired
 
 if TYPE_CHECKING:
     from streamwork._worker.core.delivery import Delivery
@@ -47,6 +48,11 @@ class RedlockLease(LeaseStrategy):
         # connections instead of opening one per job to every master
         self._slots = asyncio.Semaphore(REDLOCK_PARALLEL)
         self._releasing: set[asyncio.Future[list[Any]]] = set()  # see release and close
+        #: whether a quorum of the masters answers (its outage: quorum.py)
+        self.outage = QuorumLink(stream=cfg.stream, group=cfg.group, consumer=consumer)
+        #: deliveries too few masters answered for: the consumer lets them go, quorum.py
+        #: hands them back to the group
+        self.unreached: list[Delivery] = []
 
     async def _bounded(self, op: Callable[[], Awaitable[T]]) -> T:
         """Run ``op()`` once a slot is free: the coroutine is made only then, so one whose
@@ -56,8 +62,13 @@ class RedlockLease(LeaseStrategy):
 
     async def take(self, batch: Sequence[Delivery],
                    starts: Sequence[int] | None = None) -> list[int]:
+        """As `LeaseStrategy.take`; a lease a quorum of masters refused is `Claim.BUSY`
+        (held elsewhere: it waits), one too few masters answered for (errors, timeouts)
+        `Claim.UNREACHABLE` (kept in `unreached`), and tells `outage` the quorum is lost
+        (the consumer lets it go); any answer from a quorum tells it the quorum is there."""
         out = await self._claim(batch, "check")  # only look: done records and ownership
         go = [i for i, code in enumerate(out) if code == Claim.GO]
+        sent = time.monotonic()
         results = await asyncio.gather(
             *(self._bounded(functools.partial(
                 self.redlock.acquire, redlock_resource(self.cfg.stream, batch[i].msg.key)))
@@ -66,7 +77,8 @@ class RedlockLease(LeaseStrategy):
         # valid_for already counts from each lease's own request: add it to now, not to a
         # time before the whole batch was taken (that would count the wait twice)
         now = time.monotonic()
-        granted = []
+        granted: list[int] = []
+        unreached: BaseException | None = None
         for i, grant in zip(go, results, strict=True):
             if isinstance(grant, AsyncHeldLock):
                 batch[i].grant = grant
@@ -74,11 +86,19 @@ class RedlockLease(LeaseStrategy):
                 batch[i].lease_id = f"{self.owner}:{grant.fencing_token}"
                 out[i] = grant.fencing_token
                 granted.append(i)
+            elif isinstance(grant, LockNotAcquired) and grant.answered >= grant.quorum:
+                out[i] = Claim.BUSY  # a quorum answered: another holder has it
             elif isinstance(grant, LockError) or (
                     isinstance(grant, Exception) and classify(grant) is not Fault.FATAL):
-                out[i] = Claim.BUSY
+                out[i] = Claim.UNREACHABLE
+                unreached = unreached or grant
+                self.unreached.append(batch[i])
             else:
                 raise grant
+        if unreached is not None:
+            self.outage.failed(ConnectionError(_unreached(unreached)), sent)
+        elif go:
+            self.outage.answered(sent)
         if granted:  # look again, now holding them, and mark their records running
             again = await self._claim([batch[i] for i in granted], "mark")
             late = [batch[i] for i, code in zip(granted, again, strict=True) if code != Claim.GO]
@@ -87,6 +107,12 @@ class RedlockLease(LeaseStrategy):
                     out[i] = code
             await self.release(late)
         return out
+
+    async def reached(self) -> bool:
+        """Whether a quorum of the masters answers a PING now (each within its timeout)."""
+        pongs = await asyncio.gather(*(c.ping() for c in self.redlock.clients),
+                                     return_exceptions=True)
+        return sum(1 for p in pongs if p is True) >= self.redlock.quorum
 
     def marked(self, d: Delivery) -> str:
         return d.lease_id
@@ -98,13 +124,6 @@ class RedlockLease(LeaseStrategy):
         """Whether ``d``'s Redlock grant ran out."""
         return d.grant is not None and d.grant.valid_for <= 0
 
-    def sort_spent(self, ds: list[Delivery]) -> tuple[list[Delivery], list[Delivery]]:
-        live: list[Delivery] = []
-        spent: list[Delivery] = []
-        for d in ds:
-            (spent if self.spent(d) else live).append(d)
-        return live, spent
-
     async def extended(self, kept: Sequence[Delivery], sent: float) -> None:
         ds = [d for d in kept if d.grant is not None]
         results = await asyncio.gather(
@@ -112,8 +131,13 @@ class RedlockLease(LeaseStrategy):
             return_exceptions=True)
         now = time.monotonic()  # as in take: the validity returned counts from now
         for d, validity in zip(ds, results, strict=True):
-            if isinstance(validity, float) and validity > 0:
+            if isinstance(validity, float) and validity > 0 and now < d.deadline:
                 d.deadline = now + validity
+        if any(isinstance(v, float) for v in results):
+            self.outage.answered(sent)
+        elif ds and not await self.reached():  # none went through: is the quorum there?
+            self.outage.failed(ConnectionError(
+                "no lease extension went through and too few masters answer a PING"), sent)
 
     async def release(self, ds: Sequence[Delivery]) -> None:
         grants = [d.grant for d in ds if d.grant is not None]
@@ -133,3 +157,11 @@ class RedlockLease(LeaseStrategy):
         if self._releasing:
             await asyncio.gather(*self._releasing, return_exceptions=True)
         await self.redlock.aclose()
+
+
+def _unreached(exc: BaseException) -> str:
+    """What a lease too few masters answered for says: how many did, and the first error."""
+    if isinstance(exc, LockNotAcquired):
+        cause = f": {exc.__cause__}" if exc.__cause__ is not None else ""
+        return f"{exc.answered} of {exc.total} masters answered, quorum is {exc.quorum}{cause}"
+    return f"{type(exc).__name__}: {exc}"

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from streamwork._redis.connection import reconnect_delay
 from streamwork._redis.faults import Fault, classify
@@ -46,6 +46,11 @@ class Link:
     news, nor is a late reply to a call sent before the outage. Likewise a failure of a
     call made before Redis came back belongs to the outage that ended."""
 
+    #: its two lines (the error; the outage's length and failed calls): a subclass watching
+    #: something else than the stream's Redis says what
+    LOST: ClassVar[str] = "redis unavailable, retrying with backoff: %s"
+    BACK: ClassVar[str] = "redis available again after %.1f s and %d failed calls"
+
     def __init__(self, **log_fields: str) -> None:
         self._fields = log_fields
         self.failures = 0  # failed calls of the current outage (0: Redis answers)
@@ -64,8 +69,7 @@ class Link:
         self.failures += 1
         if self.failures == 1:
             self.down_since = time.monotonic()
-            log.warning("redis unavailable, retrying with backoff: %s", exc,
-                        extra=fields(**self._fields))
+            log.warning(self.LOST, exc, extra=fields(**self._fields))
 
     def answered(self, since: float) -> None:
         """A call made at ``since`` (monotonic) or later answered."""
@@ -73,9 +77,8 @@ class Link:
             return
         now = time.monotonic()
         down_ms = round((now - self.down_since) * 1000)
-        log.info("redis available again after %.1f s and %d failed calls", down_ms / 1000,
-                 self.failures, extra=fields(**self._fields, duration_ms=down_ms,
-                                             count=self.failures))
+        log.info(self.BACK, down_ms / 1000, self.failures, extra=fields(
+            **self._fields, duration_ms=down_ms, count=self.failures))
         self.failures, self.last_down = 0, self.down_since
         self.down_since, self.up_since = None, now
 
@@ -93,6 +96,18 @@ class Link:
     def delay(self) -> float:
         """Seconds a loop waits after a failure: grows with the outage's failed calls."""
         return reconnect_delay(self.failures)
+
+
+class QuorumLink(Link):
+    """What a worker knows of its lock quorum (``lock_urls``): reached (a quorum of masters
+    answered, granting or refusing) or not (too few answered), with the same rules as
+    `Link`: one WARNING when it is lost, one INFO line when it is back."""
+
+    LOST = ("lock quorum unreachable (%s): this worker starts no job and reads nothing new, "
+            "and hands the jobs it cannot lock back to the group for a worker that reaches "
+            "the quorum; retrying with backoff")
+    BACK = ("lock quorum available again after %.1f s and %d failed calls: jobs start "
+            "again")
 
 
 class Supervisor:

@@ -32,7 +32,8 @@ from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.retry import Retry
 
-from streamwork._producer.core import Core, delayed_member
+from streamwork._producer.batching import delayed_member
+from streamwork._producer.core import Core
 from streamwork._redis import connection
 from streamwork._telemetry import api as telemetry
 from streamwork._wire.codec import BODY_FIELD

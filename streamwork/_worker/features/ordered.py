@@ -141,7 +141,7 @@ class OrderedGate(Feature):
         m = d.msg
         d.msg = Message(m.id, m.stream, m.key, m.payload, m.attempt + 1, m.enqueued_at,
                         m.headers, m.fencing_token, m.group, m.consumer, m.options,
-                        _sender=m._sender)
+                        _sender=m._sender, _lease=m._lease)
         d.timed_out = False
         d.result = None
         if self.starts is not None and h.ctx.leases.claims:  # the record says it waits
