@@ -26,7 +26,7 @@ from streamwork._cli import ops as cli_ops
 from streamwork._cli import pause as cli_pause
 from streamwork._cli import schedules as cli_schedules
 from streamwork._cli import send as cli_send
-from streamwork._cli.common import fail, url_option
+from streamwork._cli.common import Main, fail, url_option
 from streamwork._hosting import processes as processes_mod
 from streamwork._hosting.health import DEFAULT_HEALTH_HOST
 from streamwork._hosting.multi import serve_all
@@ -219,7 +219,7 @@ def _workers_in(module: types.ModuleType) -> list[str]:
                   and value not in _BASES and not name.startswith("_"))
 
 
-@click.group()
+@click.group(cls=Main)
 @click.version_option(package_name="streamwork")
 def main() -> None:
     """streamwork: distributed job workers on Redis Streams."""

@@ -8,6 +8,7 @@ A transport failure is retried here, once for both shells (`attempt`).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -15,8 +16,14 @@ from typing import Any, Generic, TypeAlias, TypeVar
 
 from streamwork._redis import connection, scripts
 from streamwork._redis.faults import is_transient
+from streamwork._redis.refusals import credentials_hint
+from streamwork._telemetry.logs import seconds
+from streamwork._text import redact_url
 from streamwork._wire.codec import BODY_FIELD
-from streamwork.errors import RedisUnavailable
+from streamwork.errors import ConfigError, RedisUnavailable
+
+#: the producer's logger (a send waiting on an outage says so here)
+log = logging.getLogger("streamwork.producer")
 
 T = TypeVar("T")
 
@@ -148,15 +155,46 @@ def attempt(request: Command, what: str, url: str, retry_timeout: float) -> Step
         return (yield request)  # the usual case: no retry state built at all
     except Exception as exc:
         if not is_transient(exc):
-            raise
+            raise refused(exc, url) from exc
     started, failures = time.monotonic(), 0
     while True:
         try:
             return (yield request)
         except Exception as exc:
             if not is_transient(exc):
-                raise
+                raise refused(exc, url) from exc
             failures += 1
             if time.monotonic() - started >= retry_timeout:
                 raise RedisUnavailable(what, url, exc) from exc
+            if failures == 1:
+                waiting(what, url, exc, retry_timeout)
         yield Sleep(connection.reconnect_delay(failures))
+
+
+#: monotonic time of the last `waiting` WARNING per URL: one per retry window, not one
+#: per send of a busy producer
+_WARNED: dict[str, float] = {}
+
+
+def waiting(what: str, url: str, exc: BaseException, retry_timeout: float) -> None:
+    """A request failed twice in a row (at once, then retried at once): it now waits for
+    Redis. One WARNING saying so and for how long, at most one per ``retry_timeout`` per
+    URL (the others at DEBUG), so a caller blocked in ``send`` is not left without a word."""
+    now = time.monotonic()
+    level = logging.DEBUG if now - _WARNED.get(url, -retry_timeout) < retry_timeout \
+        else logging.WARNING
+    if level == logging.WARNING:
+        _WARNED[url] = now
+    log.log(level, "%s: Redis at %s is unavailable (%s: %s); retrying for up to %s s "
+            "(retry_timeout) before raising RedisUnavailable", what, redact_url(url),
+            type(exc).__name__, exc, seconds(retry_timeout))
+
+
+def refused(exc: BaseException, url: str) -> BaseException:
+    """``exc``, or a ConfigError saying what to do if the server refused the URL's
+    credentials (none given where it needs a password, or wrong ones)."""
+    hint = credentials_hint(exc)
+    if not hint:
+        return exc
+    return ConfigError("url", f"Redis at {redact_url(url)} refused the connection: {hint} "
+                              f"(it said: {type(exc).__name__}: {exc})")

@@ -34,6 +34,7 @@ import redis.retry
 import redis.sentinel
 from redis.backoff import NoBackoff
 
+from streamwork._text import redact_url
 from streamwork.errors import ConfigError
 
 SCHEMES: Final = ("redis+sentinel://", "rediss+sentinel://")
@@ -86,7 +87,7 @@ class SentinelUrl:
 
 
 def _bad(url: str, why: str) -> ConfigError:
-    return ConfigError("url", f"{url!r}: {why}; a sentinel URL looks like {_FORM} "
+    return ConfigError("url", f"{redact_url(url)!r}: {why}; a sentinel URL looks like {_FORM} "
                               "(port 26379 if left out)")
 
 

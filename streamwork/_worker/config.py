@@ -8,12 +8,12 @@ option and what it accepts, before anything touches Redis.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
+from streamwork._text import did_you_mean as near
 from streamwork._wire.partitions import partition_names
 from streamwork._worker.core.options import CORE_HELP, CoreConfig, CoreOptions, check_core
 from streamwork._worker.features import FEATURES
@@ -132,10 +132,51 @@ def check_handler(cfg: WorkerConfig, batch: bool, name: str) -> None:
 
 
 def did_you_mean(name: str, names: Iterable[str]) -> str:
-    """``"; did you mean 'x'?"`` naming the one of ``names`` closest to ``name``, or "" when
-    none is near (`NEAR_OPTION`)."""
-    close = difflib.get_close_matches(name, list(names), n=1, cutoff=NEAR_OPTION)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    """``"; did you mean 'x'?"`` naming the one of ``names`` closest to ``name`` (`NEAR_OPTION`),
+    else what streamwork calls the option ``name`` is in other job queues (`PEERS`), else
+    ""."""
+    close = near(name, names, cutoff=NEAR_OPTION)
+    return close or peer_hint(name)
+
+
+_DELIVERIES: Final = ("max_deliveries: deliveries in all, the first one included "
+                      "(retries=3 is max_deliveries=4)")
+_CONCURRENCY: Final = ("concurrency: handlers in flight per process (more processes: "
+                       "streamwork run --processes N)")
+_PREFETCH: Final = ("batch_size: entries per read (what a worker holds at most is "
+                    "concurrency plus a batch)")
+#: option names of other job queues (Celery, dramatiq, arq, rq, Sidekiq) and what
+#: streamwork calls them: such a name on a worker class would be ignored without a word
+PEERS: Final[dict[str, str]] = {
+    "retries": _DELIVERIES, "max_retries": _DELIVERIES, "max_attempts": _DELIVERIES,
+    "max_tries": _DELIVERIES, "retry": _DELIVERIES, "retry_count": _DELIVERIES,
+    "acks_late": ("nothing: streamwork always acknowledges a job after its handler "
+                  "succeeded (a job whose worker dies is delivered again after "
+                  "visibility_timeout)"),
+    "ack_late": "nothing: streamwork always acknowledges a job after its handler succeeded",
+    "prefetch": _PREFETCH, "prefetch_count": _PREFETCH, "prefetch_multiplier": _PREFETCH,
+    "queue": "stream (and group, the consumer group that shares its jobs)",
+    "queue_name": "stream (and group, the consumer group that shares its jobs)",
+    "topic": "stream (and group, the consumer group that shares its jobs)",
+    "workers": _CONCURRENCY, "threads": _CONCURRENCY, "processes": _CONCURRENCY,
+    "max_jobs": _CONCURRENCY, "worker_concurrency": _CONCURRENCY,
+    "num_workers": _CONCURRENCY, "parallelism": _CONCURRENCY,
+    "time_limit": "timeout: seconds a job may run", "job_timeout": "timeout",
+    "soft_time_limit": "timeout: seconds a job may run",
+    "retry_backoff": "retry_delay and retry_max_delay (exponential backoff with jitter)",
+    "backoff": "retry_delay and retry_max_delay (exponential backoff with jitter)",
+    "min_backoff": "retry_delay", "max_backoff": "retry_max_delay",
+    "rate": "rate_limit (e.g. '50/s')", "throttle": "rate_limit (e.g. '50/s')",
+    "unique": "dedup", "idempotent": "dedup", "deduplicate": "dedup",
+    "visibility": "visibility_timeout", "ack_timeout": "visibility_timeout",
+}
+
+
+def peer_hint(name: str) -> str:
+    """``"; streamwork's option for that is ..."`` if ``name`` is another job queue's
+    option name (`PEERS`), else ""."""
+    use = PEERS.get(name.lower())
+    return f"; it is another job queue's option: in streamwork use {use}." if use else ""
 
 
 def check_attributes(cls: type, base: type, extra: Iterable[str] = ()) -> None:
@@ -152,9 +193,16 @@ def check_attributes(cls: type, base: type, extra: Iterable[str] = ()) -> None:
             if (name.startswith("_") or name in own or inspect.isroutine(value)
                     or inspect.isdatadescriptor(value)):
                 continue
-            hint = did_you_mean(name, options)
+            hint = near(name, options, cutoff=NEAR_OPTION) or (
+                peer_hint(name) if _scalar(value) else "")
             if hint:
                 raise ConfigError(name, (
                     f"is not a worker option (a class attribute of {klass.__qualname__}, "
                     f"which would be ignored){hint} Rename it, or prefix it with _ if it is "
                     "your own"))
+
+
+def _scalar(value: object) -> bool:
+    """A value an option would take (``retries = 3``, ``queue = "emails"``), not an object of
+    the user's own (a client, a queue)."""
+    return value is None or isinstance(value, (bool, int, float, str, tuple, list))

@@ -342,7 +342,7 @@ async def _start_hook(hook: Callable[[], Any], cfg: WorkerConfig, consumer: str,
         log.error("%s raised %s; the worker does not start", what, describe(exc),
                   exc_info=exc, extra=fields(stream=cfg.stream, group=cfg.group,
                                              consumer=consumer))
-        raise WorkerFailed(what, exc) from exc
+        raise WorkerFailed(what, exc, started=False) from exc
 
 
 async def _stop_hook(hook: Callable[[], Any], cfg: WorkerConfig, consumer: str) -> None:

@@ -186,8 +186,9 @@ class Supervisor:
             self.stop_event.set()
 
     async def until_ok(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
-        """``fn()`` (Redis calls), retried through transient errors and a vanished group;
-        anything else raises WorkerFailed. A stop asked meanwhile raises StoppedBeforeStart
+        """``fn()`` (Redis calls) at start, retried through transient errors and a vanished
+        group; anything else is logged with its traceback and raises WorkerFailed (not
+        started: nothing is held yet). A stop asked meanwhile raises StoppedBeforeStart
         (the worker returns without having served: nothing of it to drain)."""
         while True:
             if self.stop_event is not None and self.stop_event.is_set():
@@ -199,7 +200,9 @@ class Supervisor:
                 raise
             except Exception as exc:
                 if classify(exc) is Fault.FATAL:
-                    raise WorkerFailed(what, exc) from exc
+                    failed = WorkerFailed(what, exc, started=False)
+                    log.error("%s", failed, exc_info=exc, extra=fields(**self._fields))
+                    raise failed from exc
                 await self.backoff(exc, since, stop_cuts=True)
             else:
                 self.link.answered(since)
