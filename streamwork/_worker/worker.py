@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from streamwork._redis import connection
-from streamwork._telemetry.logs import WORKER_LOGGER, fields
+from streamwork._telemetry.logs import WORKER_LOGGER, ensure_logging, fields
 from streamwork._text import describe
 from streamwork._wire.extensions import check_codec
 from streamwork._wire.keys import check_name
@@ -211,14 +211,22 @@ class StreamWorker(WorkerOptions, Generic[P]):
         return [0] if self._consumer is not None and not self._consumer.stopped else []
 
     def run(self) -> None:
-        """Serve until SIGINT/SIGTERM or ``stop()``, then drain and return (blocking)."""
+        """Serve until SIGINT/SIGTERM or ``stop()``, then drain and return (blocking). In
+        an application that configured no logging, its lines go to stderr as with
+        ``streamwork run`` (see `serve`)."""
+        ensure_logging()
         asyncio.run(self.serve(install_signal_handlers=True))
 
     async def serve(self, *, install_signal_handlers: bool = False) -> None:
         """Serve inside the running event loop until ``stop()``; returns once drained.
 
         Raises `WorkerFailed` (after draining) if an internal loop met an error that
-        backing off cannot cure; transient Redis errors are ridden out."""
+        backing off cannot cure; transient Redis errors are ridden out.
+
+        If the application configured no logging at all (no handler on the root logger
+        or a streamwork logger), the worker's lines (INFO and up) go to stderr as with
+        ``streamwork run``, until the application configures its own."""
+        ensure_logging()
         self._loop = asyncio.get_running_loop()
         self._stop_event = asyncio.Event()
         if self._stop_requested.is_set():
