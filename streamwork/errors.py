@@ -23,8 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamwork._redis.refusals import credentials_hint
-from streamwork._text import describe, redact_url
+from streamwork._text import credentials_hint, describe, redact_url
 
 __all__ = [
     "BenchError",

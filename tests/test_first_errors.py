@@ -73,9 +73,8 @@ def test_a_port_that_is_no_number_is_a_usage_error_in_the_cli(args: list[str]) -
 def test_no_password_says_to_put_it_in_the_url(locked: RedisServer) -> None:
     """The producer, the CLI and a worker's start answer NOAUTH / "HELLO must be called"
     with: the server needs a password, put it in the URL as redis://:PASSWORD@host."""
-    with pytest.raises(sw.ConfigError) as raised:
-        with sw.Producer.from_url(locked.url) as producer:
-            producer.send("first-errors", {"a": 1})
+    with pytest.raises(sw.ConfigError) as raised, sw.Producer.from_url(locked.url) as producer:
+        producer.send("first-errors", {"a": 1})
     assert "the server needs a password" in str(raised.value), raised.value
     assert "redis://:PASSWORD@HOST:PORT/DB" in str(raised.value)
     assert "redis://USER:PASSWORD@HOST:PORT/DB" in str(raised.value)
@@ -88,9 +87,8 @@ def test_no_password_says_to_put_it_in_the_url(locked: RedisServer) -> None:
 
 def test_a_wrong_password_says_so(locked: RedisServer) -> None:
     url = f"redis://:not-{PASSWORD}@127.0.0.1:{locked.port}/0"
-    with pytest.raises(sw.ConfigError) as raised:
-        with sw.Producer.from_url(url) as producer:
-            producer.send("first-errors", {"a": 1})
+    with pytest.raises(sw.ConfigError) as raised, sw.Producer.from_url(url) as producer:
+        producer.send("first-errors", {"a": 1})
     assert "refused the user name or password" in str(raised.value), raised.value
     assert PASSWORD not in str(raised.value)
 
@@ -167,9 +165,9 @@ def test_a_send_waiting_on_an_outage_warns_once(caplog: pytest.LogCaptureFixture
     masked) when it starts waiting, not after."""
     caplog.set_level(logging.DEBUG, logger="streamwork")
     url = f"redis://:{PASSWORD}@127.0.0.1:{free_port()}/0"
-    with sw.Producer.from_url(url, retry_timeout=0.5) as producer:
-        with pytest.raises(sw.RedisUnavailable):
-            producer.send("first-errors", {"a": 1})
+    with sw.Producer.from_url(url, retry_timeout=0.5) as producer, \
+            pytest.raises(sw.RedisUnavailable):
+        producer.send("first-errors", {"a": 1})
     warned = [r.getMessage() for r in caplog.records
               if r.levelno == logging.WARNING and r.name == "streamwork.producer"]
     assert len(warned) == 1, warned

@@ -179,9 +179,9 @@ def test_python_errors_never_show_the_password(locked: RedisServer,
         worker.run()
     messages.append(str(raised.value))
     with sw.Producer.from_url(f"redis://:{PASSWORD}@127.0.0.1:{dead_port}/0",
-                     retry_timeout=0.3) as producer:
-        with pytest.raises(sw.RedisUnavailable) as unavailable:
-            producer.send(STREAM, {"a": 1})
+                              retry_timeout=0.3) as producer, \
+            pytest.raises(sw.RedisUnavailable) as unavailable:
+        producer.send(STREAM, {"a": 1})
     messages.append(str(unavailable.value))
     text = "\n".join(messages) + "\n".join(r.getMessage() for r in caplog.records)
     text += "\n".join(str(getattr(r, "sw", "")) for r in caplog.records)

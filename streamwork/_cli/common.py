@@ -12,8 +12,7 @@ import redis
 
 from streamwork._ops.partitioned import recorded_partitions
 from streamwork._redis import connection
-from streamwork._redis.refusals import credentials_hint
-from streamwork._text import redact_url
+from streamwork._text import credentials_hint, redact_url
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import MAX_PARTITIONS, partition_names
 from streamwork.errors import ConfigError, RedisUnavailable, StreamworkError

@@ -16,9 +16,8 @@ from typing import Any, Generic, TypeAlias, TypeVar
 
 from streamwork._redis import connection, scripts
 from streamwork._redis.faults import is_transient
-from streamwork._redis.refusals import credentials_hint
 from streamwork._telemetry.logs import seconds
-from streamwork._text import redact_url
+from streamwork._text import credentials_hint, redact_url
 from streamwork._wire.codec import BODY_FIELD
 from streamwork.errors import ConfigError, RedisUnavailable
 
