@@ -36,6 +36,7 @@ from streamwork._worker.config import (
     check_attributes,
     check_handler,
 )
+from streamwork._worker.core import looplag
 from streamwork._worker.core.batch_runner import AnyHandler, BatchHandler, check_batch
 from streamwork._worker.core.consumer import Consumer
 from streamwork._worker.core.done_cache import local_cache
@@ -259,7 +260,8 @@ class StreamWorker(WorkerOptions, Generic[P]):
                 for feature in FEATURES:  # the worker-wide services, beside the consumers
                     if feature.service is not None:
                         main = feature.service(main, env)
-                await main
+                async with looplag.watching():  # a handler blocking the loop is named
+                    await main
             finally:
                 await worker_stopped(self.middleware, self, fields(
                     stream=cfg.stream, group=cfg.group, consumer=self.consumer_name))

@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 
 from streamwork._redis.connection import reconnect_delay
 from streamwork._redis.faults import Fault, classify
-from streamwork._telemetry.logs import WORKER_LOGGER, fields
+from streamwork._telemetry.logs import WORKER_LOGGER, fields, seconds
+from streamwork._worker.core import looplag
 from streamwork.errors import WorkerFailed
 
 log = logging.getLogger(WORKER_LOGGER)
@@ -56,15 +57,23 @@ class Link:
     def up(self) -> bool:
         return self.failures == 0
 
-    def failed(self, exc: BaseException, since: float) -> None:
-        """A call made at ``since`` (monotonic) met a transient error."""
+    def failed(self, exc: BaseException, since: float) -> bool:
+        """A call made at ``since`` (monotonic) met a transient error; whether it counts
+        against Redis. A timeout across a stall of the event loop (a handler blocking it,
+        `looplag`) does not: the reply was late because nothing read it."""
         if self.failures == 0 and since < self.up_since:
-            return  # sent while Redis was still down: that outage is over
+            return False  # sent while Redis was still down: that outage is over
+        stalled = looplag.excuses(exc, since)
+        if stalled is not None:
+            log.debug("a Redis call timed out across a %s s stall of the event loop (not an "
+                      "outage): %s", seconds(stalled), exc, extra=fields(**self._fields))
+            return False
         self.failures += 1
         if self.failures == 1:
             self.down_since = time.monotonic()
             log.warning("redis unavailable, retrying with backoff: %s", exc,
                         extra=fields(**self._fields))
+        return True
 
     def answered(self, since: float) -> None:
         """A call made at ``since`` (monotonic) or later answered."""
@@ -215,8 +224,7 @@ class Supervisor:
         pause short (starting: nothing to wait for). Loops keep their pause while the
         worker stops: those still running then (heartbeat, flusher) must not retry in a
         tight loop through the drain; cancelling them interrupts the pause."""
-        self.link.failed(exc, since)
-        if self._on_fault is not None:
+        if self.link.failed(exc, since) and self._on_fault is not None:
             self._on_fault()
         delay = self.link.delay()
         if self.stop_event is None or not stop_cuts:
