@@ -166,9 +166,10 @@ always one of these markers (a payload map that looks like one comes as "map")."
 
 def _check_exists(client: Any, stream: str, picked: Sequence[tuple[int, str]]) -> None:
     """Fail (exit 1, as `streamwork job` does) when neither ``stream`` (nor any partition
-    of it looked at) nor its dead-letter stream exists: a misspelt name or the wrong
-    server, not "0 dead letters". One EXISTS."""
+    of it looked at), nor its dead-letter stream, nor its recorded partition count exists:
+    a misspelt name or the wrong server, not "0 dead letters". One EXISTS."""
     keys = [k for _, name in picked for k in (name, StreamKeys.for_stream(name).dead)]
+    keys.append(StreamKeys.for_stream(stream).partitions)
     if not client.exists(*keys):
         fail(str(StreamNotFound(stream)))
 
@@ -189,8 +190,8 @@ def dlq_list(stream: str, count: int, as_json: bool, partitions: int | None, par
     partitions = detect_partitions(url, stream, partitions)
     picked = partition_streams(stream, partitions, partition)
     client = connection.sync_client(connection.resolve_url(url))
-    _check_exists(client, stream, picked)
     check_recorded_partitions(client, stream, partitions)
+    _check_exists(client, stream, picked)
     if partitions == 1:
         entries = deadletter.list_dead(client, stream, count)
         shown: Sequence[Any] = entries
@@ -244,8 +245,8 @@ def dlq_replay(stream: str, ids: tuple[str, ...], replay_all: bool, group: str |
     partitions = detect_partitions(url, stream, partitions)
     picked = partition_streams(stream, partitions, partition)
     client = connection.sync_client(connection.resolve_url(url))
-    _check_exists(client, stream, picked)
     check_recorded_partitions(client, stream, partitions)
+    _check_exists(client, stream, picked)
     other = ", another group's" if group else ""
     if partitions == 1:
         try:
@@ -304,8 +305,8 @@ def dlq_purge(stream: str, older_than: float | None, ids: tuple[str, ...], yes: 
             f"dead letters older than {older_than:g}s" if older_than is not None else
             "ALL dead letters")
     client = connection.sync_client(connection.resolve_url(url))
-    _check_exists(client, stream, picked)
     check_recorded_partitions(client, stream, partitions)
+    _check_exists(client, stream, picked)
     if not yes:
         click.confirm(f"Delete {what} of {_which(stream, picked, partitions)}?", abort=True)
     cutoff = None if older_than is None else int((time.time() - older_than) * 1000)

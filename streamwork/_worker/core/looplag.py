@@ -195,6 +195,27 @@ def current() -> Watch | None:
         return None
 
 
+def runs(runner: asyncio.Task[Any], handler: str, stream: str,
+         is_async: bool) -> dict[asyncio.Task[Any], Any]:
+    """Where runner task ``runner`` notes the job it runs (``busy[runner] = delivery``
+    around each handler call), for a stall to name with ``handler`` and ``stream``: the
+    watch's, for an async handler (a plain def runs in a thread: it cannot block the
+    loop); a dict nobody reads otherwise."""
+    watch = current()
+    if watch is None or not is_async:
+        return {}
+    watch.names[runner] = (handler, stream)
+    return watch.running
+
+
+def ran(runner: asyncio.Task[Any]) -> None:
+    """Runner task ``runner`` ended: forget it."""
+    watch = current()
+    if watch is not None:
+        watch.names.pop(runner, None)
+        watch.running.pop(runner, None)
+
+
 def excuses(exc: BaseException, since: float) -> float | None:
     """`Watch.excuses` of the running loop's watch (None without one)."""
     watch = current()

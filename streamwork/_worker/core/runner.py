@@ -49,7 +49,6 @@ class Runner:
                            lambda: ctx.tally.tracing)
         #: ``await call(msg)``: the handler, wrapped by the features that wrap it
         self.call = hooks.wrap(self.calls.call)
-        #: how a stall of the event loop names the handler (`looplag`)
         self.name = getattr(handle, "__qualname__", None) or type(handle).__name__
 
     async def loop(self) -> None:
@@ -74,13 +73,7 @@ class Runner:
         check = self._hooks.start_check()
         after = bool(self._hooks.after)
         cancellable = cfg.cancel_running and self.calls.is_async
-        # which job this runner task runs, for a stall of the loop to name (an async
-        # handler only: a plain def runs in a thread and cannot block the loop)
-        watch = looplag.current()
-        busy: dict[asyncio.Task[Any], Delivery] = {}
-        if watch is not None and self.calls.is_async:
-            watch.names[runner] = (self.name, cfg.stream)
-            busy = watch.running
+        busy = looplag.runs(runner, self.name, cfg.stream, self.calls.is_async)
         try:
             while True:
                 # take a ready delivery without a round trip through the loop
@@ -193,8 +186,7 @@ class Runner:
                         await starts.release(d)
         finally:
             limit.close()
-            if watch is not None:
-                watch.names.pop(runner, None)
+            looplag.ran(runner)
 
     def _time_out(self, d: Delivery, runner: asyncio.Task[None]) -> None:
         """The job's time limit passed: cancel its handler (an async one stops at its next
