@@ -77,6 +77,7 @@ def test_a_dead_job_is_logged_when_nothing_is_configured(redis_url: str) -> None
     """)
     assert done.returncode == 0, done.stderr
     assert "INFO streamwork.worker: worker started" in done.stderr, done.stderr
+    assert f"server={redis_url}" in done.stderr, done.stderr  # which Redis it serves
     dead = [line for line in done.stderr.splitlines() if "mail-1" in line]
     assert dead and "dead" in dead[0] and "smtp refused" in dead[0], done.stderr
 
