@@ -49,7 +49,8 @@ SERVER_AGNOSTIC := tests/test_dashboard.py tests/test_processes.py tests/test_he
 	tests/test_ops_format.py tests/test_ops_merge.py tests/test_bench_scaling.py \
 	tests/test_bench_cluster.py tests/test_pause.py tests/faults/test_poison.py \
 	tests/test_redlock_leases.py tests/test_middleware.py tests/test_job_options.py \
-	tests/test_wire_v2.py
+	tests/test_wire_v2.py tests/test_secrets.py tests/test_python_logging.py \
+	tests/test_loop_stall.py
 PARALLEL := -n 4 --dist loadfile --durations=15
 test: lint
 	$(BIN)/pytest -q $(PARALLEL)
