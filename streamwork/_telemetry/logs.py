@@ -155,21 +155,32 @@ class _Fallback(logging.StreamHandler):  # type: ignore[type-arg]
     ``streamwork`` logger, until the application configures logging of its own (a handler
     on the root logger or on a streamwork logger, even after the worker started): then it
     writes nothing more and gives the ``streamwork`` logger back its level, so no line is
-    written twice and the application's levels rule."""
+    written twice and the application's levels rule. As a filter of the loggers streamwork
+    writes to, it sees each record before any handler does: the first record after the
+    application's change is held to the application's level too."""
 
     def __init__(self) -> None:
         super().__init__(sys.stderr)
         self.setFormatter(TextFormatter(TEXT_FORMAT))
         self.set_level = False  # whether the streamwork logger's level is ours (INFO)
         self.retired = False
+        self.gated: list[logging.Logger] = []  # the loggers this is a filter of
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """As a logger's filter: let ``record`` through unless the application has just
+        configured logging and its level hides it. (As a handler's: always.)"""
+        if self.retired or not _configured(self):
+            return True
+        self.retired = True
+        if self.set_level:
+            logging.getLogger(PACKAGE_LOGGER).setLevel(logging.NOTSET)
+        for logger in self.gated:
+            logger.removeFilter(self)
+        return record.levelno >= logging.getLogger(record.name).getEffectiveLevel()
 
     def emit(self, record: logging.LogRecord) -> None:
-        if self.retired:
-            return
-        if _configured(self):
-            self.retired = True
-            if self.set_level:
-                logging.getLogger(PACKAGE_LOGGER).setLevel(logging.NOTSET)
+        if self.retired or _configured(self):  # a logger without the filter: a late one
+            self.filter(record)
             return
         self.stream = sys.stderr  # as lastResort does: stderr as it is now (tests swap it)
         super().emit(record)
@@ -180,21 +191,22 @@ PACKAGE_LOGGER: Final = "streamwork"
 _fallback: _Fallback | None = None
 
 
+def _streamwork_loggers() -> list[logging.Logger]:
+    """The ``streamwork`` logger and those below it that exist now."""
+    manager = logging.Logger.manager
+    names = [PACKAGE_LOGGER, *(n for n in list(manager.loggerDict)
+                               if n.startswith(PACKAGE_LOGGER + "."))]
+    found = (manager.loggerDict.get(name) for name in names)
+    return [logger for logger in found if isinstance(logger, logging.Logger)]
+
+
 def _configured(ours: logging.Handler | None = None) -> bool:
     """Whether the application configured logging: a handler on the root logger, or one
     other than a NullHandler (and ``ours``) on a streamwork logger."""
     if any(h is not ours for h in logging.getLogger().handlers):
         return True
-    manager = logging.Logger.manager
-    names = [PACKAGE_LOGGER, *(n for n in list(manager.loggerDict)
-                               if n.startswith(PACKAGE_LOGGER + "."))]
-    for name in names:
-        logger = manager.loggerDict.get(name)
-        if isinstance(logger, logging.Logger) and any(
-                h is not ours and not isinstance(h, logging.NullHandler)
-                for h in logger.handlers):
-            return True
-    return False
+    return any(h is not ours and not isinstance(h, logging.NullHandler)
+               for logger in _streamwork_loggers() for h in logger.handlers)
 
 
 def ensure_logging() -> None:
@@ -210,4 +222,7 @@ def ensure_logging() -> None:
     if package.level == logging.NOTSET and package.getEffectiveLevel() > logging.INFO:
         package.setLevel(logging.INFO)
         handler.set_level = True
+    for logger in _streamwork_loggers():
+        logger.addFilter(handler)
+        handler.gated.append(logger)
     package.addHandler(handler)
