@@ -4,12 +4,14 @@ traceback."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, Final, NoReturn, TypeVar
 
 import click
 import redis
 
+from streamwork._hosting.processes import SUPERVISOR_ENV
 from streamwork._ops.partitioned import recorded_partitions
 from streamwork._redis import connection
 from streamwork._text import credentials_hint, redact_url
@@ -37,7 +39,7 @@ def _check_url(ctx: click.Context, param: click.Parameter, value: str | None) ->
         raise click.BadParameter(str(exc)) from None
     ctx.meta[URL_META] = resolved
     source = connection.url_source(value)
-    if source != "--url":
+    if source != "--url" and SUPERVISOR_ENV not in os.environ:  # said once, not per child
         why = ("the default: neither --url nor $REDIS_URL is set" if source == "default"
                else "from $REDIS_URL")
         click.echo(f"streamwork: Redis at {redact_url(resolved)} ({why})", err=True)

@@ -186,8 +186,8 @@ class Partitioned:
             check_recorded(self.cfg.stream, recorded, self.cfg.partitions, "worker")
         except Exception as exc:
             failed = WorkerFailed("start", exc, started=False)
-            log.error("%s", failed, extra=fields(stream=self.cfg.stream, group=self.cfg.group,
-                                                 consumer=self.name))
+            log.error("%s", failed, exc_info=exc, extra=fields(
+                stream=self.cfg.stream, group=self.cfg.group, consumer=self.name))
             raise failed from exc
         return True
 
