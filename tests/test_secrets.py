@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -81,10 +83,20 @@ def _env() -> dict[str, str]:
     return {**env, "PYTHONPATH": str(ROOT), "SW_TEST_STREAM": STREAM}
 
 
-def _cli(args: list[str], *, serves: str | None = None,
-         timeout: float = 120) -> tuple[int, str]:
+def _page(port: str) -> str:
+    """The dashboard's page (or its error page), as served on ``port``."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as reply:
+            return str(reply.read().decode(errors="replace"))
+    except urllib.error.HTTPError as exc:
+        return str(exc.read().decode(errors="replace"))
+
+
+def _cli(args: list[str], *, serves: str | None = None, timeout: float = 120,
+         serving: Callable[[], str] | None = None) -> tuple[int, str]:
     """``python -m streamwork ARGS`` to its end (or, for a command that ``serves``, until it
-    prints that, then SIGTERM); its exit status and everything it wrote."""
+    prints that, then what ``serving()`` returns is added, then SIGTERM); its exit status
+    and everything it wrote."""
     proc = subprocess.Popen([sys.executable, "-m", "streamwork", *args], cwd=ROOT, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -99,6 +111,8 @@ def _cli(args: list[str], *, serves: str | None = None,
             assert time.monotonic() < deadline, seen.decode(errors="replace")
             seen += proc.stdout.read() or b""
             time.sleep(0.05)
+        if proc.poll() is None and serving is not None:
+            seen += serving().encode()
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGTERM)
         os.set_blocking(proc.stdout.fileno(), True)
@@ -126,11 +140,14 @@ def test_no_command_prints_the_password(command: tuple[str, ...], locked: RedisS
         port = str(free_port())
         args = [*command, *(a.replace("{url}", _url(locked)).replace("{port}", port)
                             for a in ARGS[command])]
-    code, out = _cli(args, serves=SERVES.get(command))
+    page = (lambda: _page(port)) if command == ("dashboard",) else None  # its HTML too
+    code, out = _cli(args, serves=SERVES.get(command), serving=page)
     assert PASSWORD not in out, out
+    if page is not None:
+        assert "<html" in out.lower() and ":***@" in out, out
     if command != ("bench",):
         wrong = [a.replace(PASSWORD, PASSWORD + "-wrong") for a in args]
-        code, out = _cli(wrong, serves=SERVES.get(command), timeout=60)
+        code, out = _cli(wrong, serves=SERVES.get(command), timeout=60, serving=page)
         assert PASSWORD not in out, out
         # the demo falls back to a private server of its own
         assert command in SERVES or command == ("demo",) or code != 0, out
