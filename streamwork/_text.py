@@ -96,7 +96,11 @@ def credentials_hint(exc: BaseException) -> str:
     it needs a password, or wrong ones): a clause to add to a message, else "". Redis's
     own words (``NOAUTH``, ``HELLO must be called with the client already
     authenticated``, ``WRONGPASS``) name a protocol step, not the fix, which is the URL's
-    user name and password. Read from the message, which every redis-py version keeps."""
+    user name and password. Read from the message of a redis-py error (every version
+    keeps the server's words); "" for any other error, streamwork's own included (they
+    say what to do themselves)."""
+    if not type(exc).__module__.startswith("redis"):
+        return ""
     message = text(exc)
     if any(word in message for word in _NEEDS):
         return f"the server needs a password: put it in the URL as {URL_FORM}"

@@ -76,6 +76,7 @@ def test_no_password_says_to_put_it_in_the_url(locked: RedisServer) -> None:
     with pytest.raises(sw.ConfigError) as raised, sw.Producer.from_url(locked.url) as producer:
         producer.send("first-errors", {"a": 1})
     assert "the server needs a password" in str(raised.value), raised.value
+    assert isinstance(raised.value, redis.AuthenticationError)  # still what redis-py raised
     assert "redis://:PASSWORD@HOST:PORT/DB" in str(raised.value)
     assert "redis://USER:PASSWORD@HOST:PORT/DB" in str(raised.value)
     for args in (["inspect"], ["job", "s", "k"], ["dlq", "list", "s"], ["pause", "s", "--group",

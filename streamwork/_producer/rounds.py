@@ -14,6 +14,8 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeAlias, TypeVar
 
+import redis.exceptions
+
 from streamwork._redis import connection, scripts
 from streamwork._redis.faults import is_transient
 from streamwork._telemetry.logs import seconds
@@ -189,11 +191,16 @@ def waiting(what: str, url: str, exc: BaseException, retry_timeout: float) -> No
             type(exc).__name__, exc, seconds(retry_timeout))
 
 
+class CredentialsRefused(ConfigError, redis.exceptions.AuthenticationError):
+    """The server refused the URL's credentials: a ConfigError (of option ``url``) saying
+    what to put in the URL, and still the redis-py AuthenticationError it was."""
+
+
 def refused(exc: BaseException, url: str) -> BaseException:
-    """``exc``, or a ConfigError saying what to do if the server refused the URL's
+    """``exc``, or a `CredentialsRefused` saying what to do if the server refused the URL's
     credentials (none given where it needs a password, or wrong ones)."""
     hint = credentials_hint(exc)
     if not hint:
         return exc
-    return ConfigError("url", f"Redis at {redact_url(url)} refused the connection: {hint} "
-                              f"(it said: {type(exc).__name__}: {exc})")
+    return CredentialsRefused("url", f"Redis at {redact_url(url)} refused the connection: "
+                                     f"{hint} (it said: {type(exc).__name__}: {exc})")
