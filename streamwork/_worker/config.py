@@ -139,44 +139,42 @@ def did_you_mean(name: str, names: Iterable[str]) -> str:
     return close or peer_hint(name)
 
 
-_DELIVERIES: Final = ("max_deliveries: deliveries in all, the first one included "
+_DELIVERIES: Final = ("use max_deliveries: deliveries in all, the first one included "
                       "(retries=3 is max_deliveries=4)")
-_CONCURRENCY: Final = ("concurrency: handlers in flight per process (more processes: "
+_CONCURRENCY: Final = ("use concurrency: handlers in flight per process (more processes: "
                        "streamwork run --processes N)")
-_PREFETCH: Final = ("batch_size: entries per read (what a worker holds at most is "
-                    "concurrency plus a batch)")
-#: option names of other job queues (Celery, dramatiq, arq, rq, Sidekiq) and what
-#: streamwork calls them: such a name on a worker class would be ignored without a word
+_PREFETCH: Final = ("use batch_size: entries per read (a worker holds at most concurrency "
+                    "plus a batch)")
+_STREAM: Final = "use stream (and group, the consumer group that shares its jobs)"
+_ACKS: Final = ("streamwork always acknowledges a job after its handler succeeded (a job "
+                "whose worker dies is delivered again after visibility_timeout): leave it out")
+_BACKOFF: Final = "use retry_delay and retry_max_delay (exponential backoff with jitter)"
+#: option names of other job queues (Celery, dramatiq, arq, rq, Sidekiq) and what to do
+#: in streamwork instead: such a name on a worker class would be ignored without a word
 PEERS: Final[dict[str, str]] = {
     "retries": _DELIVERIES, "max_retries": _DELIVERIES, "max_attempts": _DELIVERIES,
     "max_tries": _DELIVERIES, "retry": _DELIVERIES, "retry_count": _DELIVERIES,
-    "acks_late": ("nothing: streamwork always acknowledges a job after its handler "
-                  "succeeded (a job whose worker dies is delivered again after "
-                  "visibility_timeout)"),
-    "ack_late": "nothing: streamwork always acknowledges a job after its handler succeeded",
+    "acks_late": _ACKS, "ack_late": _ACKS,
     "prefetch": _PREFETCH, "prefetch_count": _PREFETCH, "prefetch_multiplier": _PREFETCH,
-    "queue": "stream (and group, the consumer group that shares its jobs)",
-    "queue_name": "stream (and group, the consumer group that shares its jobs)",
-    "topic": "stream (and group, the consumer group that shares its jobs)",
+    "queue": _STREAM, "queue_name": _STREAM, "topic": _STREAM,
     "workers": _CONCURRENCY, "threads": _CONCURRENCY, "processes": _CONCURRENCY,
     "max_jobs": _CONCURRENCY, "worker_concurrency": _CONCURRENCY,
     "num_workers": _CONCURRENCY, "parallelism": _CONCURRENCY,
-    "time_limit": "timeout: seconds a job may run", "job_timeout": "timeout",
-    "soft_time_limit": "timeout: seconds a job may run",
-    "retry_backoff": "retry_delay and retry_max_delay (exponential backoff with jitter)",
-    "backoff": "retry_delay and retry_max_delay (exponential backoff with jitter)",
-    "min_backoff": "retry_delay", "max_backoff": "retry_max_delay",
-    "rate": "rate_limit (e.g. '50/s')", "throttle": "rate_limit (e.g. '50/s')",
-    "unique": "dedup", "idempotent": "dedup", "deduplicate": "dedup",
-    "visibility": "visibility_timeout", "ack_timeout": "visibility_timeout",
+    "time_limit": "use timeout: seconds a job may run", "job_timeout": "use timeout",
+    "soft_time_limit": "use timeout: seconds a job may run",
+    "retry_backoff": _BACKOFF, "backoff": _BACKOFF,
+    "min_backoff": "use retry_delay", "max_backoff": "use retry_max_delay",
+    "rate": "use rate_limit (e.g. '50/s')", "throttle": "use rate_limit (e.g. '50/s')",
+    "unique": "use dedup", "idempotent": "use dedup", "deduplicate": "use dedup",
+    "visibility": "use visibility_timeout", "ack_timeout": "use visibility_timeout",
 }
 
 
 def peer_hint(name: str) -> str:
-    """``"; streamwork's option for that is ..."`` if ``name`` is another job queue's
-    option name (`PEERS`), else ""."""
+    """``"; that is another job queue's option: use ..."`` if ``name`` is another job
+    queue's option name (`PEERS`), else ""."""
     use = PEERS.get(name.lower())
-    return f"; it is another job queue's option: in streamwork use {use}." if use else ""
+    return f"; that is another job queue's option: {use}" if use else ""
 
 
 def check_attributes(cls: type, base: type, extra: Iterable[str] = ()) -> None:
@@ -196,10 +194,11 @@ def check_attributes(cls: type, base: type, extra: Iterable[str] = ()) -> None:
             hint = near(name, options, cutoff=NEAR_OPTION) or (
                 peer_hint(name) if _scalar(value) else "")
             if hint:
+                end = "" if hint.endswith("?") else "."
                 raise ConfigError(name, (
                     f"is not a worker option (a class attribute of {klass.__qualname__}, "
-                    f"which would be ignored){hint} Rename it, or prefix it with _ if it is "
-                    "your own"))
+                    f"which would be ignored){hint}{end} Rename it, or prefix it with _ if "
+                    "it is your own"))
 
 
 def _scalar(value: object) -> bool:
