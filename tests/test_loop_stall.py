@@ -119,3 +119,27 @@ def _stalls(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 
 def _stall_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [rec for rec in _stalls(caplog) if rec.levelno == logging.WARNING]
+
+
+def test_only_a_loop_held_in_one_place_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    """`Watch._report`: the same handler seen holding the loop for half a STALL or more is
+    named at WARNING; samples that keep changing (a process starved of CPU, the loop
+    moving on) or streamwork's own tasks only give a DEBUG line."""
+    caplog.set_level(logging.DEBUG, logger="streamwork")
+    watch = looplag.Watch(asyncio.new_event_loop())
+    try:
+        t = time.monotonic()
+        flicker = [(t + i * 0.05, f"handler H.handle (job key=k{i} entry_id=1-{i})", {})
+                   for i in range(12)]
+        own = [(t, "task streamwork-flusher", {}), (t + 0.9, "task streamwork-flusher", {})]
+        held = [(t, "handler H.handle (job key=k entry_id=1-0, at app.py:3 in handle)",
+                 {"key": "k"}), (t + 0.6, "handler H.handle (job key=k entry_id=1-0, at "
+                                          "app.py:3 in handle)", {"key": "k"})]
+        for samples in (flicker, own, []):
+            watch._report(2.0, samples)
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        watch._report(2.0, held)
+        [line] = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert "by handler H.handle (job key=k" in line.getMessage()
+    finally:
+        watch.loop.close()

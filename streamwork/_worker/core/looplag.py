@@ -58,7 +58,8 @@ class Watch:
         #: object with ``msg``, and the runner's handler name and stream
         self.running: dict[asyncio.Task[Any], Any] = {}
         self.names: dict[asyncio.Task[Any], tuple[str, str]] = {}
-        self._seen: dict[float, list[tuple[str, dict[str, Any]]]] = {}  # beat -> samples
+        #: beat -> what the watchdog saw holding the loop since then: (when, who, fields)
+        self._seen: dict[float, list[tuple[float, str, dict[str, Any]]]] = {}
         self._warned: dict[str, tuple[float, int]] = {}  # culprit -> (last WARNING, since)
         self._thread_id = threading.get_ident()
         self._done = threading.Event()
@@ -120,36 +121,41 @@ class Watch:
             if sample is not None:
                 self._seen.setdefault(beat, []).append(sample)
 
-    def _sample(self) -> tuple[str, dict[str, Any]] | None:
+    def _sample(self) -> tuple[float, str, dict[str, Any]] | None:
         """Who holds the loop now: a handler and its job, or another task; where."""
         task = asyncio.current_task(self.loop)
         if task is None:
             return None
+        now = time.monotonic()
         where = _where(sys._current_frames().get(self._thread_id))
         at = f", at {where}" if where else ""
         name = self.names.get(task)
         job = self.running.get(task)
         if name is not None and job is not None:
             msg = job.msg
-            return (f"handler {name[0]} (job key={msg.key} entry_id={msg.id}{at})",
+            return (now, f"handler {name[0]} (job key={msg.key} entry_id={msg.id}{at})",
                     {"stream": name[1], "key": msg.key, "entry_id": msg.id})
-        return f"task {task.get_name()}{at}", {}
+        return now, f"task {task.get_name()}{at}", {}
 
-    def _report(self, late: float, samples: list[tuple[str, dict[str, Any]]]) -> None:
+    def _report(self, late: float, samples: list[tuple[float, str, dict[str, Any]]]) -> None:
         """One line for a stall of ``late`` s: a WARNING naming who blocked the loop when
-        the watchdog saw the same one twice (a loop stuck in one place, not a process
-        starved of CPU); else DEBUG."""
+        the watchdog saw the same handler (or task of the application) hold it, in the
+        same place, for at least half a `STALL` (a loop stuck there, not one that moved on
+        in a process starved of CPU); else DEBUG (streamwork's own tasks too)."""
         took = round(late * 1000)
-        counts: dict[str, int] = {}
-        for what, _ in samples:
-            counts[what] = counts.get(what, 0) + 1
-        held = [what for what, n in counts.items() if n >= 2]
-        if not held:
-            log.debug("the event loop ran %s s late (nothing seen holding it: the process "
-                      "was paused or starved of CPU)", seconds(late),
+        spans: dict[str, tuple[float, float]] = {}
+        for when, what, _ in samples:
+            first, _last = spans.get(what, (when, when))
+            spans[what] = (first, when)
+        held = [what for what, (first, last) in spans.items() if last - first >= STALL / 2]
+        if not held or all(what.startswith("task streamwork-") for what in held):
+            log.debug("the event loop ran %s s late (%s)", seconds(late),
+                      f"held by {' and '.join(held)}" if held else "nothing seen holding "
+                      "it: the process was paused or starved of CPU",
                       extra=fields(duration_ms=took))
             return
-        extra = next(x for what, x in samples if what == held[0])
+        held = [what for what in held if not what.startswith("task streamwork-")]
+        extra = next(x for _, what, x in samples if what == held[0])
         handler = held[0].startswith("handler ")
         who = held[0].partition(" (")[0]  # the handler or task, not its job
         now = time.monotonic()
