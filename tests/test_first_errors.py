@@ -139,7 +139,8 @@ def test_an_integer_too_wide_says_what_to_send(redis_url: str) -> None:
 
 @pytest.mark.parametrize(("name", "value", "use"), [
     ("retries", 3, "max_deliveries"), ("max_retries", 3, "max_deliveries"),
-    ("acks_late", True, "always acknowledges a job after its handler succeeded"), ("prefetch", 10, "batch_size"),
+    ("acks_late", True, "always acknowledges a job after its handler succeeded"),
+    ("prefetch", 10, "batch_size"),
     ("prefetch_count", 10, "batch_size"), ("queue", "emails", "stream"),
     ("concurency", 4, "did you mean 'concurrency'"), ("workers", 8, "concurrency"),
 ])
