@@ -83,13 +83,20 @@ def _env() -> dict[str, str]:
     return {**env, "PYTHONPATH": str(ROOT), "SW_TEST_STREAM": STREAM}
 
 
-def _page(port: str) -> str:
-    """The dashboard's page (or its error page), as served on ``port``."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as reply:
-            return str(reply.read().decode(errors="replace"))
-    except urllib.error.HTTPError as exc:
-        return str(exc.read().decode(errors="replace"))
+def _page(port: str, timeout: float = 60) -> str:
+    """The dashboard's page (or its error page), as served on ``port`` (waited for: it may
+    print its address a moment before it listens)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as reply:
+                return str(reply.read().decode(errors="replace"))
+        except urllib.error.HTTPError as exc:
+            return str(exc.read().decode(errors="replace"))
+        except OSError:  # not listening yet
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _cli(args: list[str], *, serves: str | None = None, timeout: float = 120,
