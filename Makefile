@@ -54,7 +54,8 @@ SERVER_AGNOSTIC := tests/test_dashboard.py tests/test_processes.py tests/test_he
 	tests/test_wire_v2.py tests/test_packaging.py tests/test_reload.py \
 	tests/test_pytest_plugin.py tests/test_node_producer.py tests/test_wire_doc.py \
 	tests/test_tls.py tests/faults/test_network.py tests/test_lease_deadline.py \
-	tests/test_lock_quorum.py
+	tests/test_lock_quorum.py \
+	tests/test_secrets.py tests/test_python_logging.py tests/test_loop_stall.py
 PARALLEL := -n 4 --dist loadfile --durations=15
 test: lint
 	$(BIN)/pytest -q $(PARALLEL)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from streamwork._text import describe, redact_url
+from streamwork._text import credentials_hint, describe, redact_url
 
 __all__ = [
     "BenchError",
@@ -199,19 +199,30 @@ class WorkerFailed(StreamworkError):
     """A worker stopped because one of its internal loops met an error that backing off
     cannot cure (anything but connection loss, timeouts, LOADING, BUSY, TRYAGAIN,
     CLUSTERDOWN, MASTERDOWN, READONLY, OOM or a vanished group). It drained first; what it
-    still held stays pending and is reclaimed by other workers."""
+    still held stays pending and is reclaimed by other workers. ``started`` False: it
+    failed while starting (Redis refused it, ``on_start`` raised), before it held a job."""
 
-    def __init__(self, task: str, cause: BaseException) -> None:
+    def __init__(self, task: str, cause: BaseException, *, started: bool = True) -> None:
         self.task = task
         self.cause = cause
+        self.started = started
         if isinstance(cause, PermissionDenied):
             super().__init__(
                 f"worker stopped: Redis refused its {task} a permission. {cause} "
-                "Held jobs stay pending for other workers; start the worker again once "
-                "its user has the permission.")
+                + ("It held no jobs yet; start" if not started else
+                   "Held jobs stay pending for other workers; start")
+                + " the worker again once its user has the permission.")
+            return
+        hint = credentials_hint(cause)
+        what = (f"Redis refused its connection: {hint} (it said: {describe(cause)})" if hint
+                else f"its {task} failed with {describe(cause)}")
+        if not started:
+            super().__init__(
+                f"worker did not start: {what}. It held no jobs yet; fix the cause (its "
+                "traceback is logged) and start the worker again.")
             return
         super().__init__(
-            f"worker stopped: its {task} failed with {describe(cause)}. "
+            f"worker stopped: {what}. "
             "Held jobs stay pending for other workers; fix the cause (see the traceback "
             "in the log) and start the worker again."
         )

@@ -70,9 +70,12 @@ async def test_dlq_list_table_and_json(r: redis.Redis, redis_url: str) -> None:
         assert row["group"] == GROUP, "a dead letter names the group it died in"
         assert r.xrange(STREAM, row["src_id"], row["src_id"]), "src_id names the original entry"
 
+    r.xadd("other", {"x": "1"})  # a stream without dead letters
     empty = _cli(redis_url, "list", "other")
     assert empty.exit_code == 0
     assert "0 shown" in empty.output
+    missing = _cli(redis_url, "list", "no-such-stream")  # not "0 shown": a wrong name
+    assert missing.exit_code == 1 and "does not exist" in missing.output, missing.output
 
 
 async def test_dlq_replay_by_id_and_all(r: redis.Redis, redis_url: str) -> None:
@@ -164,8 +167,10 @@ async def test_dlq_purge_removes_only_what_it_says(r: redis.Redis, redis_url: st
 
 
 @pytest.mark.parametrize("args", [("--older-than", "600"), ("--id", "1-0")])
-def test_dlq_purge_on_empty_dead_stream(redis_url: str, args: tuple[str, ...]) -> None:
+def test_dlq_purge_on_empty_dead_stream(redis_url: str, r: redis.Redis,
+                                        args: tuple[str, ...]) -> None:
     """Purging a stream without dead letters deletes nothing and succeeds."""
+    r.xadd(STREAM, {"x": "1"})
     res = _cli(redis_url, "purge", STREAM, *args, "--yes")
     assert res.exit_code == 0, res.output
     assert "deleted 0" in res.output

@@ -4,16 +4,20 @@ traceback."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, Final, NoReturn, TypeVar
 
 import click
+import redis
 
+from streamwork._hosting.processes import SUPERVISOR_ENV
 from streamwork._ops.partitioned import recorded_partitions
 from streamwork._redis import acl, connection
+from streamwork._text import credentials_hint, redact_url
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import MAX_PARTITIONS, partition_names
-from streamwork.errors import ConfigError
+from streamwork.errors import ConfigError, RedisUnavailable, StreamworkError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -24,16 +28,26 @@ PARTITIONS_ENV: Final = "STREAMWORK_PARTITIONS"
 #: command that takes ``--url``, so a refused permission met anywhere in it can name the
 #: user and the stream (`refused`)
 _COMMAND: Final = "streamwork.command"
+#: ``ctx.meta`` key of the URL a command talks to (resolved), for `Main`'s error lines
+URL_META: Final = "streamwork.url"
 
 
 def _check_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """The URL (or $REDIS_URL) checked before the command starts: a malformed one is a
-    usage error saying what to fix, not a traceback."""
+    usage error saying what to fix, not a traceback. Unless it was given with --url, one
+    line on stderr names the server (password masked) and where its URL came from, so a
+    forgotten $REDIS_URL is not a silent talk with whatever answers on the default."""
     try:
-        connection.resolve_url(value)
+        resolved = connection.resolve_url(value)
     except ConfigError as exc:
         raise click.BadParameter(str(exc)) from None
     ctx.meta[_COMMAND] = ctx
+    ctx.meta[URL_META] = resolved
+    source = connection.url_source(value)
+    if source != "--url" and SUPERVISOR_ENV not in os.environ:  # said once, not per child
+        why = ("the default: neither --url nor $REDIS_URL is set" if source == "default"
+               else "from $REDIS_URL")
+        click.echo(f"streamwork: Redis at {redact_url(resolved)} ({why})", err=True)
     return value
 
 
@@ -62,6 +76,36 @@ url_option = click.option(
 def fail(message: str) -> NoReturn:
     """Stop the command with ``message`` on stderr and exit status 1."""
     raise click.ClickException(message)
+
+
+def redis_message(exc: redis.RedisError, url: str | None, what: str) -> str:
+    """One line for a Redis error a command met (the URL's password masked): credentials
+    refused and what to put in the URL, the server unreachable, or its error reply."""
+    where = redact_url(url) if url else "the server"
+    hint = credentials_hint(exc)
+    if hint:
+        return f"{what}: Redis at {where} refused the connection: {hint} (it said: {exc})"
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        return str(RedisUnavailable(what, url or "the server", exc))
+    return f"Redis at {where} answered with an error: {exc}"
+
+
+class Main(click.Group):
+    """The ``streamwork`` group: a Redis or streamwork error that a command did not turn
+    into its own message ends it with one line (exit 1), never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except StreamworkError as exc:
+            raise click.ClickException(str(exc)) from None
+        except redis.RedisError as exc:
+            denied = refused(exc)  # a permission the ACL user lacks: what to grant
+            if denied is not None:
+                raise click.ClickException(denied) from None
+            what = f"streamwork {ctx.invoked_subcommand or ''}".rstrip()
+            raise click.ClickException(redis_message(exc, ctx.meta.get(URL_META), what)) \
+                from None
 
 
 def _check_partitions(ctx: click.Context, param: click.Parameter,

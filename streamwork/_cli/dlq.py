@@ -32,7 +32,8 @@ from streamwork._cli.common import (
 from streamwork._ops import deadletter
 from streamwork._ops.format import fmt_when
 from streamwork._redis import connection
-from streamwork.errors import StreamworkError
+from streamwork._wire.keys import StreamKeys
+from streamwork.errors import StreamNotFound, StreamworkError
 
 
 @click.group()
@@ -164,6 +165,16 @@ infinity is {"float": "nan"}; an object whose only key is base64, map or float i
 always one of these markers (a payload map that looks like one comes as "map")."""
 
 
+def _check_exists(client: Any, stream: str, picked: Sequence[tuple[int, str]]) -> None:
+    """Fail (exit 1, as `streamwork job` does) when neither ``stream`` (nor any partition
+    of it looked at), nor its dead-letter stream, nor its recorded partition count exists:
+    a misspelt name or the wrong server, not "0 dead letters". One EXISTS."""
+    keys = [k for _, name in picked for k in (name, StreamKeys.for_stream(name).dead)]
+    keys.append(StreamKeys.for_stream(stream).partitions)
+    if not client.exists(*keys):
+        fail(str(StreamNotFound(stream)))
+
+
 @dlq.command("list", epilog=_JSON_HELP)
 @click.argument("stream")
 @click.option("--count", default=50, show_default=True,
@@ -181,6 +192,7 @@ def dlq_list(stream: str, count: int, as_json: bool, partitions: int | None, par
     picked = partition_streams(stream, partitions, partition)
     client = connection.sync_client(connection.resolve_url(url))
     check_recorded_partitions(client, stream, partitions)
+    _check_exists(client, stream, picked)
     if partitions == 1:
         entries = deadletter.list_dead(client, stream, count)
         shown: Sequence[Any] = entries
@@ -241,6 +253,7 @@ def dlq_replay(stream: str, ids: tuple[str, ...], replay_all: bool, group: str |
     picked = partition_streams(stream, partitions, partition)
     client = connection.sync_client(connection.resolve_url(url))
     check_recorded_partitions(client, stream, partitions)
+    _check_exists(client, stream, picked)
     other = ", another group's" if group else ""
     if partitions == 1:
         try:
@@ -300,6 +313,7 @@ def dlq_purge(stream: str, older_than: float | None, ids: tuple[str, ...], yes: 
             "ALL dead letters")
     client = connection.sync_client(connection.resolve_url(url))
     check_recorded_partitions(client, stream, partitions)
+    _check_exists(client, stream, picked)
     if not yes:
         click.confirm(f"Delete {what} of {_which(stream, picked, partitions)}?", abort=True)
     cutoff = None if older_than is None else int((time.time() - older_than) * 1000)

@@ -21,6 +21,7 @@ from streamwork._cli.views import checked_view, redis_errors, sample_view, wide_
 from streamwork._ops.stats import StreamStats
 from streamwork._ops.thresholds import Threshold, check_thresholds
 from streamwork._redis import connection
+from streamwork._text import redact_url
 
 __all__ = ["FAIL_EXIT_CODE", "OVERVIEW_OVER", "inspect_command", "missing_partitions"]
 
@@ -52,7 +53,7 @@ def inspect_command(stream: str | None, as_json: bool, fail_if: Sequence[Thresho
     elif not quiet:
         console = wide_console()
         if not samples:
-            console.print(f"no streams at {resolved}")
+            console.print(f"no streams at {redact_url(resolved)}")
         for s in samples:
             console.print(render_inspect(s))
     failures, warnings = check_thresholds(samples, fail_if)

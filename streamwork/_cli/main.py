@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Final
 
 import click
-import redis
 
 from streamwork._cli import bench as _bench_cli
 from streamwork._cli import dashboard as cli_dashboard
@@ -28,7 +27,7 @@ from streamwork._cli import ops as cli_ops
 from streamwork._cli import pause as cli_pause
 from streamwork._cli import schedules as cli_schedules
 from streamwork._cli import send as cli_send
-from streamwork._cli.common import fail, refused, url_option
+from streamwork._cli.common import Main, fail, url_option
 from streamwork._hosting import processes as processes_mod
 from streamwork._hosting.health import DEFAULT_HEALTH_HOST
 from streamwork._hosting.multi import serve_all
@@ -222,22 +221,7 @@ def _workers_in(module: types.ModuleType) -> list[str]:
                   and value not in _BASES and not name.startswith("_"))
 
 
-class _Main(click.Group):
-    """The command group; a permission Redis refused the user anywhere in a command (not
-    already reported by the command itself) ends it with one line saying what to grant,
-    not a traceback."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except redis.RedisError as exc:
-            denied = refused(exc)
-            if denied is None:
-                raise
-            raise click.ClickException(denied) from None
-
-
-@click.group(cls=_Main)
+@click.group(cls=Main)
 @click.version_option(package_name="streamwork", message="%(package)s %(version)s")
 def main() -> None:
     """streamwork: distributed job workers on Redis Streams."""

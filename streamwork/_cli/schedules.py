@@ -13,10 +13,11 @@ import json
 from typing import Any, Final
 
 import click
+import redis
 from rich.console import Console
 from rich.table import Table
 
-from streamwork._cli.common import detect_partitions, fail, url_option
+from streamwork._cli.common import detect_partitions, fail, redis_message, url_option
 from streamwork._redis import connection
 from streamwork._wire.keys import StreamKeys
 from streamwork._wire.partitions import partition_names
@@ -125,7 +126,10 @@ def schedules(stream: str, groups: tuple[str, ...], as_json: bool, url: str | No
         rows = schedules_of(client, stream, list(groups), partitions)
     except StreamworkError as exc:
         fail(str(exc))
-    except Exception as exc:  # redis-py: connection refused, wrong type, ...
+    except redis.RedisError as exc:  # refused credentials, unreachable, wrong type, ...
+        fail(redis_message(exc, connection.resolve_url(url),
+                           f"cannot read the schedules of {stream!r}"))
+    except Exception as exc:
         fail(f"cannot read the schedules of {stream!r}: {type(exc).__name__}: {exc}")
     finally:
         client.close()

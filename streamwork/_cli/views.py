@@ -17,12 +17,12 @@ from streamwork._cli.common import (
     check_recorded_partitions,
     chosen_partition,
     partition_streams,
+    redis_message,
     refused,
 )
 from streamwork._ops import partitioned, stats
 from streamwork._ops.stats import StreamStats
-from streamwork._text import redact_url
-from streamwork.errors import RedisUnavailable, StreamworkError
+from streamwork.errors import StreamworkError
 
 __all__ = ["View", "checked_view", "redis_errors", "sample_view", "wide_console"]
 
@@ -42,14 +42,11 @@ def redis_errors(url: str, what: str) -> Iterator[None]:
         yield
     except StreamworkError as exc:
         raise click.ClickException(str(exc)) from None
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise click.ClickException(str(RedisUnavailable(what, url, exc))) from None
     except redis.RedisError as exc:
         denied = refused(exc)
         if denied is not None:
             raise click.ClickException(f"{what}: {denied}") from None
-        raise click.ClickException(f"Redis at {redact_url(url)} answered with an error: "
-                                   f"{exc}") from None
+        raise click.ClickException(redis_message(exc, url, what)) from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,16 +8,23 @@ A transport failure is retried here, once for both shells (`attempt`).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeAlias, TypeVar
 
 import redis
+import redis.exceptions
 
 from streamwork._redis import acl, connection, scripts
 from streamwork._redis.faults import is_transient
-from streamwork.errors import PermissionDenied, RedisUnavailable
+from streamwork._telemetry.logs import seconds
+from streamwork._text import credentials_hint, redact_url
+from streamwork.errors import ConfigError, PermissionDenied, RedisUnavailable
+
+#: the producer's logger (a send waiting on an outage says so here)
+log = logging.getLogger("streamwork.producer")
 
 T = TypeVar("T")
 
@@ -221,9 +228,12 @@ def attempt(request: Command, what: str, url: str, retry_timeout: float,
         except Exception as exc:
             if not is_transient(exc):
                 denied = _refused(exc, request, url)
-                if denied is None:
+                if denied is not None:
+                    raise denied from exc
+                told = refused(exc, url)
+                if told is exc:
                     raise
-                raise denied from exc
+                raise told from exc
             if tally is not None:
                 tally.failed(exc)
             budget.last = exc
@@ -235,4 +245,40 @@ def attempt(request: Command, what: str, url: str, retry_timeout: float,
             if left <= 0:
                 raise RedisUnavailable(what, url, exc) from exc
             budget.failures += 1
+            if budget.failures == 1:  # failed twice in a row: it waits for Redis now
+                waiting(what, url, exc, retry_timeout)
         yield Sleep(min(connection.reconnect_delay(budget.failures), left))
+
+
+#: monotonic time of the last `waiting` WARNING per URL: one per retry window, not one
+#: per send of a busy producer
+_WARNED: dict[str, float] = {}
+
+
+def waiting(what: str, url: str, exc: BaseException, retry_timeout: float) -> None:
+    """A request failed twice in a row (at once, then retried at once): it now waits for
+    Redis. One WARNING saying so and for how long, at most one per ``retry_timeout`` per
+    URL (the others at DEBUG), so a caller blocked in ``send`` is not left without a word."""
+    now = time.monotonic()
+    level = logging.DEBUG if now - _WARNED.get(url, -retry_timeout) < retry_timeout \
+        else logging.WARNING
+    if level == logging.WARNING:
+        _WARNED[url] = now
+    log.log(level, "%s: Redis at %s is unavailable (%s: %s); retrying for up to %s s "
+            "(retry_timeout) before raising RedisUnavailable", what, redact_url(url),
+            type(exc).__name__, exc, seconds(retry_timeout))
+
+
+class CredentialsRefused(ConfigError, redis.exceptions.AuthenticationError):
+    """The server refused the URL's credentials: a ConfigError (of option ``url``) saying
+    what to put in the URL, and still the redis-py AuthenticationError it was."""
+
+
+def refused(exc: BaseException, url: str) -> BaseException:
+    """``exc``, or a `CredentialsRefused` saying what to do if the server refused the URL's
+    credentials (none given where it needs a password, or wrong ones)."""
+    hint = credentials_hint(exc)
+    if not hint:
+        return exc
+    return CredentialsRefused("url", f"Redis at {redact_url(url)} refused the connection: "
+                                     f"{hint} (it said: {type(exc).__name__}: {exc})")

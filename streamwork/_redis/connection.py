@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio
@@ -16,6 +17,7 @@ import tenacity
 from tenacity.wait import wait_base
 
 from streamwork._redis import sentinel, tls, tls_connections
+from streamwork._text import redact_url
 from streamwork.errors import ConfigError
 
 DEFAULT_URL: Final = "redis://127.0.0.1:6379/0"
@@ -25,14 +27,47 @@ _SCHEMES: Final = ("redis://", "rediss://", "unix://", "redis+cluster://", *sent
 
 
 def resolve_url(url: str | None) -> str:
-    """``url``, else ``$REDIS_URL``, else the local default; checked for a known scheme."""
+    """``url``, else ``$REDIS_URL``, else the local default; checked for a known scheme
+    and, but for a sentinel URL (`sentinel.parse` checks those) or a unix socket, a port
+    that is a number. The messages show the URL with its password masked."""
     chosen = url or os.environ.get("REDIS_URL") or DEFAULT_URL
     if not chosen.startswith(_SCHEMES):
-        raise ConfigError("url", f"{chosen!r} must start with one of {', '.join(_SCHEMES)}")
+        raise ConfigError("url", f"{redact_url(chosen)!r} must start with one of "
+                                 f"{', '.join(_SCHEMES)}")
     if sentinel.is_sentinel_url(chosen):
         sentinel.parse(chosen)  # a malformed one fails here, with what to fix
+    elif not chosen.startswith("unix://"):
+        _check_port(chosen)
     tls.check_url(chosen)  # TLS options on a plain URL, a certificate file not there, ...
     return chosen
+
+
+def url_source(url: str | None) -> str:
+    """Where `resolve_url` takes the URL from: ``"--url"`` (given), ``"$REDIS_URL"`` or
+    ``"default"`` (neither is set: the local default, which may be another server than
+    meant)."""
+    if url:
+        return "--url"
+    return "$REDIS_URL" if os.environ.get("REDIS_URL") else "default"
+
+
+def _check_port(url: str) -> None:
+    """A ConfigError unless ``url``'s port, if it has one, is a number from 1 to 65535
+    (redis-py would raise a bare ValueError at the first call)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsing the port is the check
+    except ValueError:
+        netloc = urlsplit(url).netloc.rpartition("@")[2] if "://" in url else url
+        port = netloc.rpartition(":")[2] if ":" in netloc else "?"
+        raise ConfigError("url", (
+            f"{redact_url(url)!r} has a port that is not a number from 1 to 65535 "
+            f"({port!r}): write it as redis://HOST:PORT/DB, e.g. redis://127.0.0.1:6379/0 "
+            "(a password goes before the host: redis://:PASSWORD@HOST:PORT/DB; "
+            "characters such as @ : / in it as %40 %3A %2F)")) from None
+    if parts.port == 0:
+        raise ConfigError("url", f"{redact_url(url)!r}: port 0 is no server's port; give "
+                                 "the server's port (6379 by default)")
 
 
 _OPTIONS: Final[dict[str, Any]] = {

@@ -38,6 +38,7 @@ import redis.sentinel
 from redis.backoff import NoBackoff
 
 from streamwork._redis import tls, tls_connections
+from streamwork._text import redact_url
 from streamwork.errors import ConfigError
 
 SCHEMES: Final = ("redis+sentinel://", "rediss+sentinel://")
@@ -94,7 +95,7 @@ class SentinelUrl:
 
 
 def _bad(url: str, why: str) -> ConfigError:
-    return ConfigError("url", f"{url!r}: {why}; a sentinel URL looks like {_FORM} "
+    return ConfigError("url", f"{redact_url(url)!r}: {why}; a sentinel URL looks like {_FORM} "
                               "(port 26379 if left out)")
 
 

@@ -1,13 +1,18 @@
 """Logger names and the one helper that shapes structured fields for log records.
 
-The library installs no handlers; the CLI configures output (text or JSON).
+The CLI configures output (text or JSON). A worker run from Python (``run()``,
+``serve()``) in an application that configured no logging at all gets the same text lines
+on stderr (`ensure_logging`), which step aside as soon as the application configures its
+own: without them an outage or a dead job would pass without a word.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 import traceback
+from datetime import datetime, timezone
 from typing import Any, Final
 
 from streamwork._text import utf8
@@ -111,7 +116,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "ts": self.formatTime(record),
+            "ts": utc_time(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "event": record.getMessage(),
@@ -122,13 +127,102 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+def utc_time(created: float) -> str:
+    """A record's time for JSON lines: ISO 8601 in UTC with its zone, to the millisecond
+    (``2026-12-04T19:26:54.123Z``), the same on every host whatever its time zone."""
+    when = datetime.fromtimestamp(created, tz=timezone.utc)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+#: the text lines of `streamwork run` (and of `ensure_logging`)
+TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
 def configure(level: str = "INFO", fmt: str = "text") -> None:
     """Set up root logging for the CLI: text or JSON lines on stderr."""
     handler = logging.StreamHandler()
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter(TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+class _Fallback(logging.StreamHandler):  # type: ignore[type-arg]
+    """The lines `ensure_logging` sets up: `streamwork run`'s text lines on stderr, on the
+    ``streamwork`` logger, until the application configures logging of its own (a handler
+    on the root logger or on a streamwork logger, even after the worker started): then it
+    writes nothing more and gives the ``streamwork`` logger back its level, so no line is
+    written twice and the application's levels rule. As a filter of the loggers streamwork
+    writes to, it sees each record before any handler does: the first record after the
+    application's change is held to the application's level too."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+        self.setFormatter(TextFormatter(TEXT_FORMAT))
+        self.set_level = False  # whether the streamwork logger's level is ours (INFO)
+        self.retired = False
+        self.gated: list[logging.Logger] = []  # the loggers this is a filter of
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """As a logger's filter: let ``record`` through unless the application has just
+        configured logging and its level hides it. (As a handler's: always.)"""
+        if self.retired or not _configured(self):
+            return True
+        self.retired = True
+        if self.set_level:
+            logging.getLogger(PACKAGE_LOGGER).setLevel(logging.NOTSET)
+        for logger in self.gated:
+            logger.removeFilter(self)
+        return record.levelno >= logging.getLogger(record.name).getEffectiveLevel()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.retired or _configured(self):  # a logger without the filter: a late one
+            self.filter(record)
+            return
+        self.stream = sys.stderr  # as lastResort does: stderr as it is now (tests swap it)
+        super().emit(record)
+
+
+#: the package's logger, parent of every streamwork logger (it holds a NullHandler)
+PACKAGE_LOGGER: Final = "streamwork"
+_fallback: _Fallback | None = None
+
+
+def _streamwork_loggers() -> list[logging.Logger]:
+    """The ``streamwork`` logger and those below it that exist now."""
+    manager = logging.Logger.manager
+    names = [PACKAGE_LOGGER, *(n for n in list(manager.loggerDict)
+                               if n.startswith(PACKAGE_LOGGER + "."))]
+    found = (manager.loggerDict.get(name) for name in names)
+    return [logger for logger in found if isinstance(logger, logging.Logger)]
+
+
+def _configured(ours: logging.Handler | None = None) -> bool:
+    """Whether the application configured logging: a handler on the root logger, or one
+    other than a NullHandler (and ``ours``) on a streamwork logger."""
+    if any(h is not ours for h in logging.getLogger().handlers):
+        return True
+    return any(h is not ours and not isinstance(h, logging.NullHandler)
+               for logger in _streamwork_loggers() for h in logger.handlers)
+
+
+def ensure_logging() -> None:
+    """If the application configured no logging at all (no handler on the root logger,
+    none on a streamwork logger), set up what `streamwork run` shows: INFO and above as
+    text lines on stderr. Logging the application did configure is never touched; the
+    lines set up here step aside once it does (`_Fallback`). Once per process."""
+    global _fallback
+    if _fallback is not None or _configured():
+        return
+    handler = _fallback = _Fallback()
+    package = logging.getLogger(PACKAGE_LOGGER)
+    if package.level == logging.NOTSET and package.getEffectiveLevel() > logging.INFO:
+        package.setLevel(logging.INFO)
+        handler.set_level = True
+    for logger in _streamwork_loggers():
+        logger.addFilter(handler)
+        handler.gated.append(logger)
+    package.addHandler(handler)

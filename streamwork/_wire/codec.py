@@ -154,6 +154,9 @@ def pack_bodies(keys: Sequence[str], payloads: Sequence[Payload], headers: dict[
             check_utf8("key", key)  # blame a key that is not UTF-8 on the key
             if isinstance(exc, Unencodable):
                 raise ConfigError("payload", str(exc)) from exc  # says what to do itself
+            too_big = wide_int(payload)
+            if too_big is not None:
+                raise ConfigError("payload", too_big) from exc
             raise ConfigError(
                 "payload", f"cannot be encoded as MessagePack ({exc}); send dicts, lists, "
                 "str, bytes, numbers, bools, None, Decimal, UUID, date or aware datetime "
@@ -163,6 +166,30 @@ def pack_bodies(keys: Sequence[str], payloads: Sequence[Payload], headers: dict[
             raise PayloadTooLarge(len(data), max_payload_bytes)
         append(data)
     return out
+
+
+#: the integers MessagePack can carry: int64 and uint64
+INT_RANGE: Final = (-(2**63), 2**64 - 1)
+
+
+def wide_int(payload: Any, limit: int = 10_000) -> str | None:
+    """What to do about the first integer in ``payload`` (looked into dicts, lists and
+    tuples, at most ``limit`` values) too wide for MessagePack, naming where it is; None
+    if there is none."""
+    todo: list[tuple[str, Any]] = [("", payload)]
+    while todo and limit > 0:
+        limit -= 1
+        where, value = todo.pop()
+        if type(value) is int and not INT_RANGE[0] <= value <= INT_RANGE[1]:
+            at = f" at payload{where}" if where else ""
+            return (f"the integer {value}{at} does not fit in 64 bits (MessagePack carries "
+                    "-2**63 to 2**64-1): send it as a string (str(n)) or a Decimal "
+                    "(decimal.Decimal(n)), and convert it back in the handler")
+        if isinstance(value, dict):
+            todo.extend((f"{where}[{k!r}]", v) for k, v in reversed(value.items()))
+        elif isinstance(value, (list, tuple)):
+            todo.extend((f"{where}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+    return None
 
 
 #: a decoded body as a plain tuple, in Envelope's order (cheaper to build than an Envelope)

@@ -8,12 +8,12 @@ option and what it accepts, before anything touches Redis.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
+from streamwork._text import did_you_mean as near
 from streamwork._wire.partitions import partition_names
 from streamwork._worker.core.options import CORE_HELP, CoreConfig, CoreOptions, check_core
 from streamwork._worker.features import FEATURES
@@ -132,10 +132,49 @@ def check_handler(cfg: WorkerConfig, batch: bool, name: str) -> None:
 
 
 def did_you_mean(name: str, names: Iterable[str]) -> str:
-    """``"; did you mean 'x'?"`` naming the one of ``names`` closest to ``name``, or "" when
-    none is near (`NEAR_OPTION`)."""
-    close = difflib.get_close_matches(name, list(names), n=1, cutoff=NEAR_OPTION)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    """``"; did you mean 'x'?"`` naming the one of ``names`` closest to ``name`` (`NEAR_OPTION`),
+    else what streamwork calls the option ``name`` is in other job queues (`PEERS`), else
+    ""."""
+    close = near(name, names, cutoff=NEAR_OPTION)
+    return close or peer_hint(name)
+
+
+_DELIVERIES: Final = ("use max_deliveries: deliveries in all, the first one included "
+                      "(retries=3 is max_deliveries=4)")
+_CONCURRENCY: Final = ("use concurrency: handlers in flight per process (more processes: "
+                       "streamwork run --processes N)")
+_PREFETCH: Final = ("use batch_size: entries per read (a worker holds at most concurrency "
+                    "plus a batch)")
+_STREAM: Final = "use stream (and group, the consumer group that shares its jobs)"
+_ACKS: Final = ("streamwork always acknowledges a job after its handler succeeded (a job "
+                "whose worker dies is delivered again after visibility_timeout): leave it out")
+_BACKOFF: Final = "use retry_delay and retry_max_delay (exponential backoff with jitter)"
+#: option names of other job queues (Celery, dramatiq, arq, rq, Sidekiq) and what to do
+#: in streamwork instead: such a name on a worker class would be ignored without a word
+PEERS: Final[dict[str, str]] = {
+    "retries": _DELIVERIES, "max_retries": _DELIVERIES, "max_attempts": _DELIVERIES,
+    "max_tries": _DELIVERIES, "retry": _DELIVERIES, "retry_count": _DELIVERIES,
+    "acks_late": _ACKS, "ack_late": _ACKS,
+    "prefetch": _PREFETCH, "prefetch_count": _PREFETCH, "prefetch_multiplier": _PREFETCH,
+    "queue": _STREAM, "queue_name": _STREAM, "topic": _STREAM,
+    "workers": _CONCURRENCY, "threads": _CONCURRENCY, "processes": _CONCURRENCY,
+    "max_jobs": _CONCURRENCY, "worker_concurrency": _CONCURRENCY,
+    "num_workers": _CONCURRENCY, "parallelism": _CONCURRENCY,
+    "time_limit": "use timeout: seconds a job may run", "job_timeout": "use timeout",
+    "soft_time_limit": "use timeout: seconds a job may run",
+    "retry_backoff": _BACKOFF, "backoff": _BACKOFF,
+    "min_backoff": "use retry_delay", "max_backoff": "use retry_max_delay",
+    "rate": "use rate_limit (e.g. '50/s')", "throttle": "use rate_limit (e.g. '50/s')",
+    "unique": "use dedup", "idempotent": "use dedup", "deduplicate": "use dedup",
+    "visibility": "use visibility_timeout", "ack_timeout": "use visibility_timeout",
+}
+
+
+def peer_hint(name: str) -> str:
+    """``"; that is another job queue's option: use ..."`` if ``name`` is another job
+    queue's option name (`PEERS`), else ""."""
+    use = PEERS.get(name.lower())
+    return f"; that is another job queue's option: {use}" if use else ""
 
 
 def check_attributes(cls: type, base: type, extra: Iterable[str] = ()) -> None:
@@ -152,9 +191,17 @@ def check_attributes(cls: type, base: type, extra: Iterable[str] = ()) -> None:
             if (name.startswith("_") or name in own or inspect.isroutine(value)
                     or inspect.isdatadescriptor(value)):
                 continue
-            hint = did_you_mean(name, options)
+            hint = near(name, options, cutoff=NEAR_OPTION) or (
+                peer_hint(name) if _scalar(value) else "")
             if hint:
+                end = "" if hint.endswith("?") else "."
                 raise ConfigError(name, (
                     f"is not a worker option (a class attribute of {klass.__qualname__}, "
-                    f"which would be ignored){hint} Rename it, or prefix it with _ if it is "
-                    "your own"))
+                    f"which would be ignored){hint}{end} Rename it, or prefix it with _ if "
+                    "it is your own"))
+
+
+def _scalar(value: object) -> bool:
+    """A value an option would take (``retries = 3``, ``queue = "emails"``), not an object of
+    the user's own (a client, a queue)."""
+    return value is None or isinstance(value, (bool, int, float, str, tuple, list))

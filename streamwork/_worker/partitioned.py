@@ -186,7 +186,10 @@ class Partitioned:
         try:
             check_recorded(self.cfg.stream, recorded, self.cfg.partitions, "worker")
         except Exception as exc:
-            raise WorkerFailed("start", exc) from exc
+            failed = WorkerFailed("start", exc, started=False)
+            log.error("%s", failed, exc_info=exc, extra=fields(
+                stream=self.cfg.stream, group=self.cfg.group, consumer=self.name))
+            raise failed from exc
         return True
 
     def _start(self, i: int) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from streamwork._redis import connection
-from streamwork._telemetry.logs import WORKER_LOGGER, fields
+from streamwork._telemetry.logs import WORKER_LOGGER, ensure_logging, fields
 from streamwork._text import describe
 from streamwork._wire.extensions import check_codec
 from streamwork._wire.keys import check_name
@@ -36,6 +36,7 @@ from streamwork._worker.config import (
     check_attributes,
     check_handler,
 )
+from streamwork._worker.core import looplag
 from streamwork._worker.core.batch_runner import AnyHandler, BatchHandler, check_batch
 from streamwork._worker.core.consumer import Consumer
 from streamwork._worker.core.done_cache import local_cache
@@ -215,14 +216,22 @@ class StreamWorker(WorkerOptions, Generic[P]):
         return [0] if self._consumer is not None and not self._consumer.stopped else []
 
     def run(self) -> None:
-        """Serve until SIGINT/SIGTERM or ``stop()``, then drain and return (blocking)."""
+        """Serve until SIGINT/SIGTERM or ``stop()``, then drain and return (blocking). In
+        an application that configured no logging, its lines go to stderr as with
+        ``streamwork run`` (see `serve`)."""
+        ensure_logging()
         asyncio.run(self.serve(install_signal_handlers=True))
 
     async def serve(self, *, install_signal_handlers: bool = False) -> None:
         """Serve inside the running event loop until ``stop()``; returns once drained.
 
         Raises `WorkerFailed` (after draining) if an internal loop met an error that
-        backing off cannot cure; transient Redis errors are ridden out."""
+        backing off cannot cure; transient Redis errors are ridden out.
+
+        If the application configured no logging at all (no handler on the root logger
+        or a streamwork logger), the worker's lines (INFO and up) go to stderr as with
+        ``streamwork run``, until the application configures its own."""
+        ensure_logging()
         self._loop = asyncio.get_running_loop()
         self._stop_event = asyncio.Event()
         if self._stop_requested.is_set():
@@ -255,7 +264,8 @@ class StreamWorker(WorkerOptions, Generic[P]):
                 for feature in FEATURES:  # the worker-wide services, beside the consumers
                     if feature.service is not None:
                         main = feature.service(main, env)
-                await main
+                async with looplag.watching():  # a handler blocking the loop is named
+                    await main
             finally:
                 await worker_stopped(self.middleware, self, fields(
                     stream=cfg.stream, group=cfg.group, consumer=self.consumer_name))
@@ -346,7 +356,7 @@ async def _start_hook(hook: Callable[[], Any], cfg: WorkerConfig, consumer: str,
         log.error("%s raised %s; the worker does not start", what, describe(exc),
                   exc_info=exc, extra=fields(stream=cfg.stream, group=cfg.group,
                                              consumer=consumer))
-        raise WorkerFailed(what, exc) from exc
+        raise WorkerFailed(what, exc, started=False) from exc
 
 
 async def _stop_hook(hook: Callable[[], Any], cfg: WorkerConfig, consumer: str) -> None:

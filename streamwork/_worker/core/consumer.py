@@ -37,6 +37,7 @@ from streamwork._redis import acl, connection, scripts
 from streamwork._redis.replies import Claim
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER, fields
+from streamwork._text import redact_url
 from streamwork._wire.extensions import Codec
 from streamwork._worker.core import context
 from streamwork._worker.core.arrival import Arrival
@@ -101,6 +102,7 @@ class Consumer:
         # one `Link` (what they know of Redis being up)
         self.own_client = client is None
         self.redis: Any = connection.async_client(url) if client is None else client
+        self.server = redact_url(url)  #: the server, as "worker started" names it
         self.ctx = ctx = context.build(cfg, self.redis, name, worker_name or name, cache)
         self.scripts, self.leases, self.tally = ctx.scripts, ctx.leases, ctx.tally
         self.gate = Gate()
@@ -183,7 +185,7 @@ class Consumer:
         except BaseException:
             await self._close()
             raise
-        log.info("worker started", extra=ctx.fields())
+        log.info("worker started", extra=ctx.fields(server=self.server))
         if self.tally.metering:
             telemetry.start_counting(self.cfg.stream, self.cfg.group)
         background = [

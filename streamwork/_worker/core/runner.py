@@ -19,6 +19,7 @@ from opentelemetry import trace
 from streamwork._telemetry import api as telemetry
 from streamwork._telemetry.logs import WORKER_LOGGER
 from streamwork._wire.message import Message, revoke
+from streamwork._worker.core import looplag
 from streamwork._worker.core.context import Context
 from streamwork._worker.core.delivery import Delivery, State
 from streamwork._worker.core.failure import JobCancelled, decide, failure, overran
@@ -48,6 +49,7 @@ class Runner:
                            lambda: ctx.tally.tracing)
         #: ``await call(msg)``: the handler, wrapped by the features that wrap it
         self.call = hooks.wrap(self.calls.call)
+        self.name = getattr(handle, "__qualname__", None) or type(handle).__name__
 
     async def loop(self) -> None:
         """One runner: take queued deliveries and run their handlers, one at a time."""
@@ -58,7 +60,7 @@ class Runner:
         cfg, tally, queue = ctx.cfg, ctx.tally, h.queue
         ready, gate, starts = queue.ready, queue.gate, self._starts
         debug = log.isEnabledFor(logging.DEBUG)
-        watch: TimeLimit[Delivery] = TimeLimit(loop, lambda d: self._time_out(d, runner))
+        limit: TimeLimit[Delivery] = TimeLimit(loop, lambda d: self._time_out(d, runner))
         call = self.call
         clock = loop.time  # the loop's clock: what its timers (the time limit) run on
         running, queued = State.RUNNING, State.QUEUED
@@ -71,6 +73,7 @@ class Runner:
         check = self._hooks.start_check()
         after = bool(self._hooks.after)
         cancellable = cfg.cancel_running and self.calls.is_async
+        busy = looplag.runs(runner, self.name, cfg.stream, self.calls.is_async)
         try:
             while True:
                 # take a ready delivery without a round trip through the loop
@@ -125,7 +128,7 @@ class Runner:
                 if cancellable:
                     d.task = runner
                 if d.limit is not None:
-                    watch.start(d, now + d.limit)
+                    limit.start(d, now + d.limit)
                 if tally.tracing:
                     d.span = telemetry.consumer_span(
                         cfg.stream, cfg.group, msg.id, msg.attempt, msg.key, msg.headers,
@@ -133,6 +136,7 @@ class Runner:
                 if debug:
                     log.debug("job started", extra=ctx.fields(
                         key=msg.key, entry_id=msg.id, attempt=msg.attempt))
+                busy[runner] = d
                 try:
                     if d.span is None:
                         d.result = await call(msg)
@@ -170,8 +174,9 @@ class Runner:
                             self._finished(d, "ok", debug)
                         finish(d)
                 finally:
+                    busy.pop(runner, None)
                     if d.limit is not None:
-                        watch.stop()
+                        limit.stop()
                     d.task = None
                     if ahead:
                         starts.ran(clock() - now)
@@ -180,7 +185,8 @@ class Runner:
                     if after:
                         await starts.release(d)
         finally:
-            watch.close()
+            limit.close()
+            looplag.ran(runner)
 
     def _time_out(self, d: Delivery, runner: asyncio.Task[None]) -> None:
         """The job's time limit passed: cancel its handler (an async one stops at its next

@@ -23,7 +23,8 @@ from typing import Any, ClassVar, TypeVar
 from streamwork._redis.connection import reconnect_delay
 from streamwork._redis.faults import Fault, classify
 from streamwork._redis.tls import TlsError
-from streamwork._telemetry.logs import WORKER_LOGGER, fields
+from streamwork._telemetry.logs import WORKER_LOGGER, fields, seconds
+from streamwork._worker.core import looplag
 from streamwork.errors import PermissionDenied, WorkerFailed
 
 log = logging.getLogger(WORKER_LOGGER)
@@ -62,14 +63,22 @@ class Link:
     def up(self) -> bool:
         return self.failures == 0
 
-    def failed(self, exc: BaseException, since: float) -> None:
-        """A call made at ``since`` (monotonic) met a transient error."""
+    def failed(self, exc: BaseException, since: float) -> bool:
+        """A call made at ``since`` (monotonic) met a transient error; whether it counts
+        against Redis. A timeout across a stall of the event loop (a handler blocking it,
+        `looplag`) does not: the reply was late because nothing read it."""
         if self.failures == 0 and since < self.up_since:
-            return  # sent while Redis was still down: that outage is over
+            return False  # sent while Redis was still down: that outage is over
+        stalled = looplag.excuses(exc, since)
+        if stalled is not None:
+            log.debug("a Redis call timed out across a %s s stall of the event loop (not an "
+                      "outage): %s", seconds(stalled), exc, extra=fields(**self._fields))
+            return False
         self.failures += 1
         if self.failures == 1:
             self.down_since = time.monotonic()
             log.warning(self.LOST, exc, extra=fields(**self._fields))
+        return True
 
     def answered(self, since: float) -> None:
         """A call made at ``since`` (monotonic) or later answered."""
@@ -218,10 +227,12 @@ class Supervisor:
             self.stop_event.set()
 
     async def until_ok(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
-        """``fn()`` (Redis calls), retried through transient errors and a vanished group;
-        TLS that cannot work as configured raises its ConfigError (`TlsError`) as it is,
-        any other fatal error WorkerFailed. A stop asked meanwhile raises StoppedBeforeStart (the
-        worker returns without having served: nothing of it to drain)."""
+        """``fn()`` (Redis calls) at start, retried through transient errors and a vanished
+        group; TLS that cannot work as configured raises its ConfigError (`TlsError`) as it
+        is; anything else is logged (with its traceback, but for a refused permission,
+        which says all) and raises WorkerFailed (not started: nothing is held yet). A stop
+        asked meanwhile raises StoppedBeforeStart (the worker returns without having
+        served: nothing of it to drain)."""
         while True:
             if self.stop_event is not None and self.stop_event.is_set():
                 raise StoppedBeforeStart(what)
@@ -234,7 +245,11 @@ class Supervisor:
                 if isinstance(exc, TlsError):
                     raise  # the URL's fault, found before serving: say so, and only that
                 if classify(exc) is Fault.FATAL:
-                    raise WorkerFailed(what, self.explained(exc)) from exc
+                    cause = self.explained(exc)
+                    failed = WorkerFailed(what, cause, started=False)
+                    log.error("%s", failed, exc_info=None if isinstance(
+                        cause, PermissionDenied) else exc, extra=fields(**self._fields))
+                    raise failed from exc
                 await self.backoff(exc, since, stop_cuts=True)
             else:
                 self.link.answered(since)
@@ -247,8 +262,7 @@ class Supervisor:
         pause short (starting: nothing to wait for). Loops keep their pause while the
         worker stops: those still running then (heartbeat, flusher) must not retry in a
         tight loop through the drain; cancelling them interrupts the pause."""
-        self.link.failed(exc, since)
-        if self._on_fault is not None:
+        if self.link.failed(exc, since) and self._on_fault is not None:
             self._on_fault()
         delay = self.link.delay()
         if self.stop_event is None or not stop_cuts:
