@@ -22,6 +22,7 @@ import redis
 import streamwork as sw
 from streamwork._wire.keys import StreamKeys
 from streamwork.testing import stream_idle, wait_for
+from tests.helpers.looks import safe
 from tests.workers.chains import CHARGE, LEDGER, RECEIPT, effects, runs
 
 STEPS = (CHARGE, RECEIPT, LEDGER)
@@ -30,14 +31,6 @@ TARGETS = ("tests.workers.chains:Charge", "tests.workers.chains:Receipt",
 PROCESSES = 3
 GROUP = "chain"
 
-
-def _safe(fn: Callable[[], Any]) -> Any:
-    """A look at a server that may be down right now; False while it is."""
-    try:
-        return fn()
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-            redis.exceptions.BusyLoadingError):
-        return False
 
 
 def _all_done(r: redis.Redis, chains: int) -> bool:
@@ -66,7 +59,7 @@ def _chain_chaos(server: Any, spawn_worker: Callable[..., subprocess.Popen[bytes
     busy = 0
     for kill in range(kills):
         time.sleep(every * rnd.uniform(0.7, 1.3))  # pacing of the faults, not a check
-        busy += int(_safe(lambda: r.hlen(effects(LEDGER)) < chains) is True)
+        busy += int(safe(lambda: r.hlen(effects(LEDGER)) < chains) is True)
         victim = rnd.randrange(len(procs))
         os.kill(procs[victim].pid, signal.SIGKILL)
         procs[victim].wait()
@@ -75,7 +68,7 @@ def _chain_chaos(server: Any, spawn_worker: Callable[..., subprocess.Popen[bytes
             time.sleep(0.3)  # the outage (not a check)
             server.start()
         procs[victim] = spawn()
-    wait_for(lambda: _safe(lambda: _all_done(r, chains)), 120, interval=0.1,
+    wait_for(lambda: safe(lambda: _all_done(r, chains)), 120, interval=0.1,
              message="every chain to complete after the faults")
 
     # handler runs beyond one per chain and step: runs whose completion a kill prevented

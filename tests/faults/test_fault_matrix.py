@@ -36,6 +36,7 @@ from streamwork._redis.server import RedisServer
 from streamwork._wire.keys import StreamKeys
 from streamwork.errors import WorkerFailed
 from streamwork.testing import Ledger, await_for, stream_idle, wait_for
+from tests.helpers.looks import safe
 from tests.helpers.serving import serving
 from tests.workers.faults import LEDGER, STREAM, FaultLedgerWorker
 
@@ -187,14 +188,6 @@ class Watched:
             raise AssertionError(f"half-alive worker: {health()}")
 
 
-def _safe(fn: Callable[[], Any]) -> Any:
-    """A look at a server that may be down or refusing: False while it is."""
-    try:
-        return fn()
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-            redis.exceptions.BusyLoadingError):
-        return False
-
 
 def _applied(r: redis.Redis, prefix: str = "job-") -> int:
     """Distinct job keys (with ``prefix``) the ledger has seen applied."""
@@ -257,7 +250,7 @@ async def _until(w: Watched, what: str, predicate: Callable[[], Any],
     """Wait for ``predicate``; fail at once if the worker ends or goes half-alive."""
     def look() -> Any:
         w.check_whole()
-        return _safe(predicate)
+        return safe(predicate)
     try:
         await await_for(look, timeout, message=what)
     except AssertionError as exc:

@@ -23,6 +23,7 @@ import redis
 import streamwork as sw
 from streamwork._wire.keys import StreamKeys
 from streamwork.testing import stream_idle, wait_for
+from tests.helpers.looks import safe
 from tests.workers.joins import ALBUMS, COVERS, ITEMS, effects, seen
 
 TARGETS = ("tests.workers.joins:Item", "tests.workers.joins:Album")
@@ -30,14 +31,6 @@ SPREAD = (*TARGETS, "tests.workers.joins:Cover")
 GROUP = "photos"
 CHILDREN = 10
 
-
-def _safe(fn: Callable[[], Any]) -> Any:
-    """A look at a server that may be down right now; False while it is."""
-    try:
-        return fn()
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-            redis.exceptions.BusyLoadingError):
-        return False
 
 
 def _plan(joins: int) -> list[tuple[str, str, bool]]:
@@ -92,7 +85,7 @@ def join_chaos(url: str, spawn_worker: Callable[..., subprocess.Popen[bytes]],
     busy = 0
     for kill in range(kills):
         time.sleep(every * rnd.uniform(0.7, 1.3))  # pacing of the faults, not a check
-        busy += int(_safe(lambda: r.hlen(effects(ALBUMS)) < len(fired)) is True)
+        busy += int(safe(lambda: r.hlen(effects(ALBUMS)) < len(fired)) is True)
         victim = rnd.randrange(len(procs))
         os.kill(procs[victim].pid, signal.SIGKILL)
         procs[victim].wait()
@@ -100,7 +93,7 @@ def join_chaos(url: str, spawn_worker: Callable[..., subprocess.Popen[bytes]],
             crash()
         procs[victim] = spawn()
     streams = (*children_streams, ALBUMS)
-    wait_for(lambda: _safe(lambda: _settled(r, len(fired), len(dead), streams)), 180,
+    wait_for(lambda: safe(lambda: _settled(r, len(fired), len(dead), streams)), 180,
              interval=0.2,
              message="every join to fire (or be dead-lettered) after the faults")
 

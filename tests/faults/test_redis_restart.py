@@ -23,6 +23,7 @@ import streamwork as sw
 from streamwork._wire.keys import StreamKeys
 from streamwork._worker.core.consumer import max_held
 from streamwork.testing import Ledger, stream_idle, wait_for
+from tests.helpers.looks import safe
 from tests.workers.ledger import STREAM, LedgerWorker
 
 WORKERS = 3
@@ -33,17 +34,9 @@ GROUP = LedgerWorker.group
 CAPACITY = max_held(LedgerWorker.concurrency, LedgerWorker.batch_size)
 
 
-def _safe(fn: Callable[[], Any]) -> Any:
-    """Run a check against a server that may be down right now; False while it is."""
-    try:
-        return fn()
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-            redis.exceptions.BusyLoadingError):
-        return False
-
 
 def _handled(r: redis.Redis) -> int:
-    return int(_safe(lambda: r.hlen("ledger")) or 0)
+    return int(safe(lambda: r.hlen("ledger")) or 0)
 
 
 def _blocked_readers(r: redis.Redis) -> int:
@@ -96,7 +89,7 @@ def test_workers_and_producer_survive_two_redis_crashes(
     assert not producer.is_alive(), "producer stuck"
     assert not errors, f"producer failed: {errors[0]!r}"
     assert len(sent) == JOBS
-    wait_for(lambda: _safe(lambda: _handled(r) >= JOBS and stream_idle(r, STREAM, GROUP)), 90,
+    wait_for(lambda: safe(lambda: _handled(r) >= JOBS and stream_idle(r, STREAM, GROUP)), 90,
              interval=0.1, message="every job handled and acknowledged after the crashes")
 
     report = Ledger(r).report(sent)
