@@ -40,7 +40,7 @@ class ScalingSizes:
             return cls(quick=True, backlogs=(200, 1000), stream_counts=(1, 4),
                        streams_jobs=200, payloads=((100, 60), (10_000, 30), (100_000, 10),
                                                    (1_000_000, 3)),
-                       processes=(1, 2), processes_jobs=300, memory_jobs=200,
+                       processes=(1, 2), processes_jobs=3000, memory_jobs=200,
                        soak_jobs=2000, soak_samples=10, trim_sizes=(2000,),
                        idle_seconds=0.3, streams_limit=60.0, ops_stream_counts=(3,))
         return cls(quick=False, backlogs=(10_000, 100_000, 1_000_000),
