@@ -175,8 +175,10 @@ def test_a_worker_cut_off_from_its_lock_masters_hoards_nothing(
         report = Ledger(r).report(keys + more)
         assert report.exactly_once, (report.lost[:3], list(report.twice.items())[:3])
         text_a = log_a.read_text(errors="replace")
-        assert text_a.count(LOST) == 1, [ln for ln in text_a.splitlines() if LOST in ln]
-        assert text_a.count(BACK) == 1
+        # one WARNING and one INFO per outage: the partition's, and on a loaded machine
+        # perhaps a short one after it (a master answering later than its timeout)
+        outages = [ln for ln in text_a.splitlines() if LOST in ln]
+        assert 1 <= len(outages) == text_a.count(BACK), outages
         assert "job lease held elsewhere" not in text_a
         assert LOST not in log_b.read_text(errors="replace")
         print(f"\nB ran all {JOBS} jobs within {took:.1f} s of their sending, A cut off; "
