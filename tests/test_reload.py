@@ -216,11 +216,16 @@ def test_reload_dir_and_processes(redis_url: str, start_reloader: Start,
         write(tmp_path / "lib" / "version.py", "VERSION = 'lib-2, edited'\n")
         wait_for(lambda: _lines(tmp_path, "reloading: lib/version.py changed"), 60,
                  message="the reload line")
+        # the old processes may read jobs until they have stopped: send once they are gone
+        # and the new supervisor runs two workers of its own
+        wait_for(lambda: _ppid(supervisor) is None, 30, message="the old supervisor gone")
+        assert all(_ppid(pid) is None for pid in before)
+        wait_for(lambda: next((_exactly(_children(s), 2) for s in _children(reloader.pid)
+                               if s != supervisor), None), 60,
+                 message="the new supervisor's two worker processes")
         keys = [f"two-{i}" for i in range(6)]
         producer.send_many(STREAM, [{}] * len(keys), keys=keys)
         assert {_result(producer, k)["version"] for k in keys} == {"lib-2, edited"}
-        wait_for(lambda: _ppid(supervisor) is None, 30, message="the old supervisor gone")
-        assert all(_ppid(pid) is None for pid in before)
     [line] = _lines(tmp_path, "reloading:")
     assert "(and" not in line, line  # notes.py is not under --reload-dir
     os.kill(reloader.pid, signal.SIGTERM)
