@@ -160,7 +160,8 @@ def test_async_reply_lost_raises_unknown_and_stores_once(
 def test_send_many_reply_lost_says_which_jobs(
         server: RedisServer, net: NetFaults, r: redis.Redis) -> None:
     """send_many of two chunks whose first one loses its reply: SendFailed names that
-    chunk's keys as unknown (they are stored, once) and the second chunk's as unsent."""
+    chunk's keys as unknown (stored once or not at all) and the second chunk's as
+    unsent."""
     fwd = net.forwarder(server.port)
     keys = [f"m-{i}" for i in range(SEND_CHUNK + 5)]
     payloads = [{"i": i} for i in range(len(keys))]
@@ -172,9 +173,12 @@ def test_send_many_reply_lost_says_which_jobs(
         assert err.outcome == "unknown"
         assert err.keys == keys[:SEND_CHUNK]
         assert err.stored == {} and err.unsent == keys[SEND_CHUNK:]
-        assert r.xlen(STREAM) == 1 + SEND_CHUNK, "the first chunk stored once, no more"
+        # "unknown": the chunk is stored once or not at all (its request, some 60 kB, may
+        # not get through whole when the ACKs of the reply path are dropped too), never twice
+        stored = r.xlen(STREAM)
+        assert stored in (1, 1 + SEND_CHUNK), "the first chunk stored once or not at all"
         ids = p.send_many(STREAM, payloads[SEND_CHUNK:], err.unsent)
-        assert ids == [i.decode() for i, _ in r.xrange(STREAM)][1 + SEND_CHUNK:]
+        assert ids == [i.decode() for i, _ in r.xrange(STREAM)][stored:]
 
 
 def test_send_many_later_chunk_fails_and_earlier_ids_are_kept(
