@@ -163,6 +163,7 @@ def test_a_worker_cut_off_from_its_lock_masters_hoards_nothing(
         reclaimed = [ln for ln in log_b.read_text(errors="replace").splitlines()
                      if "reclaimed" in ln]
         assert reclaimed, "B took over nothing A read: A never read any job?"
+        cut_off = log_a.read_text(errors="replace")  # what A logged while it was cut off
         for f in forwarders:
             f.heal()
         wait_probe(port_a, "/readyz", 200, live_too=True, timeout=30)
@@ -179,7 +180,9 @@ def test_a_worker_cut_off_from_its_lock_masters_hoards_nothing(
         # perhaps a short one after it (a master answering later than its timeout)
         outages = [ln for ln in text_a.splitlines() if LOST in ln]
         assert 1 <= len(outages) == text_a.count(BACK), outages
-        assert "job lease held elsewhere" not in text_a
+        # cut off, A never took the outage for contention (after the heal, a job B took
+        # over from a loaded A may be: that is contention)
+        assert "job lease held elsewhere" not in cut_off
         assert LOST not in log_b.read_text(errors="replace")
         print(f"\nB ran all {JOBS} jobs within {took:.1f} s of their sending, A cut off; "
               f"B's reclaims of what A handed back: {reclaimed}")
