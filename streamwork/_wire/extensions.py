@@ -70,9 +70,14 @@ def encode_builtin(obj: Any) -> Any:
         return msgpack.ExtType(EXT_DECIMAL, str(obj).encode("ascii"))
     if isinstance(obj, uuid.UUID):
         return msgpack.ExtType(EXT_UUID, obj.bytes)
-    if isinstance(obj, dt.datetime):  # aware ones of exactly datetime never get here
+    if isinstance(obj, dt.datetime):
         if obj.tzinfo is None or obj.utcoffset() is None:
             raise Unencodable(f"{NAIVE_DATETIME} (got {obj!r})")
+        try:  # its instant in UTC must be a datetime too, or no reader can decode it
+            obj.astimezone(dt.timezone.utc)
+        except OverflowError:
+            raise Unencodable(f"the datetime {obj!r} is, in UTC, outside the years 1 to "
+                              "9999 that a reader can decode: send it as a string") from None
         return msgpack.Timestamp.from_datetime(obj)
     if isinstance(obj, dt.date):
         return msgpack.ExtType(EXT_DATE, obj.isoformat().encode("ascii"))
@@ -218,7 +223,8 @@ def check_codec(value: object) -> Codec | None:
 def packer(codec: Codec | None = None) -> msgpack.Packer:
     """A Packer for bodies and results: the wire format's own settings plus the ext types
     (``codec``'s and the built-in ones). Not thread-safe: one per thread or per call."""
-    return msgpack.Packer(use_bin_type=True, datetime=True,
+    # datetimes go through ``default`` (encode_builtin), which checks their range
+    return msgpack.Packer(use_bin_type=True, datetime=False,
                           default=encode_builtin if codec is None else codec.encode)
 
 
