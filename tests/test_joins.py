@@ -273,3 +273,28 @@ async def test_streamwork_job_and_the_test_message_know_joins(redis_url: str,
     assert [c.result for c in await cb.join_results()] == [5]
     with pytest.raises(sw.ConfigError, match="not the callback of a join"):
         await message({}).join_results()
+
+
+async def test_a_join_entry_redis_refuses_for_good_does_not_stop_the_outbox_drain(
+        redis_url: str, r: redis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+    """An outbox entry opening a join whose key is another type (WRONGTYPE, for good) is
+    logged and dropped; the drain goes on and moves the entries beside it."""
+    from streamwork._worker.config import WorkerConfig
+    from streamwork._worker.features.chain_outbox import Drainer
+
+    cb = StreamKeys.for_stream(CALLBACKS)
+    r.set(cb.join("broken"), "not a hash")
+    outbox = StreamKeys.for_stream(CHILDREN).outbox
+    r.xadd(outbox, {"k": "open", "t": CALLBACKS, "j": "broken", "n": "1", "p": "run",
+                    "o": CALLBACKS, "d": b"body", "l": "60000"})
+    r.xadd(outbox, {"k": "join", "t": CALLBACKS, "j": "fine", "i": "0", "s": "done",
+                    "v": b"\x93\xa4done\xa1k\x01", "l": "60000"})
+    drainer = Drainer(WorkerConfig(stream=CHILDREN, group="billing"), redis_url, "d")
+    try:
+        assert await drainer.drain(CHILDREN) == 2
+    finally:
+        await drainer.redis.aclose()
+    assert r.xlen(outbox) == 0
+    assert r.hget(cb.join("fine"), "done") == b"1"  # the report beside it was recorded
+    assert any("join outbox entries dropped" in rec.getMessage() and "WRONGTYPE"
+               in rec.getMessage() for rec in caplog.records)

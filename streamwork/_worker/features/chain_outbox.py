@@ -134,15 +134,28 @@ class Drainer:
                           extra=self._fields(key=name, count=len(rows)))
             done += [row[0] for row in rows]
         for o in opens:  # before the reports: a report of an open join may fire it
-            await self.scripts.run(scripts.join_open(
+            await self._join(o[b"j"], scripts.join_open(
                 StreamKeys.of_any(o[TARGET].decode()), o[b"j"].decode(), int(o[b"n"]),
                 o[b"p"].decode(), o[b"o"].decode(), o[BODY], int(o[b"l"])))
         for (target, key), reports in joins.items():  # a join child's end (joins feature)
-            await self.scripts.run(scripts.join_report(
+            await self._join(key, scripts.join_report(
                 StreamKeys.of_any(target.decode()), key.decode(),
                 [r[:3] for r in reports], max(r[3] for r in reports)))
         await self.redis.xdel(outbox, *done)
         return len(done)
+
+    async def _join(self, key: bytes, call: scripts.Call) -> None:
+        """join.lua for outbox entries; an error reply Redis gives for good (the key names
+        another join, a key of another type) is logged and the entries dropped, as a
+        staged write Redis rejects is: retrying could not help, and it must not stop the
+        drain (and the worker) for every other entry."""
+        try:
+            await self.scripts.run(call)
+        except redis.exceptions.ResponseError as exc:
+            if not str(exc).startswith(("JOINKEY", "WRONGTYPE")):
+                raise
+            log.error("join outbox entries dropped: %s", exc,
+                      extra=self._fields(key=key.decode(errors="replace")))
 
     def _fields(self, **more: Any) -> dict[str, Any]:
         return fields(stream=self.cfg.stream, group=self.cfg.group, consumer=self.consumer,
