@@ -67,6 +67,8 @@ class Results:
         self._loop = asyncio.get_running_loop()
         name = StreamKeys.of_any(stream).join_results(key)
         self._task: asyncio.Task[Any] = self._loop.create_task(redis.hgetall(name))
+        # a failed read surfaces in the handler that asks; one that never asks is fine
+        self._task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     async def get(self) -> tuple[JoinChild, ...]:
         """The children's outcomes, by index."""
